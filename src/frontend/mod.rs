@@ -1,0 +1,16 @@
+//! A vhost-user-fs frontend: plays the VMM and the guest kernel's virtio-fs driver.
+//! Used by the integration tests and the load generator.
+//!
+//! Layers, bottom up:
+//! - [`memory`]: memfd-backed guest RAM shared with the backend, with an allocator.
+//! - [`virtqueue`]: the driver side of a split virtqueue in that memory.
+//! - [`vhost`]: the vhost-user control plane (features, mem table, vrings).
+//! - [`fuse`]: FUSE requests/replies over the request queues.
+
+pub mod error;
+pub mod memory;
+pub mod virtqueue;
+
+pub use error::{Error, Result};
+pub use memory::{GuestBuffer, GuestMemory};
+pub use virtqueue::{Segment, SplitQueue, UsedElement};
