@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Assemble the test guest for the volfsd VM tests into build/guest/:
+#   vmlinuz            Debian's 6.12 amd64 kernel (virtio-pci, fuse and virtiofs built in)
+#   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
+#                      helper, the guest init, vm-tests/guest/lib.sh and the
+#                      guest suites (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh)
+#
+# The result is cached: it is rebuilt only when an input file or a package
+# version changes (all hashed into build/guest/stamp). Prints the two paths.
+#
+# Usage: vm-tests/build-guest.sh [--force] [--quiet]
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+OUT="$REPO/build/guest"
+FORCE=0
+QUIET=0
+TMP=""
+
+log() { [[ $QUIET == 1 ]] || echo "build-guest: $*" >&2; }
+die() { echo "build-guest: error: $*" >&2; exit 1; }
+
+parse_args() {
+	while [[ $# -gt 0 ]]; do
+		case "$1" in
+		--force) FORCE=1 ;;
+		--quiet) QUIET=1 ;;
+		-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+		*) die "unknown option: $1" ;;
+		esac
+		shift
+	done
+}
+
+APT_UPDATED=0
+apt_update_once() {
+	if [[ $APT_UPDATED == 0 ]]; then
+		log "apt-get update"
+		apt-get update -qq >&2 || die "apt-get update failed"
+		APT_UPDATED=1
+	fi
+}
+
+# Install the Debian packages the guest is built from, if missing (CI starts
+# from a fresh machine as root).
+ensure_packages() {
+	local missing=() p
+	for p in busybox-static fio cpio gcc libc6-dev gzip; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	done
+	if [[ ${#missing[@]} -gt 0 ]]; then
+		[[ $(id -u) == 0 ]] || die "missing packages (${missing[*]}) and not root to install them"
+		apt_update_once
+		log "installing ${missing[*]}"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 ||
+			die "apt-get install ${missing[*]} failed"
+	fi
+}
+
+# Newest linux-image-6.12.*+deb12-amd64-unsigned (not cloud, not rt).
+kernel_package() {
+	local re='^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$' pkg
+	pkg=$(apt-cache search --names-only "$re" | awk '{print $1}' | sort -V | tail -n 1)
+	if [[ -z $pkg ]]; then
+		apt_update_once
+		pkg=$(apt-cache search --names-only "$re" | awk '{print $1}' | sort -V | tail -n 1)
+	fi
+	[[ -n $pkg ]] || die "no linux-image-6.12.*+deb12-amd64-unsigned package in the apt sources"
+	echo "$pkg"
+}
+
+pkg_version() { dpkg-query -W -f='${Version}' "$1"; }
+
+# Download and unpack the kernel package once per package version; prints the
+# directory it was unpacked into.
+fetch_kernel() {
+	local pkg=$1 ver=$2 dir="$OUT/kernel/$1_$2"
+	if [[ ! -f $dir/.done ]]; then
+		log "downloading $pkg $ver"
+		rm -rf "$dir"
+		mkdir -p "$dir/deb"
+		# apt-get download writes to the current directory; _apt cannot write
+		# under /work, which only costs a warning.
+		(cd "$dir/deb" && apt-get download -q "$pkg=$ver" >&2 2>/dev/null) ||
+			(apt_update_once && cd "$dir/deb" && apt-get download -q "$pkg=$ver" >&2) ||
+			die "apt-get download $pkg failed"
+		dpkg -x "$dir"/deb/*.deb "$dir/root"
+		rm -rf "$dir/deb"
+		touch "$dir/.done"
+	fi
+	echo "$dir/root"
+}
+
+# The guest needs these built in; Debian's 6.12 has them all =y. If one ever
+# turns into a module we fail loudly rather than boot a guest that cannot
+# mount the share.
+check_kernel_config() {
+	local config=$1 opt val
+	for opt in VIRTIO VIRTIO_PCI FUSE_FS VIRTIO_FS SERIAL_8250_CONSOLE \
+		DEVTMPFS BLK_DEV_INITRD RD_GZIP; do
+		val=$(grep -E "^CONFIG_${opt}=" "$config" | cut -d= -f2 || true)
+		[[ $val == y ]] || die "kernel config: CONFIG_$opt=${val:-unset}, need =y ($config)"
+	done
+}
+
+# Everything that goes into the initramfs, for the stamp.
+input_files() {
+	printf '%s\n' "$HERE/build-guest.sh" "$HERE"/guest/* "$HERE"/suites/*.sh | sort
+}
+
+guest_suites() {
+	local f
+	for f in "$HERE"/suites/*.sh; do
+		case "$f" in *.host.sh | *.hook.sh) continue ;; esac
+		echo "$f"
+	done
+}
+
+compute_stamp() {
+	local kpkg=$1 kver=$2
+	{
+		echo "kernel $kpkg $kver"
+		for p in busybox-static fio gcc libc6-dev; do echo "$p $(pkg_version "$p")"; done
+		input_files | xargs sha256sum
+	} | sha256sum | cut -d' ' -f1
+}
+
+# Copy a dynamic executable and the shared libraries ldd finds for it, each
+# to its own path inside the root (which also brings the loader along).
+copy_with_libs() {
+	local bin=$1 root=$2 lib
+	install -D -m 0755 "$bin" "$root$bin"
+	for lib in $(ldd "$bin" | grep -oE '/[^ ]+' | sort -u); do
+		install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
+	done
+}
+
+build_initramfs() {
+	local tmp=$1 root="$1/root" applet suite
+	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,mnt,tmp,suites,lib,etc}
+	install -m 0755 /bin/busybox "$root/bin/busybox"
+	for applet in $(/bin/busybox --list); do
+		[[ -e $root/bin/$applet ]] || ln -s busybox "$root/bin/$applet"
+	done
+	copy_with_libs "$(command -v fio)" "$root"
+	log "compiling fsops"
+	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/fsops" "$HERE/guest/fsops.c"
+	install -m 0755 "$HERE/guest/init" "$root/init"
+	install -m 0644 "$HERE/guest/lib.sh" "$root/lib/vmtest.sh"
+	while read -r suite; do
+		install -m 0755 "$suite" "$root/suites/$(basename "$suite")"
+	done < <(guest_suites)
+	echo "root:x:0:0:root:/:/bin/sh" >"$root/etc/passwd"
+	echo "root:x:0:" >"$root/etc/group"
+	(cd "$root" && find . -print0 | sort -z | cpio --null -o -H newc -R 0:0 --quiet) |
+		gzip -6 >"$tmp/initramfs.cpio.gz"
+}
+
+main() {
+	parse_args "$@"
+	ensure_packages
+	local kpkg kver kroot stamp
+	kpkg=$(kernel_package)
+	kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
+	stamp=$(compute_stamp "$kpkg" "$kver")
+	if [[ $FORCE == 0 && -f $OUT/stamp && $(cat "$OUT/stamp") == "$stamp" &&
+		-f $OUT/vmlinuz && -f $OUT/initramfs.cpio.gz ]]; then
+		log "up to date ($kpkg $kver)"
+	else
+		mkdir -p "$OUT"
+		kroot=$(fetch_kernel "$kpkg" "$kver")
+		check_kernel_config "$(echo "$kroot"/boot/config-*)"
+		TMP=$(mktemp -d "$OUT/.tmp.XXXXXX")
+		trap 'rm -rf "$TMP"' EXIT
+		build_initramfs "$TMP"
+		# Replace the outputs only once everything succeeded.
+		install -m 0644 "$(echo "$kroot"/boot/vmlinuz-*)" "$OUT/vmlinuz"
+		mv "$TMP/initramfs.cpio.gz" "$OUT/initramfs.cpio.gz"
+		echo "$stamp" >"$OUT/stamp"
+		echo "$kpkg $kver" >"$OUT/kernel-version"
+		log "built guest with $kpkg $kver ($(du -h "$OUT/initramfs.cpio.gz" | cut -f1) initramfs)"
+	fi
+	echo "kernel:    $OUT/vmlinuz"
+	echo "initramfs: $OUT/initramfs.cpio.gz"
+}
+
+main "$@"

@@ -1,0 +1,77 @@
+# Shared helpers for guest suites (busybox sh). Sourced as /lib/vmtest.sh.
+#
+# Each check runs in a subshell with `set -e`; it passes if the subshell exits
+# 0. Helpers below exit non-zero with a message on stderr; the last lines of
+# the check's output become the failure reason.
+
+M=/mnt                 # the virtio-fs mount
+SYNC=$M/.sync          # host-hook handshake directory
+SYNC_TIMEOUT=${SYNC_TIMEOUT:-60}
+_req_seq=0
+
+now() { fsops now; }
+
+# run NAME FUNC [ARGS...]
+run() {
+	_name=$1
+	shift
+	_t0=$(now)
+	_out=$( (set -e; "$@") 2>&1)
+	_rc=$?
+	_t1=$(now)
+	if [ $_rc = 0 ]; then
+		echo "VMTEST PASS $_name"
+	else
+		_why=$(printf '%s\n' "$_out" | tail -n 4 | tr '\n' ' ' | cut -c1-400)
+		echo "VMTEST FAIL $_name: ${_why:-exit status $_rc}"
+	fi
+	echo "VMTEST INFO time $_name $(awk "BEGIN {printf \"%.1f\", $_t1 - $_t0}")s"
+}
+
+die() { echo "$*" >&2; exit 1; }
+
+# eq WHAT GOT WANT
+eq() { [ "$2" = "$3" ] || die "$1: got '$2', want '$3'"; }
+
+# ne WHAT GOT UNWANTED
+ne() { [ "$2" != "$3" ] || die "$1: got '$2', which it must not be"; }
+
+# fails CMD...: the command must fail
+fails() { if "$@" >/dev/null 2>&1; then die "unexpectedly succeeded: $*"; fi; }
+
+# errno WANT CMD...: an fsops subcommand must end with errno WANT (or OK)
+errno() {
+	_want=$1
+	shift
+	_got=$(fsops -e "$@")
+	[ "$_got" = "$_want" ] || die "fsops $*: got $_got, want $_want"
+}
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+size() { stat -c %s "$1"; }
+
+# host ACTION ARGS...: ask the host hook to do something in the shared dir
+# and print its reply. The request file is written under a temporary name
+# and renamed, so the hook never sees half a request; the hook answers the
+# same way with ack-N. Replies start with "ok" or "fail".
+host() {
+	_req_seq=$((_req_seq + 1))
+	_n=$$-$_req_seq
+	mkdir -p "$SYNC"
+	echo "$*" >"$SYNC/.req-$_n.tmp"
+	mv "$SYNC/.req-$_n.tmp" "$SYNC/req-$_n"
+	_deadline=$(($(date +%s) + SYNC_TIMEOUT))
+	while [ ! -e "$SYNC/ack-$_n" ]; do
+		[ "$(date +%s)" -lt $_deadline ] || die "host hook did not answer '$*' within ${SYNC_TIMEOUT}s"
+		usleep 10000
+	done
+	cat "$SYNC/ack-$_n"
+	rm -f "$SYNC/req-$_n" "$SYNC/ack-$_n"
+}
+
+# host_ok ACTION ARGS...: like host, but the reply must be "ok"
+host_ok() {
+	_reply=$(host "$@")
+	[ "$_reply" = ok ] || die "host $*: $_reply"
+}

@@ -1,0 +1,457 @@
+#!/usr/bin/env bash
+# Boot the test guest against a vhost-user-fs daemon (volfsd, or virtiofsd for
+# comparison) and run one guest suite over the virtio-fs share.
+#
+# Usage: vm-tests/run-vm.sh [options]
+#   --vmm qemu|cloud-hypervisor  VMM to use (default qemu)
+#   --daemon PATH          daemon binary (default target/release/volfsd)
+#   --daemon-args "..."    extra daemon arguments (word-split)
+#   --suite NAME           guest suite: runs /suites/NAME.sh (default basic);
+#                          vm-tests/suites/NAME.host.sh, if present, runs on the
+#                          host after the VM exits, given the shared dir
+#   --shared-dir DIR       directory to share (default: a fresh temp dir)
+#   --queues N             virtio-fs request queues (default 1)
+#   --smp N                guest CPUs (default: --queues)
+#   --mem SIZE             guest memory, e.g. 1G (default 1G)
+#   --timeout SECS         bound on the whole guest run (default 900)
+#   --host-hook SCRIPT     host-side script run alongside the guest, given the
+#                          shared dir (default vm-tests/host-hook.sh; "none": off)
+#   --cache MODE           cache mode passed to the daemon (default: "never" if
+#                          the daemon's --help mentions it, else "none")
+#   --log-dir DIR          where logs go (default build/vm-logs/SUITE)
+#   --boot-attempts N      boots that never reached /init are retried (default 3)
+#   --require              cloud-hypervisor mode: fail if it cannot run the guest
+#   --keep                 keep the temp dir (socket, default shared dir)
+#
+# The guest prints "VMTEST PASS name", "VMTEST FAIL name: why", "VMTEST INFO ..."
+# and finally "VMTEST DONE" on its serial console. This script prints each
+# result, adds its own checks (the daemon must exit 0 once the VM is gone),
+# and ends with "N passed, N failed". Exit status: 0 only if nothing failed
+# and the guest printed DONE.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+
+VMM=qemu
+DAEMON="$REPO/target/release/volfsd"
+DAEMON_ARGS=""
+SUITE=basic
+SHARE=""
+QUEUES=1
+SMP=""
+MEM=1G
+TIMEOUT=900
+HOOK="$HERE/host-hook.sh"
+CACHE=""
+LOG_DIR=""
+BOOT_ATTEMPTS=3
+BOOT_TIMEOUT=180 # seconds from VMM start to the init marker (TCG is slow)
+DAEMON_EXIT_TIMEOUT=20
+REQUIRE=0
+KEEP=0
+
+# Processes and temp dir owned by this script; cleaned up on any exit.
+WORK=""
+DAEMON_PID=""
+VMM_PID=""
+HOOK_PID=""
+
+PASSED=0
+FAILED=0
+
+say() { echo "run-vm: $*"; }
+die() {
+	echo "run-vm: error: $*" >&2
+	exit 2
+}
+
+usage() {
+	sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+	exit "${1:-0}"
+}
+
+parse_args() {
+	while [[ $# -gt 0 ]]; do
+		case "$1" in
+		--vmm) VMM=${2:?}; shift ;;
+		--daemon) DAEMON=${2:?}; shift ;;
+		--daemon-args) DAEMON_ARGS=${2?}; shift ;;
+		--suite) SUITE=${2:?}; shift ;;
+		--shared-dir) SHARE=${2:?}; shift ;;
+		--queues) QUEUES=${2:?}; shift ;;
+		--smp) SMP=${2:?}; shift ;;
+		--mem) MEM=${2:?}; shift ;;
+		--timeout) TIMEOUT=${2:?}; shift ;;
+		--host-hook) HOOK=${2:?}; shift ;;
+		--cache) CACHE=${2:?}; shift ;;
+		--log-dir) LOG_DIR=${2:?}; shift ;;
+		--boot-attempts) BOOT_ATTEMPTS=${2:?}; shift ;;
+		--require) REQUIRE=1 ;;
+		--keep) KEEP=1 ;;
+		-h | --help) usage 0 ;;
+		*) echo "run-vm: unknown option: $1" >&2; usage 2 ;;
+		esac
+		shift
+	done
+	case "$VMM" in qemu | cloud-hypervisor) ;; *) die "--vmm must be qemu or cloud-hypervisor" ;; esac
+	[[ $QUEUES =~ ^[1-9][0-9]*$ ]] || die "--queues must be a positive number"
+	SMP=${SMP:-$QUEUES}
+	[[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive number"
+	[[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a number of seconds"
+	[[ -x $DAEMON ]] || die "daemon '$DAEMON' is not an executable (build volfsd with 'cargo build --release' or pass --daemon)"
+	DAEMON=$(readlink -f "$DAEMON")
+	[[ -f $HERE/suites/$SUITE.sh ]] || die "no guest suite vm-tests/suites/$SUITE.sh"
+	if [[ $HOOK != none ]]; then
+		[[ -x $HOOK ]] || die "host hook '$HOOK' is not executable"
+		HOOK=$(readlink -f "$HOOK")
+	fi
+	LOG_DIR=${LOG_DIR:-$REPO/build/vm-logs/$SUITE}
+}
+
+# ---------------------------------------------------------------- cleanup
+
+stop_pid() { # stop_pid PID: TERM, then KILL after 5 s
+	local pid=$1 i
+	[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+	stop_pid "$VMM_PID"
+	stop_pid "$HOOK_PID"
+	stop_pid "$DAEMON_PID"
+	if [[ -n $WORK && $KEEP == 0 ]]; then
+		rm -rf "$WORK"
+	elif [[ -n $WORK ]]; then
+		say "kept $WORK"
+	fi
+}
+
+# ---------------------------------------------------------------- results
+
+result_line() { # result_line "VMTEST PASS|FAIL ...": print and count
+	local line=$1
+	case "$line" in
+	"VMTEST PASS "*) PASSED=$((PASSED + 1)) ;;
+	"VMTEST FAIL "*) FAILED=$((FAILED + 1)) ;;
+	esac
+	echo "  $line"
+}
+
+pass() { result_line "VMTEST PASS $1"; }
+fail() { result_line "VMTEST FAIL $1: $2"; }
+
+# Complete VMTEST lines of the serial log, without the tty's carriage returns.
+serial_results() {
+	tr -d '\r' <"$1" | grep -a '^VMTEST ' || true
+}
+
+PRINTED=0
+# Print the result lines that arrived since the last call (live progress);
+# the counts are only taken from the final full pass over the log.
+print_progress() {
+	local log=$1 lines
+	lines=$(serial_results "$log" | wc -l)
+	if ((lines > PRINTED)); then
+		serial_results "$log" | sed -n "$((PRINTED + 1)),${lines}p" |
+			grep -v -e '^VMTEST INIT$' -e '^VMTEST DONE$' | sed 's/^/  /' || true
+		PRINTED=$lines
+	fi
+}
+
+show_tail() { # show_tail FILE TITLE
+	[[ -s $1 ]] || return 0
+	echo "---- last lines of $2 ($1) ----"
+	tail -n 25 "$1" | tr -d '\r' | sed 's/^/  | /'
+}
+
+# ---------------------------------------------------------------- host setup
+
+ensure_packages() {
+	local missing=() p
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	done
+	[[ ${#missing[@]} -eq 0 ]] && return 0
+	[[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]} (run as root to install them)"
+	say "installing ${missing[*]}"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
+		die "apt-get install ${missing[*]} failed"
+}
+
+# Hardware virtualization: /dev/kvm alone is not enough here (a software
+# hypervisor can provide it without being able to boot a stock kernel).
+cpu_has_hw_virt() { grep -qwE 'vmx|svm' /proc/cpuinfo; }
+
+qemu_kvm_works() {
+	[[ -r /dev/kvm && -w /dev/kvm ]] && cpu_has_hw_virt || return 1
+	echo quit | timeout 20 qemu-system-x86_64 -accel kvm -machine none -nodefaults \
+		-display none -monitor stdio >/dev/null 2>&1
+}
+
+mem_mib() { # 1G / 1024M / 1024 -> MiB
+	local m=${1^^}
+	case "$m" in
+	*G) echo $((${m%G} * 1024)) ;;
+	*M) echo "${m%M}" ;;
+	*[0-9]) echo "$m" ;;
+	*) die "bad --mem '$1' (use e.g. 1G or 1024M)" ;;
+	esac
+}
+
+# The daemon gets virtiofsd-compatible flags; only the name of the
+# "no caching" mode differs (virtiofsd: never, volfsd: none).
+daemon_cache_mode() {
+	[[ -n $CACHE ]] && { echo "$CACHE"; return; }
+	if "$DAEMON" --help 2>&1 | grep -qw never; then echo never; else echo none; fi
+}
+
+start_daemon() { # start_daemon SOCKET LOG
+	local sock=$1 log=$2 i
+	rm -f "$sock"
+	# shellcheck disable=SC2086 # --daemon-args is deliberately word-split
+	"$DAEMON" --socket-path="$sock" --shared-dir="$SHARE" --cache="$(daemon_cache_mode)" \
+		$DAEMON_ARGS >"$log" 2>&1 &
+	DAEMON_PID=$!
+	for i in $(seq 100); do
+		[[ -S $sock ]] && return 0
+		kill -0 "$DAEMON_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	show_tail "$log" "daemon log"
+	die "daemon did not create its socket $sock"
+}
+
+start_hook() { # start_hook LOG
+	[[ $HOOK == none ]] && return 0
+	"$HOOK" "$SHARE" >>"$1" 2>&1 &
+	HOOK_PID=$!
+}
+
+# After the VMM is gone the daemon must notice the disconnect and exit 0.
+check_daemon_exit() {
+	local i status=0
+	for i in $(seq $((DAEMON_EXIT_TIMEOUT * 10))); do
+		kill -0 "$DAEMON_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$DAEMON_PID" 2>/dev/null; then
+		fail daemon-exit "daemon still running ${DAEMON_EXIT_TIMEOUT}s after the VMM disconnected"
+		stop_pid "$DAEMON_PID"
+	else
+		wait "$DAEMON_PID" || status=$?
+		if [[ $status == 0 ]]; then
+			pass daemon-exit
+		else
+			fail daemon-exit "daemon exited with status $status after the VMM disconnected"
+		fi
+	fi
+	DAEMON_PID=""
+}
+
+# ---------------------------------------------------------------- VMMs
+
+KERNEL="$REPO/build/guest/vmlinuz"
+INITRD="$REPO/build/guest/initramfs.cpio.gz"
+
+cmdline() { echo "console=ttyS0 panic=-1 quiet vmtest.suite=$SUITE"; }
+
+start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
+	local sock=$1 serial=$2 log=$3 accel cpu mem
+	mem=$(mem_mib "$MEM")
+	if qemu_kvm_works; then
+		accel=kvm cpu=host
+	else
+		accel=tcg,thread=multi cpu=max
+	fi
+	echo "qemu: accel=$accel smp=$SMP mem=${mem}M queues=$QUEUES" >"$log"
+	# vhost-user needs guest RAM in a shareable memfd the daemon can map.
+	qemu-system-x86_64 \
+		-machine q35 -accel "$accel" -cpu "$cpu" -smp "$SMP" -m "${mem}M" \
+		-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem \
+		-chardev "socket,id=char0,path=$sock" \
+		-device "vhost-user-fs-pci,chardev=char0,tag=share,num-request-queues=$QUEUES,queue-size=1024" \
+		-kernel "$KERNEL" -initrd "$INITRD" -append "$(cmdline)" \
+		-nodefaults -display none -monitor none -serial "file:$serial" \
+		-nic none -no-reboot >>"$log" 2>&1 &
+	VMM_PID=$!
+	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)"
+}
+
+start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG [QUEUES]
+	local sock=$1 serial=$2 log=$3 queues=${4:-$QUEUES}
+	cloud-hypervisor -v \
+		--kernel "$KERNEL" --initramfs "$INITRD" --cmdline "$(cmdline)" \
+		--cpus "boot=$SMP" --memory "size=$MEM,shared=on" \
+		--fs "tag=share,socket=$sock,num_queues=$queues,queue_size=1024" \
+		--serial "file=$serial" --console off >"$log" 2>&1 &
+	VMM_PID=$!
+	say "booting: cloud-hypervisor, $SMP cpu(s), $MEM, $queues request queue(s)"
+}
+
+# Watch one boot. Returns 0 when the VM has exited after reaching /init,
+# 1 when it never reached /init (worth a retry), 2 on timeout.
+watch_vm() { # watch_vm SERIAL_LOG
+	local serial=$1 start=$SECONDS booted=0
+	PRINTED=0
+	while kill -0 "$VMM_PID" 2>/dev/null; do
+		if [[ $booted == 0 ]] && grep -aq '^VMTEST INIT' "$serial" 2>/dev/null; then
+			booted=1
+			say "guest reached /init after $((SECONDS - start))s"
+			start=$SECONDS
+		fi
+		[[ $booted == 1 ]] && print_progress "$serial"
+		if [[ $booted == 0 ]] && ((SECONDS - start > BOOT_TIMEOUT)); then
+			stop_pid "$VMM_PID"
+			return 1
+		fi
+		if ((SECONDS - start > TIMEOUT)); then
+			stop_pid "$VMM_PID"
+			print_progress "$serial"
+			return 2
+		fi
+		sleep 1
+	done
+	wait "$VMM_PID" || true
+	VMM_PID=""
+	grep -aq '^VMTEST INIT' "$serial" 2>/dev/null || return 1
+	print_progress "$serial"
+	GUEST_SECONDS=$((SECONDS - start))
+	return 0
+}
+
+# Boot the guest until it reaches /init (at most BOOT_ATTEMPTS times), run
+# the suite, and collect its results. A suite that ran is never retried.
+run_guest() {
+	local start_vmm=$1 attempt serial daemon_log vmm_log sock="$WORK/vhost-fs.sock" rc
+	for attempt in $(seq "$BOOT_ATTEMPTS"); do
+		serial="$LOG_DIR/serial.log" daemon_log="$LOG_DIR/daemon.log" vmm_log="$LOG_DIR/vmm.log"
+		: >"$serial"
+		start_daemon "$sock" "$daemon_log"
+		start_hook "$LOG_DIR/hook.log"
+		"$start_vmm" "$sock" "$serial" "$vmm_log"
+		rc=0
+		watch_vm "$serial" || rc=$?
+		stop_pid "$HOOK_PID"
+		HOOK_PID=""
+		if [[ $rc == 1 ]]; then
+			say "boot attempt $attempt/$BOOT_ATTEMPTS never reached /init"
+			show_tail "$serial" "serial console"
+			show_tail "$vmm_log" "VMM log"
+			cp "$serial" "$LOG_DIR/serial.failed-boot-$attempt.log"
+			stop_pid "$DAEMON_PID"
+			DAEMON_PID=""
+			continue
+		fi
+		local line
+		while IFS= read -r line; do
+			case "$line" in "VMTEST PASS "* | "VMTEST FAIL "*) result_line "$line" >/dev/null ;; esac
+		done < <(serial_results "$serial")
+		if [[ $rc == 2 ]]; then
+			fail timeout "guest did not finish within ${TIMEOUT}s"
+		else
+			say "guest finished in ${GUEST_SECONDS}s (from /init to power-off)"
+		fi
+		if ! serial_results "$serial" | grep -qx 'VMTEST DONE'; then
+			fail guest-done "guest never printed VMTEST DONE"
+			show_tail "$serial" "serial console"
+		fi
+		check_daemon_exit
+		[[ $FAILED == 0 ]] || { show_tail "$daemon_log" "daemon log"; show_tail "$LOG_DIR/hook.log" "host hook log"; }
+		return 0
+	done
+	fail boot "guest never reached /init in $BOOT_ATTEMPTS boot attempts"
+}
+
+run_host_checks() {
+	local checks="$HERE/suites/$SUITE.host.sh" line
+	[[ -f $checks ]] || return 0
+	say "host-side checks ($SUITE.host.sh)"
+	while IFS= read -r line; do
+		case "$line" in
+		"VMTEST PASS "* | "VMTEST FAIL "*) result_line "$line" ;;
+		*) echo "  $line" ;;
+		esac
+	done < <(bash "$checks" "$SHARE" 2>&1 || echo "VMTEST FAIL host-checks: $SUITE.host.sh exited with status $?")
+}
+
+# cloud-hypervisor without hardware KVM cannot boot the guest; still check
+# that it creates the vhost-user-fs device and negotiates with the daemon.
+ch_negotiation_only() {
+	local q serial log dlog sock="$WORK/vhost-fs.sock"
+	say "no hardware KVM: cloud-hypervisor cannot boot the guest here; checking vhost-user negotiation only"
+	for q in 1 2; do
+		serial="$LOG_DIR/ch-q$q.serial.log" log="$LOG_DIR/ch-q$q.log" dlog="$LOG_DIR/ch-q$q.daemon.log"
+		start_daemon "$sock" "$dlog"
+		start_cloud_hypervisor "$sock" "$serial" "$log" "$q"
+		local i
+		for i in $(seq 30); do kill -0 "$VMM_PID" 2>/dev/null || break; sleep 1; done
+		stop_pid "$VMM_PID"
+		VMM_PID=""
+		# Negotiation errors name the vhost-user/virtio-fs layer; lack of
+		# KVM shows up as hypervisor/KVM errors after the device was made.
+		if grep -qiE 'vhost|virtio-fs|virtiofs|VirtioFs|fs device' "$log" &&
+			grep -qiE 'error|fail' "$log" &&
+			grep -iE 'error|fail' "$log" | grep -qiE 'vhost|virtio.?fs|fs device'; then
+			fail "ch-negotiation-q$q" "$(grep -iE 'error|fail' "$log" | head -n 2 | tr '\n' ' ')"
+		elif grep -qiE 'kvm|hypervisor' "$log"; then
+			pass "ch-negotiation-q$q"
+			say "VM creation stopped for lack of KVM, as expected: $(grep -iE 'kvm|hypervisor' "$log" | head -n 1)"
+		else
+			fail "ch-negotiation-q$q" "unexpected cloud-hypervisor outcome (see $log)"
+		fi
+		check_daemon_exit
+	done
+	say "the guest could NOT be booted under cloud-hypervisor (no hardware KVM): guest suite not run"
+	[[ $REQUIRE == 0 ]] || fail cloud-hypervisor-boot "--require given but the guest cannot boot without hardware KVM"
+}
+
+finish() {
+	echo "$PASSED passed, $FAILED failed"
+	[[ $FAILED == 0 ]]
+}
+
+main() {
+	parse_args "$@"
+	trap cleanup EXIT
+	trap 'exit 130' INT TERM
+	if [[ $VMM == cloud-hypervisor ]] && ! command -v cloud-hypervisor >/dev/null; then
+		say "cloud-hypervisor not available: guest suite not run"
+		[[ $REQUIRE == 0 ]] || exit 1
+		exit 0
+	fi
+	ensure_packages qemu-system-x86
+	"$HERE/build-guest.sh" --quiet >/dev/null
+	mkdir -p "$LOG_DIR"
+	rm -f "$LOG_DIR"/*.log
+	WORK=$(mktemp -d /tmp/volfs-vmtest.XXXXXX)
+	if [[ -z $SHARE ]]; then
+		SHARE="$WORK/share"
+		mkdir "$SHARE"
+	fi
+	[[ -d $SHARE ]] || die "shared dir '$SHARE' does not exist"
+	SHARE=$(readlink -f "$SHARE")
+	say "suite=$SUITE vmm=$VMM daemon=$DAEMON cache=$(daemon_cache_mode) share=$SHARE logs=$LOG_DIR"
+	local t0=$SECONDS
+	if [[ $VMM == qemu ]]; then
+		run_guest start_qemu
+	elif [[ -r /dev/kvm ]] && cpu_has_hw_virt; then
+		run_guest start_cloud_hypervisor
+	else
+		ch_negotiation_only
+		finish
+		return
+	fi
+	run_host_checks
+	say "suite $SUITE took $((SECONDS - t0))s in total"
+	finish
+}
+
+main "$@"
