@@ -4,13 +4,15 @@
 //! Layers, bottom up:
 //! - [`memory`]: memfd-backed guest RAM shared with the backend, with an allocator.
 //! - [`virtqueue`]: the driver side of a split virtqueue in that memory.
-//! - [`vhost`]: the vhost-user control plane (features, mem table, vrings).
+//! - [`device`]: the vhost-user control plane (features, mem table, vrings).
 //! - [`fuse`]: FUSE requests/replies over the request queues.
 
 pub mod error;
 pub mod memory;
+pub mod device;
 pub mod virtqueue;
 
 pub use error::{Error, Result};
 pub use memory::{GuestBuffer, GuestMemory};
+pub use device::{DeviceConfig, FsConfig, NegotiatedFeatures, VhostUserFsDevice};
 pub use virtqueue::{Segment, SplitQueue, UsedElement};

@@ -1,0 +1,315 @@
+//! The command line: virtiofsd-compatible flags, parsed with clap and validated into a
+//! [`Config`]. Every error names the flag and the value.
+
+use std::fmt;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::fs::CacheMode;
+
+/// virtiofsd options that volfsd does not implement. They are refused by name, so a
+/// launcher that relies on one learns it at once instead of getting other behaviour.
+pub const UNSUPPORTED_VIRTIOFSD_OPTIONS: &[&str] = &[
+    "--sandbox",
+    "--seccomp",
+    "--socket-group",
+    "--announce-submounts",
+    "--inode-file-handles",
+    "--xattrmap",
+    "--posix-acl",
+    "--security-label",
+    "--preserve-noatime",
+    "--allow-direct-io",
+    "--writeback",
+    "--killpriv-v2",
+    "--no-killpriv-v2",
+    "--no-readdirplus",
+    "--modcaps",
+    "--translate-uid",
+    "--translate-gid",
+    "--migration-mode",
+    "--migration-on-error",
+    "--migration-verify-handles",
+    "--migration-confirm-paths",
+    "--allow-mmap",
+    "--tag",
+    "--shared-dir-tag",
+    "--compat-options",
+    "-o",
+    "-d",
+    "-f",
+];
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum CacheArg {
+    /// Nothing is cached in the guest (the default).
+    None,
+    /// Alias of `none`, as in virtiofsd.
+    Never,
+    /// Metadata and data cached for 1 s, as in virtiofsd.
+    Auto,
+    /// Metadata and data cached until the guest drops them, as in virtiofsd.
+    Always,
+}
+
+impl From<CacheArg> for CacheMode {
+    fn from(c: CacheArg) -> Self {
+        match c {
+            CacheArg::None | CacheArg::Never => CacheMode::None,
+            CacheArg::Auto => CacheMode::Auto,
+            CacheArg::Always => CacheMode::Always,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+    Off,
+}
+
+impl From<LogLevel> for log::LevelFilter {
+    fn from(l: LogLevel) -> Self {
+        match l {
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+            LogLevel::Off => log::LevelFilter::Off,
+        }
+    }
+}
+
+/// vhost-user virtio-fs backend for MicroVM sandbox platforms.
+#[derive(Debug, Parser)]
+#[command(name = "volfsd", version, about, long_about = None)]
+pub struct Args {
+    /// vhost-user socket to create and listen on; one frontend is served.
+    #[arg(long, value_name = "PATH", conflicts_with = "fd")]
+    pub socket_path: Option<PathBuf>,
+
+    /// An inherited, already listening vhost-user socket (instead of --socket-path).
+    #[arg(long, value_name = "N")]
+    pub fd: Option<RawFd>,
+
+    /// The host directory served to the guest.
+    #[arg(long, value_name = "DIR")]
+    pub shared_dir: Option<PathBuf>,
+
+    /// Guest cache policy.
+    #[arg(long, value_enum, default_value = "none")]
+    pub cache: CacheArg,
+
+    /// Accepted for virtiofsd compatibility; each request queue is served by its own
+    /// thread (see --num-request-queues). 0 or 1 processes requests in the queue thread.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub thread_pool_size: usize,
+
+    /// Request queues offered to the frontend (the VMM may use fewer).
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub num_request_queues: u16,
+
+    /// Serve the whole share read-only.
+    #[arg(long)]
+    pub readonly: bool,
+
+    /// Enable extended attributes.
+    #[arg(long)]
+    pub xattr: bool,
+
+    /// Log level.
+    #[arg(long, value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Log to syslog instead of stderr.
+    #[arg(long)]
+    pub syslog: bool,
+
+    /// Set the open-file limit (0 leaves it unchanged; default: raise to the maximum).
+    #[arg(long, value_name = "N")]
+    pub rlimit_nofile: Option<u64>,
+
+    /// Print the vhost-user backend capabilities as JSON and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
+}
+
+/// Where the vhost-user socket comes from.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub enum SocketSource {
+    Path(PathBuf),
+    Fd(RawFd),
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket: SocketSource,
+    pub shared_dir: PathBuf,
+    pub cache: CacheMode,
+    pub thread_pool_size: usize,
+    pub num_request_queues: usize,
+    pub readonly: bool,
+    pub xattr: bool,
+    pub log_level: log::LevelFilter,
+    pub syslog: bool,
+    pub rlimit_nofile: Option<u64>,
+}
+
+#[derive(Debug, Eq, PartialEq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Refuses virtiofsd options we do not implement, naming the option.
+pub fn check_unsupported<S: AsRef<str>>(args: &[S]) -> Result<(), ConfigError> {
+    for arg in args.iter().skip(1) {
+        let arg = arg.as_ref();
+        if arg == "--" {
+            break;
+        }
+        let name = arg.split('=').next().unwrap_or(arg);
+        let short_o = arg.starts_with("-o") && !arg.starts_with("--");
+        if UNSUPPORTED_VIRTIOFSD_OPTIONS.contains(&name) || short_o {
+            let shown = if short_o { "-o" } else { name };
+            return Err(ConfigError(format!(
+                "option '{shown}' is a virtiofsd option that volfsd does not implement"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Args {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let socket = match (self.socket_path, self.fd) {
+            (Some(p), None) => SocketSource::Path(p),
+            (None, Some(fd)) if fd >= 0 => SocketSource::Fd(fd),
+            (None, Some(fd)) => return Err(ConfigError(format!("--fd {fd}: not a valid fd"))),
+            (None, None) => {
+                return Err(ConfigError(
+                    "one of --socket-path or --fd is required".to_string(),
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(ConfigError(
+                    "--socket-path and --fd cannot be used together".to_string(),
+                ))
+            }
+        };
+        let shared_dir = self
+            .shared_dir
+            .ok_or_else(|| ConfigError("--shared-dir is required".to_string()))?;
+        let meta = std::fs::metadata(&shared_dir).map_err(|e| {
+            ConfigError(format!("--shared-dir {}: {e}", shared_dir.display()))
+        })?;
+        if !meta.is_dir() {
+            return Err(ConfigError(format!(
+                "--shared-dir {}: not a directory",
+                shared_dir.display()
+            )));
+        }
+        let shared_dir = shared_dir.canonicalize().map_err(|e| {
+            ConfigError(format!("--shared-dir {}: {e}", shared_dir.display()))
+        })?;
+        Ok(Config {
+            socket,
+            shared_dir,
+            cache: self.cache.into(),
+            thread_pool_size: self.thread_pool_size,
+            num_request_queues: self.num_request_queues as usize,
+            readonly: self.readonly,
+            xattr: self.xattr,
+            log_level: self.log_level.into(),
+            syslog: self.syslog,
+            rlimit_nofile: self.rlimit_nofile,
+        })
+    }
+}
+
+/// The vhost-user "backend program conventions" capabilities document.
+pub fn capabilities_json() -> &'static str {
+    "{\n  \"type\": \"fs\",\n  \"features\": []\n}"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut full = vec!["volfsd"];
+        full.extend_from_slice(args);
+        check_unsupported(&full).map_err(|e| e.0)?;
+        Args::try_parse_from(full)
+            .map_err(|e| e.to_string())?
+            .into_config()
+            .map_err(|e| e.0)
+    }
+
+    #[test]
+    fn minimal_socket_path() {
+        let c = parse(&["--socket-path", "/tmp/x.sock", "--shared-dir", "/tmp"]).unwrap();
+        assert_eq!(c.socket, SocketSource::Path("/tmp/x.sock".into()));
+        assert_eq!(c.cache, CacheMode::None);
+        assert!(!c.readonly);
+    }
+
+    #[test]
+    fn never_is_none() {
+        let c = parse(&["--fd", "3", "--shared-dir", "/tmp", "--cache", "never"]).unwrap();
+        assert_eq!(c.cache, CacheMode::None);
+        assert_eq!(c.socket, SocketSource::Fd(3));
+        let c = parse(&["--fd", "3", "--shared-dir", "/tmp", "--cache=always"]).unwrap();
+        assert_eq!(c.cache, CacheMode::Always);
+    }
+
+    #[test]
+    fn socket_required_exactly_once() {
+        let e = parse(&["--shared-dir", "/tmp"]).unwrap_err();
+        assert!(e.contains("--socket-path"), "{e}");
+        let e = parse(&["--socket-path", "/a", "--fd", "3", "--shared-dir", "/tmp"]).unwrap_err();
+        assert!(e.contains("--fd") || e.contains("cannot be used"), "{e}");
+    }
+
+    #[test]
+    fn shared_dir_must_be_a_directory() {
+        let e = parse(&["--socket-path", "/a", "--shared-dir", "/nonexistent/x"]).unwrap_err();
+        assert!(e.contains("--shared-dir /nonexistent/x"), "{e}");
+        let e = parse(&["--socket-path", "/a", "--shared-dir", "/etc/hostname"]).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_virtiofsd_options_are_named() {
+        let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--sandbox=none"])
+            .unwrap_err();
+        assert!(e.contains("'--sandbox'"), "{e}");
+        let e = parse(&["--socket-path", "/a", "-o", "cache=none"]).unwrap_err();
+        assert!(e.contains("'-o'"), "{e}");
+    }
+
+    #[test]
+    fn unknown_options_are_named() {
+        let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--bogus"]).unwrap_err();
+        assert!(e.contains("--bogus"), "{e}");
+    }
+
+    #[test]
+    fn capabilities_are_fs() {
+        assert!(capabilities_json().contains("\"type\": \"fs\""));
+    }
+}

@@ -1,0 +1,174 @@
+//! The daemon's lifecycle: set up the process, build the file system stack, serve one
+//! frontend, and exit 0 when it disconnects or on SIGTERM/SIGINT, removing the socket.
+
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use log::{info, warn};
+use nix::sys::signal::{SigSet, Signal};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::config::{Config, SocketSource};
+use crate::device::FsBackend;
+use crate::fs::{PassthroughConfig, PassthroughFs, ReadOnlyGuard};
+
+pub fn run(config: Config) -> Result<(), String> {
+    crate::logging::init(config.log_level, config.syslog)?;
+    set_rlimit_nofile(config.rlimit_nofile)?;
+    // The guest kernel applies the caller's umask itself; ours must not apply twice.
+    // SAFETY: umask only changes this process's file mode creation mask.
+    unsafe { libc::umask(0) };
+
+    // Block the termination signals in every thread; one thread waits for them.
+    let mut term = SigSet::empty();
+    term.add(Signal::SIGTERM);
+    term.add(Signal::SIGINT);
+    term.thread_block()
+        .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
+
+    let fs = PassthroughFs::new(
+        &config.shared_dir,
+        config.readonly,
+        PassthroughConfig {
+            cache: config.cache,
+            xattr: config.xattr,
+        },
+    )
+    .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
+    let fs = Arc::new(ReadOnlyGuard::new(fs));
+    let backend = Arc::new(FsBackend::new(fs, config.num_request_queues));
+    let stats = backend.stats();
+
+    let mut listener = make_listener(&config.socket)?;
+    let socket_path = match &config.socket {
+        SocketSource::Path(p) => Some(p.clone()),
+        SocketSource::Fd(_) => None,
+    };
+    spawn_signal_thread(term, socket_path.clone());
+
+    let mut daemon = VhostUserDaemon::new(
+        "volfsd".to_string(),
+        backend.clone(),
+        GuestMemoryAtomic::new(GuestMemoryMap::default()),
+    )
+    .map_err(|e| format!("creating the vhost-user daemon: {e}"))?;
+
+    info!(
+        "serving {} on {} ({} request queues, cache {:?}{})",
+        config.shared_dir.display(),
+        socket_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| format!("fd {}", listener.as_raw_fd())),
+        config.num_request_queues,
+        config.cache,
+        if config.readonly { ", read-only" } else { "" },
+    );
+    daemon
+        .start(&mut listener)
+        .map_err(|e| format!("accepting the frontend: {e}"))?;
+    info!("frontend connected");
+    let result = daemon.wait();
+    stats.connected.store(false, Ordering::Relaxed);
+    // The frontend is gone: stop the queue workers and drop the socket file.
+    for handler in daemon.get_epoll_handlers() {
+        handler.send_exit_event();
+    }
+    drop(listener);
+    for (q, n) in stats.requests.iter().enumerate() {
+        info!("queue {q}: {} requests served", n.load(Ordering::Relaxed));
+    }
+    match result {
+        Ok(()) => {}
+        Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => {}
+        Err(e) => warn!("frontend connection ended with: {e}"),
+    }
+    info!("frontend disconnected, exiting");
+    Ok(())
+}
+
+type GuestMemoryMap = GuestMemoryMmap;
+
+fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
+    match socket {
+        SocketSource::Path(path) => {
+            remove_stale_socket(path)?;
+            Listener::new(path, false)
+                .map_err(|e| format!("--socket-path {}: {e}", path.display()))
+        }
+        SocketSource::Fd(fd) => {
+            check_listening_socket(*fd)?;
+            // SAFETY: the fd was handed to us by the launcher for exactly this use and
+            // was checked to be a socket; the Listener takes ownership.
+            Ok(unsafe { Listener::from_raw_fd(*fd) })
+        }
+    }
+}
+
+/// A socket file left by an earlier run is replaced; any other file is an error, so
+/// a typo in --socket-path cannot delete someone's data.
+fn remove_stale_socket(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .map_err(|e| format!("--socket-path {}: removing stale socket: {e}", path.display())),
+        Ok(_) => Err(format!(
+            "--socket-path {}: exists and is not a socket",
+            path.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("--socket-path {}: {e}", path.display())),
+    }
+}
+
+fn check_listening_socket(fd: RawFd) -> Result<(), String> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat fills `st`; the result is checked.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
+        return Err(format!("--fd {fd}: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fstat succeeded.
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(format!("--fd {fd}: not a socket"));
+    }
+    Ok(())
+}
+
+fn spawn_signal_thread(term: SigSet, socket_path: Option<PathBuf>) {
+    std::thread::Builder::new()
+        .name("volfsd-signals".to_string())
+        .spawn(move || {
+            let sig = term.wait();
+            info!("received {sig:?}, exiting");
+            if let Some(p) = socket_path {
+                let _ = std::fs::remove_file(p);
+            }
+            log::logger().flush();
+            std::process::exit(0);
+        })
+        .expect("spawning the signal thread");
+}
+
+fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), String> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
+        .map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let (new_soft, new_hard) = match requested {
+        Some(0) => return Ok(()),
+        Some(n) => (n, n.max(hard)),
+        // Default: as many fds as the hard limit allows; one fd per guest inode.
+        None => (hard, hard),
+    };
+    if new_soft == soft && new_hard == hard {
+        return Ok(());
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, new_soft, new_hard)
+        .map_err(|e| format!("--rlimit-nofile {new_soft}: {e}"))
+}

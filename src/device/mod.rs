@@ -1,0 +1,167 @@
+//! The vhost-user virtio-fs device: features, queues and the per-queue workers.
+//!
+//! Queue 0 is the hiprio queue (FORGET, INTERRUPT); queues 1..=N are request queues.
+//! Each request queue has its own worker thread (the hiprio queue shares the first
+//! one), so a multi-queue guest is served in parallel.
+
+mod queue;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use fuse_backend_rs::api::server::Server;
+use log::{debug, warn};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+
+use crate::fs::VolFs;
+
+/// virtio device id of virtio-fs.
+pub const VIRTIO_ID_FS: u32 = 26;
+/// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
+pub const MAX_QUEUE_SIZE: usize = 1024;
+/// The hiprio queue's index.
+const HIPRIO_QUEUE: usize = 0;
+
+type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// Live counters of the device, readable from any thread.
+#[derive(Default)]
+pub struct DeviceStats {
+    /// Requests served per queue (index = queue index).
+    pub requests: Vec<AtomicU64>,
+    /// Whether a frontend is connected (set on memory table, cleared on exit).
+    pub connected: AtomicBool,
+    /// Queues the frontend has started (kicked at least once).
+    pub active_queues: AtomicUsize,
+}
+
+pub struct FsBackend {
+    server: Server<Arc<VolFs>>,
+    fs: Arc<VolFs>,
+    mem: RwLock<Option<GuestMem>>,
+    event_idx: AtomicBool,
+    num_request_queues: usize,
+    stats: Arc<DeviceStats>,
+    started: Vec<AtomicBool>,
+}
+
+impl FsBackend {
+    pub fn new(fs: Arc<VolFs>, num_request_queues: usize) -> Self {
+        let total = num_request_queues + 1;
+        let stats = DeviceStats {
+            requests: (0..total).map(|_| AtomicU64::new(0)).collect(),
+            ..Default::default()
+        };
+        FsBackend {
+            server: Server::new(fs.clone()),
+            fs,
+            mem: RwLock::new(None),
+            event_idx: AtomicBool::new(false),
+            num_request_queues,
+            stats: Arc::new(stats),
+            started: (0..total).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<DeviceStats> {
+        self.stats.clone()
+    }
+
+    pub fn fs(&self) -> &Arc<VolFs> {
+        &self.fs
+    }
+}
+
+impl VhostUserBackend for FsBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.num_request_queues + 1
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_RING_F_INDIRECT_DESC
+            | 1 << VIRTIO_RING_F_EVENT_IDX
+            | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        *self.mem.write().unwrap() = Some(mem);
+        self.stats.connected.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Thread 0 serves the hiprio queue and request queue 1; thread i serves request
+    /// queue i+1.
+    fn queues_per_thread(&self) -> Vec<u64> {
+        let mut map = vec![(1u64 << HIPRIO_QUEUE) | (1 << 1)];
+        map.extend((2..=self.num_request_queues).map(|q| 1u64 << q));
+        map
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            warn!("queue {device_event}: unexpected event set {evset:?}");
+            return Ok(());
+        }
+        let index = device_event as usize;
+        let Some(vring) = vrings.get(index) else {
+            warn!("event for unknown queue {device_event}");
+            return Ok(());
+        };
+        if !self.started[index].swap(true, Ordering::Relaxed) {
+            self.stats.active_queues.fetch_add(1, Ordering::Relaxed);
+            debug!("queue {index} started");
+        }
+        let Some(mem) = self.mem.read().unwrap().clone() else {
+            warn!("queue {index} kicked before the memory table was set");
+            return Ok(());
+        };
+        // Errors here are the guest's or the frontend's; they never stop the worker.
+        if let Err(e) = queue::process(
+            &self.server,
+            &self.fs,
+            &mem,
+            vring,
+            index,
+            self.event_idx.load(Ordering::Relaxed),
+            &self.stats.requests[index],
+        ) {
+            warn!("queue {index}: {e}");
+        }
+        Ok(())
+    }
+}

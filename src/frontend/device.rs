@@ -1,0 +1,296 @@
+//! vhost-user control plane for a virtio-fs device, done the way a VMM does it:
+//! SET_OWNER, feature and protocol-feature negotiation, SET_MEM_TABLE with the
+//! guest memfd, then per queue SET_VRING_NUM/BASE/ADDR/KICK/CALL and
+//! SET_VRING_ENABLE. Queue 0 is the hiprio queue, 1..=N are request queues.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
+use vhost::VhostBackend;
+
+use super::error::{Error, Result};
+use super::memory::GuestMemory;
+use super::virtqueue::SplitQueue;
+
+/// VIRTIO_F_VERSION_1: the device is a modern (virtio 1.x) device.
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// VIRTIO_RING_F_EVENT_IDX: used_event/avail_event notification suppression.
+pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+/// VHOST_USER_F_PROTOCOL_FEATURES: protocol features can be negotiated.
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Size of the virtio-fs config space: tag[36] + num_request_queues (le32).
+const VIRTIO_FS_CONFIG_SIZE: usize = 40;
+const VIRTIO_FS_TAG_LEN: usize = 36;
+
+/// How to set up the device.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Path of the backend's listening vhost-user socket.
+    pub socket_path: PathBuf,
+    /// Guest memory size in bytes (multiple of 4096).
+    pub memory_size: u64,
+    /// Number of request queues to set up (the hiprio queue is always set up).
+    pub request_queues: u16,
+    /// Entries per virtqueue (power of two).
+    pub queue_size: u16,
+    /// Negotiate VIRTIO_RING_F_EVENT_IDX if the backend offers it.
+    pub event_idx: bool,
+    /// How long to keep retrying while the socket does not exist or refuses.
+    pub connect_timeout: Duration,
+}
+
+impl DeviceConfig {
+    /// Defaults: 128 MiB of memory, one request queue of 256 entries.
+    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
+        DeviceConfig {
+            socket_path: socket_path.into(),
+            memory_size: 128 << 20,
+            request_queues: 1,
+            queue_size: 256,
+            event_idx: false,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the backend offered and what was acked.
+#[derive(Clone, Copy, Debug)]
+pub struct NegotiatedFeatures {
+    pub offered_features: u64,
+    pub acked_features: u64,
+    pub offered_protocol_features: u64,
+    pub acked_protocol_features: u64,
+    /// GET_QUEUE_NUM result (1 if the backend lacks MQ).
+    pub max_queues: u64,
+}
+
+/// The virtio-fs config space, if the backend supports GET_CONFIG.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsConfig {
+    pub tag: String,
+    pub num_request_queues: u32,
+}
+
+/// A connected, started vhost-user-fs device.
+pub struct VhostUserFsDevice {
+    frontend: Frontend,
+    memory: Arc<GuestMemory>,
+    queues: Vec<SplitQueue>,
+    features: NegotiatedFeatures,
+    config: Option<FsConfig>,
+}
+
+impl VhostUserFsDevice {
+    /// Connects to the backend and brings up hiprio + `request_queues` queues.
+    pub fn connect(cfg: &DeviceConfig) -> Result<Self> {
+        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        let memory = GuestMemory::new(cfg.memory_size)?;
+        frontend
+            .set_owner()
+            .map_err(|e| Error::vhost("SET_OWNER", e))?;
+        let features = negotiate(&mut frontend, cfg)?;
+        let wanted_queues = u64::from(cfg.request_queues) + 1;
+        if wanted_queues > features.max_queues {
+            return Err(Error::InvalidArgument(format!(
+                "asked for {} request queues but backend supports {} queues in total",
+                cfg.request_queues, features.max_queues
+            )));
+        }
+        let config = if features.acked_protocol_features
+            & VhostUserProtocolFeatures::CONFIG.bits()
+            != 0
+        {
+            Some(read_fs_config(&mut frontend)?)
+        } else {
+            None
+        };
+
+        let region = memory.region_info()?;
+        frontend
+            .set_mem_table(&[region])
+            .map_err(|e| Error::vhost("SET_MEM_TABLE", e))?;
+
+        let event_idx = features.acked_features & VIRTIO_RING_F_EVENT_IDX != 0;
+        let mut queues = Vec::new();
+        for index in 0..wanted_queues as u16 {
+            let mut queue = SplitQueue::new(&memory, index, cfg.queue_size)?;
+            queue.set_event_idx(event_idx);
+            start_queue(&mut frontend, &queue)?;
+            queues.push(queue);
+        }
+        Ok(VhostUserFsDevice {
+            frontend,
+            memory,
+            queues,
+            features,
+            config,
+        })
+    }
+
+    /// The guest memory shared with the backend.
+    pub fn memory(&self) -> &Arc<GuestMemory> {
+        &self.memory
+    }
+
+    /// Negotiation results.
+    pub fn features(&self) -> NegotiatedFeatures {
+        self.features
+    }
+
+    /// virtio-fs config space, when the backend offers VHOST_USER_PROTOCOL_F_CONFIG.
+    pub fn fs_config(&self) -> Option<&FsConfig> {
+        self.config.as_ref()
+    }
+
+    /// Hands the queues (hiprio first) to the caller, e.g. one per worker
+    /// thread. The device keeps the control connection.
+    pub fn take_queues(&mut self) -> Vec<SplitQueue> {
+        std::mem::take(&mut self.queues)
+    }
+
+    /// Stops a queue like a VMM does on shutdown (SET_VRING_ENABLE 0, then
+    /// GET_VRING_BASE); returns the backend's next avail index.
+    pub fn stop_queue(&mut self, index: u16) -> Result<u32> {
+        let i = usize::from(index);
+        self.frontend
+            .set_vring_enable(i, false)
+            .map_err(|e| Error::vhost(format!("queue {index}: SET_VRING_ENABLE 0"), e))?;
+        self.frontend
+            .get_vring_base(i)
+            .map_err(|e| Error::vhost(format!("queue {index}: GET_VRING_BASE"), e))
+    }
+
+    /// Closes the vhost-user connection (same as dropping the device).
+    pub fn disconnect(self) {
+        drop(self);
+    }
+}
+
+fn connect_with_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        // max_queue_num is only an upper bound for index checks until
+        // GET_QUEUE_NUM replaces it.
+        match Frontend::connect(path, 1) {
+            Ok(frontend) => return Ok(frontend),
+            Err(vhost::Error::VhostUserProtocol(
+                vhost::vhost_user::Error::SocketConnect(e),
+            )) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
+                && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(Error::vhost(
+                    format!("connecting to {}", path.display()),
+                    e,
+                ))
+            }
+        }
+    }
+}
+
+fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFeatures> {
+    let offered = frontend
+        .get_features()
+        .map_err(|e| Error::vhost("GET_FEATURES", e))?;
+    for (bit, name) in [
+        (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
+        (VHOST_USER_F_PROTOCOL_FEATURES, "VHOST_USER_F_PROTOCOL_FEATURES"),
+    ] {
+        if offered & bit == 0 {
+            return Err(Error::bad_reply(
+                "GET_FEATURES",
+                format!("backend does not offer {name} (features {offered:#x})"),
+            ));
+        }
+    }
+    let offered_protocol = frontend
+        .get_protocol_features()
+        .map_err(|e| Error::vhost("GET_PROTOCOL_FEATURES", e))?;
+    let acked_protocol = offered_protocol
+        & (VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::REPLY_ACK);
+    frontend
+        .set_protocol_features(acked_protocol)
+        .map_err(|e| Error::vhost("SET_PROTOCOL_FEATURES", e))?;
+    if acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+        // From now on every control message is acknowledged, so a backend
+        // that rejects one is reported at the failing message.
+        frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    }
+    let max_queues = if acked_protocol.contains(VhostUserProtocolFeatures::MQ) {
+        frontend
+            .get_queue_num()
+            .map_err(|e| Error::vhost("GET_QUEUE_NUM", e))?
+    } else {
+        1
+    };
+    let mut acked = VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES;
+    if cfg.event_idx {
+        acked |= offered & VIRTIO_RING_F_EVENT_IDX;
+    }
+    frontend
+        .set_features(acked)
+        .map_err(|e| Error::vhost(format!("SET_FEATURES {acked:#x}"), e))?;
+    Ok(NegotiatedFeatures {
+        offered_features: offered,
+        acked_features: acked,
+        offered_protocol_features: offered_protocol.bits(),
+        acked_protocol_features: acked_protocol.bits(),
+        max_queues,
+    })
+}
+
+fn read_fs_config(frontend: &mut Frontend) -> Result<FsConfig> {
+    let (_, payload) = frontend
+        .get_config(
+            0,
+            VIRTIO_FS_CONFIG_SIZE as u32,
+            VhostUserConfigFlags::WRITABLE,
+            &[0u8; VIRTIO_FS_CONFIG_SIZE],
+        )
+        .map_err(|e| Error::vhost("GET_CONFIG", e))?;
+    if payload.len() != VIRTIO_FS_CONFIG_SIZE {
+        return Err(Error::bad_reply(
+            "GET_CONFIG",
+            format!("{} bytes of config space, expected 40", payload.len()),
+        ));
+    }
+    let tag_bytes = &payload[..VIRTIO_FS_TAG_LEN];
+    let tag_end = tag_bytes.iter().position(|&b| b == 0).unwrap_or(VIRTIO_FS_TAG_LEN);
+    let mut num = [0u8; 4];
+    num.copy_from_slice(&payload[VIRTIO_FS_TAG_LEN..]);
+    Ok(FsConfig {
+        tag: String::from_utf8_lossy(&tag_bytes[..tag_end]).into_owned(),
+        num_request_queues: u32::from_le_bytes(num),
+    })
+}
+
+fn start_queue(frontend: &mut Frontend, queue: &SplitQueue) -> Result<()> {
+    let i = usize::from(queue.index());
+    let ctx = |msg: &str| format!("queue {i}: {msg}");
+    frontend
+        .set_vring_num(i, queue.size())
+        .map_err(|e| Error::vhost(ctx("SET_VRING_NUM"), e))?;
+    frontend
+        .set_vring_base(i, 0)
+        .map_err(|e| Error::vhost(ctx("SET_VRING_BASE"), e))?;
+    frontend
+        .set_vring_addr(i, &queue.config_data()?)
+        .map_err(|e| Error::vhost(ctx("SET_VRING_ADDR"), e))?;
+    frontend
+        .set_vring_call(i, queue.call_eventfd())
+        .map_err(|e| Error::vhost(ctx("SET_VRING_CALL"), e))?;
+    frontend
+        .set_vring_kick(i, queue.kick_eventfd())
+        .map_err(|e| Error::vhost(ctx("SET_VRING_KICK"), e))?;
+    frontend
+        .set_vring_enable(i, true)
+        .map_err(|e| Error::vhost(ctx("SET_VRING_ENABLE 1"), e))
+}

@@ -1,0 +1,106 @@
+//! Decoding and replies for the FUSE requests that fuse-backend-rs 0.14's `Server`
+//! answers with ENOSYS: COPY_FILE_RANGE (47), SYNCFS (50) and TMPFILE (51).
+//!
+//! The Linux client sends all three; serving them keeps `cp --reflink=auto`,
+//! `syncfs(2)` and `O_TMPFILE` working in the guest.
+
+use std::io::{self, Write};
+
+use fuse_backend_rs::abi::fuse_abi::{
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, OpenOut, OutHeader, WriteOut,
+};
+use fuse_backend_rs::api::filesystem::Context;
+use fuse_backend_rs::transport::Reader;
+use vm_memory::{bitmap::BitmapSlice, ByteValued};
+
+use super::ExtraOps;
+
+pub const OPCODE_COPY_FILE_RANGE: u32 = 47;
+pub const OPCODE_SYNCFS: u32 = 50;
+pub const OPCODE_TMPFILE: u32 = 51;
+
+/// Whether `opcode` is served here rather than by fuse-backend-rs's server.
+pub fn handles(opcode: u32) -> bool {
+    matches!(
+        opcode,
+        OPCODE_COPY_FILE_RANGE | OPCODE_SYNCFS | OPCODE_TMPFILE
+    )
+}
+
+/// Serves one request whose header is already read. Returns the reply length.
+pub fn dispatch<F: ExtraOps, S: BitmapSlice>(
+    fs: &F,
+    header: &InHeader,
+    r: &mut Reader<'_, S>,
+    w: &mut impl Write,
+) -> io::Result<usize> {
+    let ctx = Context::from(header);
+    let result: io::Result<Vec<u8>> = match header.opcode {
+        OPCODE_COPY_FILE_RANGE => r
+            .read_obj::<CopyFileRangeIn>()
+            .map_err(|_| einval())
+            .and_then(|a| {
+                fs.copy_file_range(
+                    &ctx,
+                    header.nodeid,
+                    a.fh_in,
+                    a.offset_in,
+                    a.nodeid_out,
+                    a.fh_out,
+                    a.offset_out,
+                    a.len,
+                    a.flags,
+                )
+            })
+            .map(|n| {
+                WriteOut {
+                    size: n.min(u32::MAX as usize) as u32,
+                    padding: 0,
+                }
+                .as_slice()
+                .to_vec()
+            }),
+        OPCODE_SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
+        OPCODE_TMPFILE => r
+            .read_obj::<CreateIn>()
+            .map_err(|_| einval())
+            .and_then(|args| fs.tmpfile(&ctx, header.nodeid, args))
+            .map(|(entry, fh, opts)| {
+                let mut out = EntryOut::from(entry).as_slice().to_vec();
+                out.extend_from_slice(
+                    OpenOut {
+                        fh,
+                        open_flags: opts.bits(),
+                        passthrough: 0,
+                    }
+                    .as_slice(),
+                );
+                out
+            }),
+        _ => Err(io::Error::from_raw_os_error(libc::ENOSYS)),
+    };
+    match result {
+        Ok(body) => reply(w, header.unique, 0, &body),
+        Err(e) => {
+            let code = e.raw_os_error().unwrap_or(libc::EIO);
+            reply(w, header.unique, -code, &[])
+        }
+    }
+}
+
+fn einval() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+fn reply(w: &mut impl Write, unique: u64, error: i32, body: &[u8]) -> io::Result<usize> {
+    let len = std::mem::size_of::<OutHeader>() + body.len();
+    let header = OutHeader {
+        len: len as u32,
+        error,
+        unique,
+    };
+    w.write_all(header.as_slice())?;
+    w.write_all(body)?;
+    w.flush()?;
+    Ok(len)
+}

@@ -1,0 +1,73 @@
+//! Open file and directory handles the guest holds (FUSE `fh`).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::inodes::InodeData;
+use super::sys::errno;
+
+pub struct HandleData {
+    pub inode: Arc<InodeData>,
+    pub file: File,
+    /// Serialises seek+getdents on directory handles.
+    pub dir_lock: Mutex<()>,
+}
+
+pub struct HandleStore {
+    map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    next_id: AtomicU64,
+}
+
+impl Default for HandleStore {
+    fn default() -> Self {
+        HandleStore {
+            map: RwLock::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+impl HandleStore {
+    pub fn insert(&self, inode: Arc<InodeData>, file: File) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let data = Arc::new(HandleData {
+            inode,
+            file,
+            dir_lock: Mutex::new(()),
+        });
+        self.map.write().unwrap().insert(id, data);
+        id
+    }
+
+    /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle
+    /// of one inode to reach another.
+    pub fn get(&self, fh: u64, nodeid: u64) -> io::Result<Arc<HandleData>> {
+        let map = self.map.read().unwrap();
+        match map.get(&fh) {
+            Some(h) if h.inode.nodeid == nodeid => Ok(h.clone()),
+            _ => Err(errno(libc::EBADF)),
+        }
+    }
+
+    pub fn remove(&self, fh: u64, nodeid: u64) -> io::Result<()> {
+        let mut map = self.map.write().unwrap();
+        match map.get(&fh) {
+            Some(h) if h.inode.nodeid == nodeid => {
+                map.remove(&fh);
+                Ok(())
+            }
+            _ => Err(errno(libc::EBADF)),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,189 @@
+//! Thin, checked wrappers over the fd-relative syscalls the passthrough layer uses.
+//!
+//! Every host access goes through one of these with a directory fd and a single
+//! validated name component, never a path, so the kernel cannot walk outside the fd.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+pub fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn cvt64(ret: i64) -> io::Result<i64> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+pub fn errno(e: libc::c_int) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+/// `openat(dir, name, flags, mode)`, always with `O_CLOEXEC`.
+pub fn openat(dir: &impl AsRawFd, name: &CStr, flags: libc::c_int, mode: u32) -> io::Result<File> {
+    // SAFETY: `name` is a valid NUL-terminated string; the returned fd is checked and owned.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by openat and nobody else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `fstatat(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW)`: the stat of the fd itself.
+pub fn stat_fd(fd: &impl AsRawFd) -> io::Result<libc::stat64> {
+    let mut st = MaybeUninit::<libc::stat64>::zeroed();
+    // SAFETY: the empty string is NUL-terminated and `st` is a valid out pointer.
+    cvt(unsafe {
+        libc::fstatat64(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded, so the kernel filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// The mount id of an fd, from statx; 0 where the kernel cannot tell.
+pub fn mount_id(fd: &impl AsRawFd) -> u64 {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid NUL-terminated empty path and a valid out pointer.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            stx.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        return 0;
+    }
+    // SAFETY: statx succeeded.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        stx.stx_mnt_id
+    } else {
+        0
+    }
+}
+
+/// A `/proc/self/fd/N` name relative to the daemon's `/proc/self/fd` directory fd.
+/// Used to reopen an `O_PATH` fd with real access flags; the kernel resolves the magic
+/// link to the very inode the fd holds, never by path, so no rename can redirect it.
+pub struct ProcFdName {
+    buf: [u8; 24],
+}
+
+impl ProcFdName {
+    pub fn new(fd: RawFd) -> Self {
+        let mut buf = [0u8; 24];
+        let mut n = fd as u32;
+        let mut digits = [0u8; 12];
+        let mut len = 0;
+        loop {
+            digits[len] = b'0' + (n % 10) as u8;
+            len += 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for i in 0..len {
+            buf[i] = digits[len - 1 - i];
+        }
+        ProcFdName { buf }
+    }
+
+    pub fn as_cstr(&self) -> &CStr {
+        // The buffer always holds ASCII digits followed by at least one NUL.
+        CStr::from_bytes_until_nul(&self.buf).expect("ProcFdName is NUL-terminated")
+    }
+}
+
+pub fn renameat2(
+    olddir: &impl AsRawFd,
+    oldname: &CStr,
+    newdir: &impl AsRawFd,
+    newname: &CStr,
+    flags: u32,
+) -> io::Result<()> {
+    // SAFETY: both names are valid NUL-terminated strings; the return value is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            olddir.as_raw_fd(),
+            oldname.as_ptr(),
+            newdir.as_raw_fd(),
+            newname.as_ptr(),
+            flags,
+        )
+    };
+    cvt64(ret).map(|_| ())
+}
+
+/// Switches this thread's filesystem uid/gid to the guest caller's for the lifetime
+/// of the guard, so that files the guest creates are owned by the guest's user.
+/// setfsuid/setfsgid are per-thread at the syscall level, which is what we want here.
+pub struct FsCredsGuard {
+    old_uid: u32,
+    old_gid: u32,
+}
+
+impl FsCredsGuard {
+    pub fn switch(uid: u32, gid: u32) -> Self {
+        // SAFETY: raw per-thread credential syscalls; they cannot fail in a way that
+        // corrupts memory, and the previous values are restored on drop.
+        unsafe {
+            let old_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
+            let old_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
+            FsCredsGuard { old_uid, old_gid }
+        }
+    }
+}
+
+impl Drop for FsCredsGuard {
+    fn drop(&mut self) {
+        // SAFETY: see `switch`.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, self.old_uid);
+            libc::syscall(libc::SYS_setfsgid, self.old_gid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_fd_name_formats_decimal() {
+        assert_eq!(ProcFdName::new(0).as_cstr().to_bytes(), b"0");
+        assert_eq!(ProcFdName::new(7).as_cstr().to_bytes(), b"7");
+        assert_eq!(ProcFdName::new(1234567).as_cstr().to_bytes(), b"1234567");
+    }
+
+    #[test]
+    fn stat_fd_reports_directory() {
+        let dir = File::open("/").unwrap();
+        let st = stat_fd(&dir).unwrap();
+        assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFDIR);
+    }
+}

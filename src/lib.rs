@@ -1,0 +1,8 @@
+//! volfsd: a vhost-user virtio-fs backend for MicroVM sandbox platforms.
+
+pub mod config;
+pub mod daemon;
+pub mod device;
+pub mod frontend;
+pub mod fs;
+pub mod logging;

@@ -1,0 +1,42 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use volfsd::config::{self, Args};
+use volfsd::daemon;
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if let Err(e) = config::check_unsupported(&argv) {
+        eprintln!("volfsd: {e}");
+        return ExitCode::from(1);
+    }
+    let args = match Args::try_parse_from(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            // --help and --version print and exit 0; real errors exit 1 (clap says 2).
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    if args.print_capabilities {
+        println!("{}", config::capabilities_json());
+        return ExitCode::SUCCESS;
+    }
+    let config = match args.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("volfsd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match daemon::run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("volfsd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
