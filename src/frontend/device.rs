@@ -100,14 +100,12 @@ impl VhostUserFsDevice {
                 cfg.request_queues, features.max_queues
             )));
         }
-        let config = if features.acked_protocol_features
-            & VhostUserProtocolFeatures::CONFIG.bits()
-            != 0
-        {
-            Some(read_fs_config(&mut frontend)?)
-        } else {
-            None
-        };
+        let config =
+            if features.acked_protocol_features & VhostUserProtocolFeatures::CONFIG.bits() != 0 {
+                Some(read_fs_config(&mut frontend)?)
+            } else {
+                None
+            };
 
         let region = memory.region_info()?;
         frontend
@@ -177,19 +175,13 @@ fn connect_with_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
         // GET_QUEUE_NUM replaces it.
         match Frontend::connect(path, 1) {
             Ok(frontend) => return Ok(frontend),
-            Err(vhost::Error::VhostUserProtocol(
-                vhost::vhost_user::Error::SocketConnect(e),
-            )) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
-                && Instant::now() < deadline =>
+            Err(vhost::Error::VhostUserProtocol(vhost::vhost_user::Error::SocketConnect(e)))
+                if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
+                    && Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(e) => {
-                return Err(Error::vhost(
-                    format!("connecting to {}", path.display()),
-                    e,
-                ))
-            }
+            Err(e) => return Err(Error::vhost(format!("connecting to {}", path.display()), e)),
         }
     }
 }
@@ -200,7 +192,10 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
         .map_err(|e| Error::vhost("GET_FEATURES", e))?;
     for (bit, name) in [
         (VIRTIO_F_VERSION_1, "VIRTIO_F_VERSION_1"),
-        (VHOST_USER_F_PROTOCOL_FEATURES, "VHOST_USER_F_PROTOCOL_FEATURES"),
+        (
+            VHOST_USER_F_PROTOCOL_FEATURES,
+            "VHOST_USER_F_PROTOCOL_FEATURES",
+        ),
     ] {
         if offered & bit == 0 {
             return Err(Error::bad_reply(
@@ -263,7 +258,10 @@ fn read_fs_config(frontend: &mut Frontend) -> Result<FsConfig> {
         ));
     }
     let tag_bytes = &payload[..VIRTIO_FS_TAG_LEN];
-    let tag_end = tag_bytes.iter().position(|&b| b == 0).unwrap_or(VIRTIO_FS_TAG_LEN);
+    let tag_end = tag_bytes
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(VIRTIO_FS_TAG_LEN);
     let mut num = [0u8; 4];
     num.copy_from_slice(&payload[VIRTIO_FS_TAG_LEN..]);
     Ok(FsConfig {

@@ -7,12 +7,14 @@
 //! - [`device`]: the vhost-user control plane (features, mem table, vrings).
 //! - [`fuse`]: FUSE requests/replies over the request queues.
 
-pub mod error;
-pub mod memory;
 pub mod device;
+pub mod error;
+pub mod fuse;
+pub mod memory;
 pub mod virtqueue;
 
-pub use error::{Error, Result};
-pub use memory::{GuestBuffer, GuestMemory};
 pub use device::{DeviceConfig, FsConfig, NegotiatedFeatures, VhostUserFsDevice};
+pub use error::{Error, Result};
+pub use fuse::{FuseClient, FuseOps, FuseQueue, InitParams, RawChain, Request};
+pub use memory::{GuestBuffer, GuestMemory};
 pub use virtqueue::{Segment, SplitQueue, UsedElement};

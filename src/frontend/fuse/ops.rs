@@ -4,7 +4,7 @@
 use fuse_backend_rs::abi::fuse_abi::{
     AccessIn, AttrOut, BatchForgetIn, CreateIn, EntryOut, FallocateIn, FlushIn, ForgetIn,
     ForgetOne, FsOptions, FsyncIn, GetattrIn, GetxattrIn, GetxattrOut, InitIn, InitIn2, InitOut,
-    Kstatfs, LinkIn, LseekIn, LseekOut, MkdirIn, MknodIn, OpenIn, OpenOut, Opcode, ReadIn,
+    Kstatfs, LinkIn, LseekIn, LseekOut, MkdirIn, MknodIn, Opcode, OpenIn, OpenOut, ReadIn,
     ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn, WriteOut,
 };
 use vm_memory::ByteValued;
@@ -172,7 +172,13 @@ pub trait FuseOps {
     }
 
     /// CREATE: returns the new entry and the open file handle.
-    fn create(&mut self, parent: u64, name: &str, flags: u32, mode: u32) -> Result<(EntryOut, OpenOut)> {
+    fn create(
+        &mut self,
+        parent: u64,
+        name: &str,
+        flags: u32,
+        mode: u32,
+    ) -> Result<(EntryOut, OpenOut)> {
         let entry_size = std::mem::size_of::<EntryOut>();
         let req = Request::new(Opcode::Create, parent)
             .arg(&CreateIn {
@@ -289,9 +295,7 @@ pub trait FuseOps {
 
     fn link(&mut self, oldnode: u64, newparent: u64, newname: &str) -> Result<EntryOut> {
         let req = Request::new(Opcode::Link, newparent)
-            .arg(&LinkIn {
-                oldnodeid: oldnode,
-            })
+            .arg(&LinkIn { oldnodeid: oldnode })
             .name(newname)
             .reply_of::<EntryOut>();
         self.call(&req)?.parse()
@@ -338,7 +342,13 @@ pub trait FuseOps {
         offset: u64,
         size: u32,
     ) -> Result<Vec<DirEntryPlus>> {
-        let reply = self.call(&readdir_request(Opcode::Readdirplus, nodeid, fh, offset, size))?;
+        let reply = self.call(&readdir_request(
+            Opcode::Readdirplus,
+            nodeid,
+            fh,
+            offset,
+            size,
+        ))?;
         parse_direntplus(&reply.context, &reply.body)
     }
 
@@ -373,7 +383,14 @@ pub trait FuseOps {
         self.call(&req)?.expect_empty()
     }
 
-    fn fallocate(&mut self, nodeid: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+    fn fallocate(
+        &mut self,
+        nodeid: u64,
+        fh: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<()> {
         let req = Request::new(Opcode::Fallocate, nodeid).arg(&FallocateIn {
             fh,
             offset,

@@ -184,10 +184,18 @@ impl FuseQueue {
         self.wait_for(token, self.timeout)
     }
 
-    fn add(&mut self, token: u64, opcode: Option<u32>, nodeid: u64, chain: &RawChain) -> Result<()> {
+    fn add(
+        &mut self,
+        token: u64,
+        opcode: Option<u32>,
+        nodeid: u64,
+        chain: &RawChain,
+    ) -> Result<()> {
         let (readable_segments, readable) = self.materialize(&chain.readable)?;
         let (writable_segments, writable) = self.materialize(&chain.writable)?;
-        let head = self.queue.add_chain(&readable_segments, &writable_segments)?;
+        let head = self
+            .queue
+            .add_chain(&readable_segments, &writable_segments)?;
         self.pending.insert(
             head,
             PendingChain {

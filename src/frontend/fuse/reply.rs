@@ -182,9 +182,13 @@ fn parse_records<'a>(
     let mut rest = body;
     while !rest.is_empty() {
         let at = body.len() - rest.len();
-        let bad = |detail: String| Error::bad_reply(context, format!("entry at byte {at}: {detail}"));
+        let bad =
+            |detail: String| Error::bad_reply(context, format!("entry at byte {at}: {detail}"));
         if rest.len() < fixed {
-            return Err(bad(format!("{} bytes left, record needs {fixed}", rest.len())));
+            return Err(bad(format!(
+                "{} bytes left, record needs {fixed}",
+                rest.len()
+            )));
         }
         let dirent = *Dirent::from_slice(&rest[prefix_len..fixed]).expect("sized slice");
         let name_len = dirent.namelen as usize;
@@ -251,7 +255,10 @@ mod tests {
             Err(Error::BadReply { .. })
         ));
         let err = completion(ok, &[0; 4], 18).into_reply().unwrap_err();
-        assert!(err.to_string().contains("GETATTR nodeid 1 unique 7"), "{err}");
+        assert!(
+            err.to_string().contains("GETATTR nodeid 1 unique 7"),
+            "{err}"
+        );
         assert!(completion(ok, &[], 8).into_reply().is_err());
 
         let enoent = OutHeader {
@@ -260,11 +267,18 @@ mod tests {
             unique: 7,
         };
         assert_eq!(
-            completion(enoent, &[], 16).into_reply().unwrap_err().errno(),
+            completion(enoent, &[], 16)
+                .into_reply()
+                .unwrap_err()
+                .errno(),
             Some(2)
         );
         let positive = OutHeader { error: 5, ..enoent };
-        assert!(completion(positive, &[], 16).into_reply().unwrap_err().errno().is_none());
+        assert!(completion(positive, &[], 16)
+            .into_reply()
+            .unwrap_err()
+            .errno()
+            .is_none());
         let errno_with_body = OutHeader { len: 20, ..enoent };
         assert!(completion(errno_with_body, &[0; 4], 20)
             .into_reply()

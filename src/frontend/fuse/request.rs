@@ -98,9 +98,7 @@ impl Request {
     /// The descriptor chain for this request with the given `unique`.
     pub fn to_chain(&self, unique: u64) -> RawChain {
         let header = InHeader {
-            len: self
-                .header_len_override
-                .unwrap_or(self.total_len() as u32),
+            len: self.header_len_override.unwrap_or(self.total_len() as u32),
             opcode: self.opcode,
             unique,
             nodeid: self.nodeid,
@@ -154,13 +152,56 @@ pub fn c_string(s: &str) -> Vec<u8> {
 /// converting an unknown number to `Opcode` is undefined behaviour.
 pub fn opcode_name(opcode: u32) -> String {
     const NAMES: [&str; 50] = [
-        "0", "LOOKUP", "FORGET", "GETATTR", "SETATTR", "READLINK", "SYMLINK", "7", "MKNOD",
-        "MKDIR", "UNLINK", "RMDIR", "RENAME", "LINK", "OPEN", "READ", "WRITE", "STATFS",
-        "RELEASE", "19", "FSYNC", "SETXATTR", "GETXATTR", "LISTXATTR", "REMOVEXATTR", "FLUSH",
-        "INIT", "OPENDIR", "READDIR", "RELEASEDIR", "FSYNCDIR", "GETLK", "SETLK", "SETLKW",
-        "ACCESS", "CREATE", "INTERRUPT", "BMAP", "DESTROY", "IOCTL", "POLL", "NOTIFY_REPLY",
-        "BATCH_FORGET", "FALLOCATE", "READDIRPLUS", "RENAME2", "LSEEK", "COPY_FILE_RANGE",
-        "SETUPMAPPING", "REMOVEMAPPING",
+        "0",
+        "LOOKUP",
+        "FORGET",
+        "GETATTR",
+        "SETATTR",
+        "READLINK",
+        "SYMLINK",
+        "7",
+        "MKNOD",
+        "MKDIR",
+        "UNLINK",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "OPEN",
+        "READ",
+        "WRITE",
+        "STATFS",
+        "RELEASE",
+        "19",
+        "FSYNC",
+        "SETXATTR",
+        "GETXATTR",
+        "LISTXATTR",
+        "REMOVEXATTR",
+        "FLUSH",
+        "INIT",
+        "OPENDIR",
+        "READDIR",
+        "RELEASEDIR",
+        "FSYNCDIR",
+        "GETLK",
+        "SETLK",
+        "SETLKW",
+        "ACCESS",
+        "CREATE",
+        "INTERRUPT",
+        "BMAP",
+        "DESTROY",
+        "IOCTL",
+        "POLL",
+        "NOTIFY_REPLY",
+        "BATCH_FORGET",
+        "FALLOCATE",
+        "READDIRPLUS",
+        "RENAME2",
+        "LSEEK",
+        "COPY_FILE_RANGE",
+        "SETUPMAPPING",
+        "REMOVEMAPPING",
     ];
     match NAMES.get(opcode as usize) {
         Some(name) if !name.starts_with(|c: char| c.is_ascii_digit()) => (*name).to_string(),
@@ -189,14 +230,19 @@ mod tests {
             panic!("header is data")
         };
         let hdr = InHeader::from_slice(hdr).unwrap();
-        assert_eq!((hdr.len, hdr.opcode, hdr.unique, hdr.nodeid), (50, 9, 42, 1));
+        assert_eq!(
+            (hdr.len, hdr.opcode, hdr.unique, hdr.nodeid),
+            (50, 9, 42, 1)
+        );
         assert!(matches!(
             chain.writable[..],
             [ChainPart::Space(16), ChainPart::Space(128)]
         ));
         let forget = Request::new(Opcode::Forget, 5).no_reply().to_chain(1);
         assert!(forget.writable.is_empty());
-        let lying = Request::new(Opcode::Getattr, 1).header_len(9999).to_chain(1);
+        let lying = Request::new(Opcode::Getattr, 1)
+            .header_len(9999)
+            .to_chain(1);
         let ChainPart::Data(hdr) = &lying.readable[0] else {
             panic!("header is data")
         };

@@ -1,0 +1,133 @@
+//! A FUSE session over a vhost-user-fs device: the hiprio queue plus N
+//! request queues, like a mounted virtio-fs in a guest.
+
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::InitOut;
+
+use super::ops::{FuseOps, InitParams};
+use super::queue::{FuseQueue, UniqueSource};
+use super::reply::Reply;
+use super::request::Request;
+use crate::frontend::device::{DeviceConfig, VhostUserFsDevice};
+use crate::frontend::error::{Error, Result};
+
+/// FUSE client: typed operations go to the current request queue, requests
+/// without a reply (FORGET) go to the hiprio queue as Linux does.
+pub struct FuseClient {
+    hiprio: FuseQueue,
+    request_queues: Vec<FuseQueue>,
+    current: usize,
+    init_out: Option<InitOut>,
+    // Declared last so the queues (and their eventfds) go before the connection.
+    device: VhostUserFsDevice,
+}
+
+impl FuseClient {
+    /// Connects and sets up the device; does not send FUSE_INIT.
+    pub fn connect(cfg: &DeviceConfig) -> Result<Self> {
+        Self::from_device(VhostUserFsDevice::connect(cfg)?)
+    }
+
+    /// Wraps an already started device.
+    pub fn from_device(mut device: VhostUserFsDevice) -> Result<Self> {
+        let memory = device.memory().clone();
+        let uniques = UniqueSource::default();
+        let mut queues = device
+            .take_queues()
+            .into_iter()
+            .map(|q| FuseQueue::new(q, memory.clone(), uniques.clone()));
+        let hiprio = queues
+            .next()
+            .ok_or_else(|| Error::InvalidArgument("device has no queues".into()))?;
+        let request_queues: Vec<FuseQueue> = queues.collect();
+        if request_queues.is_empty() {
+            return Err(Error::InvalidArgument("device has no request queue".into()));
+        }
+        Ok(FuseClient {
+            hiprio,
+            request_queues,
+            current: 0,
+            init_out: None,
+            device,
+        })
+    }
+
+    /// Connects and performs FUSE_INIT with Linux-like parameters.
+    pub fn connect_and_init(cfg: &DeviceConfig) -> Result<Self> {
+        let mut client = Self::connect(cfg)?;
+        client.init_session(&InitParams::default())?;
+        Ok(client)
+    }
+
+    /// FUSE_INIT, remembering the negotiated parameters.
+    pub fn init_session(&mut self, params: &InitParams) -> Result<InitOut> {
+        let out = self.init(params)?;
+        self.init_out = Some(out);
+        Ok(out)
+    }
+
+    /// INIT reply of this session, if INIT was done through `init_session`.
+    pub fn init_out(&self) -> Option<&InitOut> {
+        self.init_out.as_ref()
+    }
+
+    /// Number of request queues.
+    pub fn request_queue_count(&self) -> usize {
+        self.request_queues.len()
+    }
+
+    /// Request queue `i` (0-based; vhost-user queue index `i + 1`).
+    pub fn request_queue(&mut self, i: usize) -> Result<&mut FuseQueue> {
+        let count = self.request_queues.len();
+        self.request_queues
+            .get_mut(i)
+            .ok_or_else(|| Error::InvalidArgument(format!("request queue {i} of {count}")))
+    }
+
+    /// The hiprio queue (vhost-user queue 0).
+    pub fn hiprio_queue(&mut self) -> &mut FuseQueue {
+        &mut self.hiprio
+    }
+
+    /// Routes subsequent typed calls to request queue `i`.
+    pub fn use_request_queue(&mut self, i: usize) -> Result<()> {
+        self.request_queue(i)?;
+        self.current = i;
+        Ok(())
+    }
+
+    /// Sets the reply timeout of every queue.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.hiprio.set_timeout(timeout);
+        for q in &mut self.request_queues {
+            q.set_timeout(timeout);
+        }
+    }
+
+    /// The control-plane connection.
+    pub fn device(&mut self) -> &mut VhostUserFsDevice {
+        &mut self.device
+    }
+
+    /// Splits the session so queues can be driven from different threads.
+    /// Returns (device, hiprio queue, request queues).
+    pub fn into_parts(self) -> (VhostUserFsDevice, FuseQueue, Vec<FuseQueue>) {
+        (self.device, self.hiprio, self.request_queues)
+    }
+
+    /// Closes the vhost-user connection, like a VMM going away.
+    pub fn disconnect(self) {
+        drop(self);
+    }
+}
+
+impl FuseOps for FuseClient {
+    fn call(&mut self, request: &Request) -> Result<Reply> {
+        self.request_queues[self.current].call(request)
+    }
+
+    fn call_no_reply(&mut self, request: &Request) -> Result<()> {
+        self.hiprio.call_no_reply(request)
+    }
+}
