@@ -10,7 +10,6 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use fuse_backend_rs::api::server::Server;
 use log::{debug, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
@@ -20,7 +19,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 
-use crate::fs::VolFs;
+use crate::fs::{FsServer, VolFs};
 
 /// virtio device id of virtio-fs.
 pub const VIRTIO_ID_FS: u32 = 26;
@@ -43,8 +42,7 @@ pub struct DeviceStats {
 }
 
 pub struct FsBackend {
-    server: Server<Arc<VolFs>>,
-    fs: Arc<VolFs>,
+    server: FsServer,
     mem: RwLock<Option<GuestMem>>,
     event_idx: AtomicBool,
     num_request_queues: usize,
@@ -60,8 +58,7 @@ impl FsBackend {
             ..Default::default()
         };
         FsBackend {
-            server: Server::new(fs.clone()),
-            fs,
+            server: FsServer::new(fs),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             num_request_queues,
@@ -75,7 +72,7 @@ impl FsBackend {
     }
 
     pub fn fs(&self) -> &Arc<VolFs> {
-        &self.fs
+        self.server.fs()
     }
 }
 
@@ -153,7 +150,6 @@ impl VhostUserBackend for FsBackend {
         // Errors here are the guest's or the frontend's; they never stop the worker.
         if let Err(e) = queue::process(
             &self.server,
-            &self.fs,
             &mem,
             vring,
             index,

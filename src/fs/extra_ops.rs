@@ -10,7 +10,7 @@ use fuse_backend_rs::abi::fuse_abi::{
     CopyFileRangeIn, CreateIn, EntryOut, InHeader, OpenOut, OutHeader, WriteOut,
 };
 use fuse_backend_rs::api::filesystem::Context;
-use fuse_backend_rs::transport::Reader;
+use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
 use super::ExtraOps;
@@ -32,7 +32,7 @@ pub fn dispatch<F: ExtraOps, S: BitmapSlice>(
     fs: &F,
     header: &InHeader,
     r: &mut Reader<'_, S>,
-    w: &mut impl Write,
+    w: &mut Writer<'_, S>,
 ) -> io::Result<usize> {
     let ctx = Context::from(header);
     let result: io::Result<Vec<u8>> = match header.opcode {
@@ -92,15 +92,23 @@ fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }
 
-fn reply(w: &mut impl Write, unique: u64, error: i32, body: &[u8]) -> io::Result<usize> {
+fn reply<S: BitmapSlice>(
+    w: &mut Writer<'_, S>,
+    unique: u64,
+    error: i32,
+    body: &[u8],
+) -> io::Result<usize> {
     let len = std::mem::size_of::<OutHeader>() + body.len();
     let header = OutHeader {
         len: len as u32,
         error,
         unique,
     };
-    w.write_all(header.as_slice())?;
-    w.write_all(body)?;
-    w.flush()?;
+    // One write of the whole reply: /dev/fuse takes a reply in a single write.
+    let mut msg = Vec::with_capacity(len);
+    msg.extend_from_slice(header.as_slice());
+    msg.extend_from_slice(body);
+    w.write_all(&msg)?;
+    w.commit(None)?;
     Ok(len)
 }

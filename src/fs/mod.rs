@@ -13,6 +13,7 @@ pub mod handles;
 pub mod inodes;
 pub mod passthrough;
 pub mod readonly;
+pub mod server;
 pub mod share;
 pub mod sys;
 
@@ -24,6 +25,7 @@ use fuse_backend_rs::api::filesystem::{Context, Entry};
 
 pub use passthrough::{PassthroughConfig, PassthroughFs};
 pub use readonly::ReadOnlyGuard;
+pub use server::{FsServer, RequestError};
 
 /// The guest cache policy (`--cache`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

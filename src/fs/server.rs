@@ -1,0 +1,64 @@
+//! The request entry point shared by every transport (virtio queues, `/dev/fuse` in
+//! tests): routes the opcodes fuse-backend-rs does not decode to [`extra_ops`], and
+//! everything else to fuse-backend-rs's `Server`.
+
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::InHeader;
+use fuse_backend_rs::api::server::Server;
+use fuse_backend_rs::transport::{Reader, Writer};
+use vm_memory::bitmap::BitmapSlice;
+
+use super::{extra_ops, VolFs};
+
+pub struct FsServer {
+    server: Server<Arc<VolFs>>,
+    fs: Arc<VolFs>,
+}
+
+/// Why a request produced no reply.
+#[derive(Debug)]
+pub enum RequestError {
+    /// Shorter than a FUSE header: nothing to reply to.
+    NoHeader,
+    /// The request failed in a way that left no reply (logged by the caller).
+    Failed { opcode: u32, unique: u64, why: String },
+}
+
+impl FsServer {
+    pub fn new(fs: Arc<VolFs>) -> Self {
+        FsServer {
+            server: Server::new(fs.clone()),
+            fs,
+        }
+    }
+
+    pub fn fs(&self) -> &Arc<VolFs> {
+        &self.fs
+    }
+
+    /// Serves one request; returns the number of reply bytes written.
+    pub fn handle<S: BitmapSlice>(
+        &self,
+        reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, RequestError> {
+        // Peek at the header to route the opcodes fuse-backend-rs does not decode.
+        let mut peek = reader.clone();
+        let header: InHeader = peek.read_obj().map_err(|_| RequestError::NoHeader)?;
+        let failed = |why: String| RequestError::Failed {
+            opcode: header.opcode,
+            unique: header.unique,
+            why,
+        };
+        if extra_ops::handles(header.opcode) {
+            let mut writer = writer;
+            extra_ops::dispatch(&*self.fs, &header, &mut peek, &mut writer)
+                .map_err(|e| failed(e.to_string()))
+        } else {
+            self.server
+                .handle_message(reader, writer, None, None)
+                .map_err(|e| failed(e.to_string()))
+        }
+    }
+}
