@@ -33,6 +33,9 @@ pub enum Error {
     Timeout { context: String },
     /// The backend returned a malformed reply (wrong unique, bad length, ...).
     BadReply { context: String, detail: String },
+    /// The backend handed a request's chain back without writing any reply
+    /// (used len 0), i.e. it dropped the request.
+    NoReply { context: String },
     /// The backend answered a FUSE request with a negative errno.
     Errno { context: String, errno: i32 },
 }
@@ -104,6 +107,9 @@ impl fmt::Display for Error {
             ),
             Error::InvalidArgument(msg) => write!(f, "invalid argument: {msg}"),
             Error::Timeout { context } => write!(f, "{context}: timed out waiting for backend"),
+            Error::NoReply { context } => {
+                write!(f, "{context}: chain returned without a reply (used len 0)")
+            }
             Error::BadReply { context, detail } => write!(f, "{context}: bad reply: {detail}"),
             Error::Errno { context, errno } => write!(
                 f,

@@ -184,6 +184,22 @@ impl FuseQueue {
         self.wait_for(token, self.timeout)
     }
 
+    /// Like `call`, but lets the caller rearrange the request's chain first
+    /// (split buffers, insert 0-length or out-of-memory descriptors, drop the
+    /// reply space). The completion is returned unvalidated: use
+    /// [`Completion::into_reply`] to check it as a FUSE reply.
+    pub fn call_reshaped(
+        &mut self,
+        request: &Request,
+        reshape: impl FnOnce(RawChain) -> RawChain,
+    ) -> Result<Completion> {
+        let unique = self.uniques.next();
+        let chain = reshape(request.to_chain(unique));
+        self.add(unique, Some(request.opcode), request.nodeid, &chain)?;
+        self.kick()?;
+        self.wait_for(unique, self.timeout)
+    }
+
     fn add(
         &mut self,
         token: u64,

@@ -27,6 +27,9 @@ impl Completion {
     /// An errno reply becomes [`Error::Errno`].
     pub fn into_reply(self) -> Result<Reply> {
         let context = self.context();
+        if self.used_len == 0 {
+            return Err(Error::NoReply { context });
+        }
         if self.written.len() < OUT_HEADER_SIZE {
             return Err(Error::bad_reply(
                 context,
@@ -259,7 +262,14 @@ mod tests {
             err.to_string().contains("GETATTR nodeid 1 unique 7"),
             "{err}"
         );
-        assert!(completion(ok, &[], 8).into_reply().is_err());
+        assert!(matches!(
+            completion(ok, &[], 8).into_reply(),
+            Err(Error::BadReply { .. })
+        ));
+        assert!(matches!(
+            completion(ok, &[], 0).into_reply(),
+            Err(Error::NoReply { .. })
+        ));
 
         let enoent = OutHeader {
             len: 16,

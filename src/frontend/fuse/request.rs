@@ -140,6 +140,47 @@ pub struct RawChain {
     pub writable: Vec<ChainPart>,
 }
 
+impl RawChain {
+    /// Re-cuts the device-readable data into descriptors ending at the given
+    /// byte offsets (the rest forms a last descriptor). Raw segments are dropped.
+    pub fn split_readable(mut self, cut_points: &[usize]) -> RawChain {
+        let bytes: Vec<u8> = self
+            .readable
+            .iter()
+            .filter_map(|p| match p {
+                ChainPart::Data(d) => Some(d.as_slice()),
+                _ => None,
+            })
+            .flatten()
+            .copied()
+            .collect();
+        let mut start = 0;
+        self.readable.clear();
+        for &end in cut_points.iter().chain(std::iter::once(&bytes.len())) {
+            let end = end.clamp(start, bytes.len());
+            if end > start {
+                self.readable.push(ChainPart::Data(bytes[start..end].to_vec()));
+            }
+            start = end;
+        }
+        self
+    }
+
+    /// Re-cuts the device-readable data into descriptors of `size` bytes.
+    pub fn split_readable_every(self, size: usize) -> RawChain {
+        let total: usize = self
+            .readable
+            .iter()
+            .map(|p| match p {
+                ChainPart::Data(d) => d.len(),
+                _ => 0,
+            })
+            .sum();
+        let cuts: Vec<usize> = (size..total).step_by(size.max(1)).collect();
+        self.split_readable(&cuts)
+    }
+}
+
 /// `s` followed by a NUL byte.
 pub fn c_string(s: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(s.len() + 1);
@@ -247,6 +288,23 @@ mod tests {
             panic!("header is data")
         };
         assert_eq!(InHeader::from_slice(hdr).unwrap().len, 9999);
+    }
+
+    #[test]
+    fn split_readable_recuts_data() {
+        let req = Request::new(Opcode::Lookup, 1).name("abc");
+        let chain = req.to_chain(2).split_readable(&[20, 42]);
+        let lens: Vec<usize> = chain
+            .readable
+            .iter()
+            .map(|p| match p {
+                ChainPart::Data(d) => d.len(),
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(lens, vec![20, 22, 2]);
+        let every = req.to_chain(2).split_readable_every(1);
+        assert_eq!(every.readable.len(), 44);
     }
 
     #[test]
