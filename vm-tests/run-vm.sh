@@ -297,7 +297,8 @@ start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG [Q
 }
 
 # Watch one boot. Returns 0 when the VM has exited after reaching /init,
-# 1 when it never reached /init (worth a retry), 2 on timeout.
+# 1 when it never reached /init (worth a retry), 2 on timeout, 3 when the
+# daemon died under the running guest.
 watch_vm() { # watch_vm SERIAL_LOG
 	local serial=$1 start=$SECONDS booted=0
 	PRINTED=0
@@ -316,6 +317,17 @@ watch_vm() { # watch_vm SERIAL_LOG
 			stop_pid "$VMM_PID"
 			print_progress "$serial"
 			return 2
+		fi
+		# A daemon that dies under a running guest leaves it hanging on
+		# FUSE requests forever: stop early instead of waiting for TIMEOUT.
+		if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+			sleep 3
+			if kill -0 "$VMM_PID" 2>/dev/null; then
+				stop_pid "$VMM_PID"
+				print_progress "$serial"
+				[[ $booted == 1 ]] || return 1
+				return 3
+			fi
 		fi
 		sleep 1
 	done
@@ -354,7 +366,12 @@ run_guest() {
 		while IFS= read -r line; do
 			case "$line" in "VMTEST PASS "* | "VMTEST FAIL "*) result_line "$line" >/dev/null ;; esac
 		done < <(serial_results "$serial")
-		if [[ $rc == 2 ]]; then
+		if [[ $rc == 3 ]]; then
+			local status=0
+			wait "$DAEMON_PID" || status=$?
+			DAEMON_PID=""
+			fail daemon-alive "daemon exited (status $status) while the guest was still running"
+		elif [[ $rc == 2 ]]; then
 			fail timeout "guest did not finish within ${TIMEOUT}s"
 		else
 			say "guest finished in ${GUEST_SECONDS}s (from /init to power-off)"
@@ -363,7 +380,7 @@ run_guest() {
 			fail guest-done "guest never printed VMTEST DONE"
 			show_tail "$serial" "serial console"
 		fi
-		check_daemon_exit
+		[[ -z $DAEMON_PID ]] || check_daemon_exit
 		[[ $FAILED == 0 ]] || { show_tail "$daemon_log" "daemon log"; show_tail "$LOG_DIR/hook.log" "host hook log"; }
 		return 0
 	done

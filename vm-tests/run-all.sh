@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run the VM suites CI needs and print one summary line "N passed, N failed".
+#
+# Usage: vm-tests/run-all.sh [--daemon PATH] [--require-cloud-hypervisor]
+#   --daemon PATH   daemon under test (default target/release/volfsd)
+# Each suite is one line in SUITES below: a label, then run-vm.sh arguments.
+# A suite's own pass/fail counts are summed into the total; a suite that
+# produced no count but failed counts as one failure.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+DAEMON="$REPO/target/release/volfsd"
+CH_REQUIRE=()
+
+SUITES=(
+	"basic-qemu-2q       --vmm qemu --suite basic --queues 2 --smp 2"
+	"cloud-hypervisor    --vmm cloud-hypervisor --suite basic --queues 2 --smp 2"
+	# Add more suites here, one line each, e.g.:
+	# "shares-qemu       --vmm qemu --suite shares"
+	# "control-qemu      --vmm qemu --suite control"
+)
+
+while [[ $# -gt 0 ]]; do
+	case "$1" in
+	--daemon) DAEMON=${2:?}; shift ;;
+	--require-cloud-hypervisor) CH_REQUIRE=(--require) ;;
+	-h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "run-all: unknown option: $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+
+total_pass=0
+total_fail=0
+summary=()
+start=$SECONDS
+
+for entry in "${SUITES[@]}"; do
+	read -r label args <<<"$entry"
+	echo "=== $label: run-vm.sh $args"
+	t0=$SECONDS
+	log=$(mktemp)
+	extra=()
+	[[ $args == *cloud-hypervisor* ]] && extra=("${CH_REQUIRE[@]}")
+	rc=0
+	# shellcheck disable=SC2086 # args is a word list by design
+	"$HERE/run-vm.sh" --daemon "$DAEMON" $args "${extra[@]}" 2>&1 | tee "$log" || rc=$?
+	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
+	rm -f "$log"
+	if [[ -n $counts ]]; then
+		p=${counts%% passed*}
+		f=${counts#*, }
+		f=${f%% failed*}
+	else
+		p=0 f=0
+	fi
+	# A non-zero exit without a failure counted (e.g. a setup error) is a failure.
+	if [[ $rc != 0 && $f == 0 ]]; then f=1; fi
+	total_pass=$((total_pass + p))
+	total_fail=$((total_fail + f))
+	summary+=("$(printf '%-20s %3s passed, %s failed, exit %s, %ss' "$label" "$p" "$f" "$rc" $((SECONDS - t0)))")
+done
+
+echo "=== summary ($((SECONDS - start))s)"
+printf '  %s\n' "${summary[@]}"
+echo "$total_pass passed, $total_fail failed"
+[[ $total_fail == 0 ]]

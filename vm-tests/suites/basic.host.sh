@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Host side of the basic suite: run by run-vm.sh after the VM exited, given
+# the shared dir. Checks on the host what the guest left in SHARE/basic.
+# Prints "VMTEST PASS name" / "VMTEST FAIL name: why" like the guest does.
+set -uo pipefail # no -e: every check runs and reports on its own
+
+SHARE=${1:?usage: basic.host.sh SHARED_DIR}
+B="$SHARE/basic"
+NFILES=${NFILES:-10000}
+
+check() { # check NAME CMD...: CMD prints why on failure
+	local name=$1 out
+	shift
+	if out=$("$@" 2>&1); then
+		echo "VMTEST PASS $name"
+	else
+		echo "VMTEST FAIL $name: $(echo "$out" | tail -n 3 | tr '\n' ' ')"
+	fi
+}
+
+eq() { [[ $2 == "$3" ]] || { echo "$1: got '$2', want '$3'"; return 1; }; }
+
+# The guest wrote FILE.sha256 next to FILE; the host's hash must match.
+sha_matches() {
+	local f=$1 want got
+	[[ -f $f && -f $f.sha256 ]] || { echo "$f or $f.sha256 missing"; return 1; }
+	want=$(cut -d' ' -f1 <"$f.sha256")
+	got=$(sha256sum <"$f" | cut -d' ' -f1)
+	eq "sha256 of ${f#"$SHARE"/}" "$got" "$want"
+}
+
+big_file() {
+	local f size
+	f=$(ls "$B"/big.bin 2>/dev/null) || { echo "big.bin missing"; return 1; }
+	size=$(stat -c %s "$f")
+	((size >= 256 * 1048576)) || { echo "big.bin is only $size bytes"; return 1; }
+	sha_matches "$f"
+}
+
+parallel_files() {
+	sha_matches "$B/par0.bin" && sha_matches "$B/par1.bin" &&
+		[[ $(stat -c %s "$B/par0.bin") == "$(stat -c %s "$B/par1.bin")" ]]
+}
+
+many_files() {
+	local got
+	got=$(find "$B/many" -mindepth 1 -maxdepth 1 | wc -l)
+	eq "entries in many/" "$got" "$NFILES" || return 1
+	diff <(ls -f "$B/many" | grep -v '^\.\.\?$' | sort) <(seq 0 $((NFILES - 1)) | sed 's/^/f/' | sort) |
+		head -n 5 | grep . && return 1
+	eq "content of many/f7" "$(cat "$B/many/f7")" f7
+}
+
+attributes() {
+	eq "mode of a" "$(stat -c %a "$B/a")" 751 &&
+		eq "owner of a" "$(stat -c %u:%g "$B/a")" 1234:5678 &&
+		eq "mtime of t" "$(stat -c %.9Y "$B/t" 2>/dev/null || stat -c %y "$B/t")" 1500000000.987654321 &&
+		eq "atime of t" "$(stat -c %.9X "$B/t" 2>/dev/null || stat -c %x "$B/t")" 1000000000.123456789
+}
+
+links() {
+	eq "nlink of l1" "$(stat -c %h "$B/l1")" 2 &&
+		eq "l1/l2 same inode" "$(stat -c %i "$B/l1")" "$(stat -c %i "$B/l2")" &&
+		eq "symlink s1" "$(readlink "$B/s1")" l1 &&
+		eq "symlink dangling" "$(readlink "$B/dangling")" /nonexistent/target
+}
+
+renames() {
+	eq "rb" "$(cat "$B/rb")" OVER && [[ ! -e $B/ra && ! -e $B/rc ]] &&
+		eq "rdir2/x" "$(cat "$B/rdir2/x")" in &&
+		[[ -d $B/n2 ]] && eq "xd" "$(cat "$B/xd")" one && eq "n3" "$(cat "$B/n3")" two
+}
+
+files_and_dirs() {
+	eq "f.final" "$(cat "$B/f.final")" keep && eq "f size" "$(stat -c %s "$B/f")" 0 &&
+		[[ -d $B/keepdir && ! -e $B/d1 ]] || { echo "keepdir missing or d1 left behind"; return 1; }
+}
+
+sparse() {
+	local blocks
+	eq "sparse size" "$(stat -c %s "$B/sparse")" 67108864 || return 1
+	blocks=$(stat -c %b "$B/sparse")
+	((blocks * 512 < 1048576)) || { echo "sparse file has $((blocks * 512)) bytes allocated on the host"; return 1; }
+	eq "data at 32M" "$(dd if="$B/sparse" bs=1 skip=33554432 count=4 2>/dev/null)" DATA || return 1
+	eq "falloc size" "$(stat -c %s "$B/falloc")" 1048576 || return 1
+	(($(stat -c %b "$B/falloc") * 512 >= 2097152)) || { echo "falloc keep-size allocation not on the host"; return 1; }
+	eq "punched size" "$(stat -c %s "$B/punched")" 4194304 || return 1
+	cmp -s <(dd if="$B/punched" bs=1M skip=1 count=1 2>/dev/null) <(head -c 1048576 /dev/zero) ||
+		{ echo "punched range is not zeros on the host"; return 1; }
+	sha_matches "$B/punched"
+}
+
+statfs_matches() {
+	local guest host_blocks
+	guest=$(cat "$B/statfs.txt") || return 1
+	host_blocks=$(stat -f -c %b "$SHARE")
+	[[ $guest == *" blocks=$host_blocks "* ]] || { echo "guest statfs '$guest' vs host blocks=$host_blocks"; return 1; }
+}
+
+fsync_file() { eq "synced" "$(cat "$B/synced")" "$(printf 'fsync-line\nfsync-line')"; }
+
+check host-files-and-dirs files_and_dirs
+check host-renames renames
+check host-links links
+check host-attributes attributes
+check host-fsync fsync_file
+check host-sparse-fallocate sparse
+check host-odirect sha_matches "$B/direct.bin"
+check host-copy-file-range sha_matches "$B/cfr-dst.bin"
+check host-statfs statfs_matches
+check host-parallel-checksums parallel_files
+check host-many-files many_files
+check host-bigfile-sha256 big_file
+check host-no-sync-leftovers bash -c "[[ -z \$(ls -A '$SHARE/.sync' 2>/dev/null) ]] || { echo 'unanswered requests: '; ls -A '$SHARE/.sync'; exit 1; }"
