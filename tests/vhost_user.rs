@@ -13,11 +13,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{GetattrIn, Opcode, SetattrIn, SetattrValid};
-use volfsd::frontend::fuse::{
-    ChainPart, FuseOps, InitParams, RawChain, Request, XattrReply,
-};
-use volfsd::frontend::{Error, FuseClient, Segment};
 use vm_memory::GuestAddress;
+use volfsd::frontend::fuse::{ChainPart, FuseOps, InitParams, RawChain, Request, XattrReply};
+use volfsd::frontend::{Error, FuseClient, Segment};
 
 use common::{assert_errno, host_read, Daemon, ROOT};
 
@@ -48,9 +46,16 @@ fn init_negotiates_like_linux() {
     assert!(out.max_write >= 4096, "max_write {}", out.max_write);
     let requested = InitParams::default().flags;
     let granted = u64::from(out.flags) | (u64::from(out.flags2) << 32);
-    assert_eq!(granted & !requested, 0, "granted unrequested flags {granted:#x}");
+    assert_eq!(
+        granted & !requested,
+        0,
+        "granted unrequested flags {granted:#x}"
+    );
     // A working session after INIT.
-    assert_eq!(c.getattr(ROOT).expect("getattr root").attr.mode & libc::S_IFMT, S_IFDIR);
+    assert_eq!(
+        c.getattr(ROOT).expect("getattr root").attr.mode & libc::S_IFMT,
+        S_IFDIR
+    );
 }
 
 #[test]
@@ -61,7 +66,10 @@ fn lookup_and_getattr_see_host_files() {
     let entry = c.lookup(ROOT, "hostfile").expect("lookup");
     assert_ne!(entry.nodeid, 0);
     assert_eq!(entry.attr.size, 5);
-    assert_eq!(entry.attr.ino, std::fs::metadata(d.host("hostfile")).unwrap().ino());
+    assert_eq!(
+        entry.attr.ino,
+        std::fs::metadata(d.host("hostfile")).unwrap().ino()
+    );
     let attr = c.getattr(entry.nodeid).expect("getattr");
     assert_eq!(attr.attr.mode & libc::S_IFMT, S_IFREG);
     assert_errno(c.lookup(ROOT, "missing"), libc::ENOENT);
@@ -78,7 +86,10 @@ fn create_write_read_roundtrip() {
 
     // 256 KiB of patterned data in one WRITE, then a small overwrite.
     let big: Vec<u8> = (0..256 * 1024).map(|i| (i % 251) as u8).collect();
-    assert_eq!(c.write(entry.nodeid, open.fh, 0, &big).unwrap(), big.len() as u32);
+    assert_eq!(
+        c.write(entry.nodeid, open.fh, 0, &big).unwrap(),
+        big.len() as u32
+    );
     assert_eq!(c.write(entry.nodeid, open.fh, 10, b"HELLO").unwrap(), 5);
     let mut expected = big.clone();
     expected[10..15].copy_from_slice(b"HELLO");
@@ -86,9 +97,18 @@ fn create_write_read_roundtrip() {
 
     let read = c.read(entry.nodeid, open.fh, 0, 300 * 1024).expect("read");
     assert_eq!(read, expected, "short read at EOF returns the whole file");
-    assert_eq!(c.read(entry.nodeid, open.fh, 8, 9).unwrap(), &expected[8..17]);
-    assert!(c.read(entry.nodeid, open.fh, 1 << 20, 10).unwrap().is_empty());
-    assert_eq!(c.getattr(entry.nodeid).unwrap().attr.size, expected.len() as u64);
+    assert_eq!(
+        c.read(entry.nodeid, open.fh, 8, 9).unwrap(),
+        &expected[8..17]
+    );
+    assert!(c
+        .read(entry.nodeid, open.fh, 1 << 20, 10)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        c.getattr(entry.nodeid).unwrap().attr.size,
+        expected.len() as u64
+    );
 
     c.flush(entry.nodeid, open.fh, 0).expect("flush");
     c.release(entry.nodeid, open.fh, RDWR).expect("release");
@@ -96,7 +116,10 @@ fn create_write_read_roundtrip() {
     let ro = c.open(entry.nodeid, libc::O_RDONLY as u32).expect("open");
     assert_eq!(c.read(entry.nodeid, ro.fh, 10, 5).unwrap(), b"HELLO");
     c.release(entry.nodeid, ro.fh, 0).unwrap();
-    assert_errno(c.create(ROOT, "data", RDWR | libc::O_EXCL as u32, 0o644), libc::EEXIST);
+    assert_errno(
+        c.create(ROOT, "data", RDWR | libc::O_EXCL as u32, 0o644),
+        libc::EEXIST,
+    );
 }
 
 #[test]
@@ -155,7 +178,9 @@ fn mkdir_and_readdirplus_lists_every_name() {
         expected.insert(name);
     }
 
-    let dh = c.opendir(dir.nodeid, libc::O_RDONLY as u32).expect("opendir");
+    let dh = c
+        .opendir(dir.nodeid, libc::O_RDONLY as u32)
+        .expect("opendir");
     let entries = c.readdirplus_all(dir.nodeid, dh.fh).expect("readdirplus");
     let names: Vec<String> = entries.iter().map(|e| e.dirent.name_str()).collect();
     let unique: BTreeSet<String> = names.iter().cloned().collect();
@@ -201,7 +226,11 @@ fn rename_and_rename2_flags() {
         c.rename2(sub.nodeid, "a2", ROOT, "b", libc::RENAME_NOREPLACE),
         libc::EEXIST,
     );
-    assert_eq!(host_read(&d.host("b")), b"BBB", "NOREPLACE left target alone");
+    assert_eq!(
+        host_read(&d.host("b")),
+        b"BBB",
+        "NOREPLACE left target alone"
+    );
     assert_eq!(host_read(&d.host("sub/a2")), b"AAA");
 
     c.rename2(sub.nodeid, "a2", ROOT, "b", libc::RENAME_EXCHANGE)
@@ -229,12 +258,18 @@ fn link_symlink_readlink() {
 
     let sym = c.symlink(ROOT, "sym", "orig").expect("symlink");
     assert_eq!(sym.attr.mode & libc::S_IFMT, libc::S_IFLNK);
-    assert_eq!(std::fs::read_link(d.host("sym")).unwrap().to_str(), Some("orig"));
+    assert_eq!(
+        std::fs::read_link(d.host("sym")).unwrap().to_str(),
+        Some("orig")
+    );
     assert_eq!(c.readlink(sym.nodeid).expect("readlink"), b"orig");
     // Linux never sends READLINK for a non-symlink; EINVAL (readlink(2)) or
     // ENOENT (readlinkat on an O_PATH fd, what virtiofsd returns) are both fine.
     let errno = c.readlink(node).unwrap_err().errno();
-    assert!(matches!(errno, Some(libc::EINVAL | libc::ENOENT)), "{errno:?}");
+    assert!(
+        matches!(errno, Some(libc::EINVAL | libc::ENOENT)),
+        "{errno:?}"
+    );
 }
 
 #[test]
@@ -260,21 +295,33 @@ fn fallocate_lseek_fsync() {
     let mib = 1u64 << 20;
     // Data only at 1 MiB: [0, 1 MiB) is a hole.
     assert_eq!(c.write(node, fh, mib, &[7u8; 4096]).unwrap(), 4096);
-    assert_eq!(c.lseek(node, fh, 0, libc::SEEK_DATA as u32).expect("SEEK_DATA"), mib);
-    assert_eq!(c.lseek(node, fh, 0, libc::SEEK_HOLE as u32).expect("SEEK_HOLE"), 0);
+    assert_eq!(
+        c.lseek(node, fh, 0, libc::SEEK_DATA as u32)
+            .expect("SEEK_DATA"),
+        mib
+    );
+    assert_eq!(
+        c.lseek(node, fh, 0, libc::SEEK_HOLE as u32)
+            .expect("SEEK_HOLE"),
+        0
+    );
     assert_eq!(
         c.lseek(node, fh, mib, libc::SEEK_HOLE as u32).unwrap(),
         mib + 4096,
         "the implicit hole at EOF"
     );
-    assert_errno(c.lseek(node, fh, 4 * mib, libc::SEEK_DATA as u32), libc::ENXIO);
+    assert_errno(
+        c.lseek(node, fh, 4 * mib, libc::SEEK_DATA as u32),
+        libc::ENXIO,
+    );
 
     c.fallocate(node, fh, 0, 0, 8 * mib).expect("fallocate");
     let meta = std::fs::metadata(d.host("sparse")).unwrap();
     assert_eq!(meta.len(), 8 * mib);
     assert!(meta.blocks() * 512 >= 8 * mib, "blocks allocated");
     let keep = libc::FALLOC_FL_KEEP_SIZE as u32;
-    c.fallocate(node, fh, keep, 0, 16 * mib).expect("fallocate keep size");
+    c.fallocate(node, fh, keep, 0, 16 * mib)
+        .expect("fallocate keep size");
     assert_eq!(std::fs::metadata(d.host("sparse")).unwrap().len(), 8 * mib);
 
     c.fsync(node, fh, false).expect("fsync");
@@ -306,7 +353,8 @@ fn forget_and_batch_forget_keep_serving() {
     c.forget(f, 3).expect("forget");
     c.batch_forget(&[(g, 2)]).expect("batch_forget");
     // Forgetting unknown nodes and over-forgetting must be harmless.
-    c.batch_forget(&[(0xdead_beef, 1), (g, 100)]).expect("bogus batch_forget");
+    c.batch_forget(&[(0xdead_beef, 1), (g, 100)])
+        .expect("bogus batch_forget");
     c.forget(0xdead_beef, 1).expect("bogus forget");
     // Fresh lookups work and the files are intact.
     let again = c.lookup(ROOT, "f").expect("lookup after forget");
@@ -320,7 +368,8 @@ fn xattrs_when_enabled() {
     let d = Daemon::start("xattr", &["--xattr"]);
     let mut c = d.client();
     let (node, _) = create_with(&mut c, ROOT, "x", b"");
-    c.setxattr(node, "user.test", b"value", 0).expect("setxattr");
+    c.setxattr(node, "user.test", b"value", 0)
+        .expect("setxattr");
     assert_eq!(
         c.getxattr(node, "user.test", 0).expect("getxattr size"),
         XattrReply::Size(5)
@@ -349,9 +398,7 @@ fn nix_getxattr(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
     let n = std::ffi::CString::new(name).unwrap();
     let mut buf = vec![0u8; 256];
     // SAFETY: both strings are NUL-terminated and buf is valid for buf.len() bytes.
-    let len = unsafe {
-        libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-    };
+    let len = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     (len >= 0).then(|| {
         buf.truncate(len as usize);
         buf
@@ -367,7 +414,9 @@ fn readonly_share_rejects_writes() {
     assert_errno(c.mkdir(ROOT, "dir", 0o755), libc::EROFS);
     let f = c.lookup(ROOT, "existing").unwrap();
     assert_errno(c.open(f.nodeid, RDWR), libc::EROFS);
-    let ro = c.open(f.nodeid, libc::O_RDONLY as u32).expect("read-only open");
+    let ro = c
+        .open(f.nodeid, libc::O_RDONLY as u32)
+        .expect("read-only open");
     assert_eq!(c.read(f.nodeid, ro.fh, 0, 16).unwrap(), b"abc");
     assert!(!d.host("new").exists());
 }
@@ -379,7 +428,9 @@ fn two_request_queues_are_both_served() {
     cfg.request_queues = 2;
     if common::is_virtiofsd() {
         // virtiofsd 1.x offers a single request queue (GET_QUEUE_NUM = 2).
-        let err = FuseClient::connect(&cfg).err().expect("virtiofsd has one request queue");
+        let err = FuseClient::connect(&cfg)
+            .err()
+            .expect("virtiofsd has one request queue");
         assert!(err.to_string().contains("request queues"), "{err}");
         return;
     }
@@ -404,9 +455,16 @@ fn two_request_queues_are_both_served() {
         queue.kick().unwrap();
         while !uniques.is_empty() {
             let done = queue.wait_completions(Duration::from_secs(10)).unwrap();
-            assert!(!done.is_empty(), "queue {q}: timed out, {} left", uniques.len());
+            assert!(
+                !done.is_empty(),
+                "queue {q}: timed out, {} left",
+                uniques.len()
+            );
             for completion in done {
-                assert!(uniques.remove(&completion.token), "unexpected {completion:?}");
+                assert!(
+                    uniques.remove(&completion.token),
+                    "unexpected {completion:?}"
+                );
                 let attr = completion.into_reply().unwrap();
                 assert_eq!(attr.body.len(), 104);
             }
@@ -441,7 +499,10 @@ fn event_idx_with_many_requests_in_flight() {
         }
         queue.kick().unwrap();
         let completions = queue.wait_completions(Duration::from_secs(10)).unwrap();
-        assert!(!completions.is_empty(), "stalled at {done} of 500 (event_idx {offered})");
+        assert!(
+            !completions.is_empty(),
+            "stalled at {done} of 500 (event_idx {offered})"
+        );
         for completion in completions {
             assert_eq!(completion.into_reply().unwrap().body, vec![5u8; 4096]);
             done += 1;
@@ -497,7 +558,11 @@ fn still_serving(d: &mut Daemon, c: &mut FuseClient, what: &str) -> bool {
     if common::is_virtiofsd() && !d.is_running() {
         return still_serving(d, c, what);
     }
-    assert!(attr.is_ok(), "no service after {what}: {attr:?}\n{}", d.log());
+    assert!(
+        attr.is_ok(),
+        "no service after {what}: {attr:?}\n{}",
+        d.log()
+    );
     true
 }
 
@@ -510,15 +575,24 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
     let body = |r: &volfsd::frontend::fuse::Reply| r.body.len();
 
     let o = outcome(c.send(9999, ROOT, &[], 64), body);
-    assert!(matches!(o, Outcome::Errno(libc::ENOSYS)), "unknown opcode: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(libc::ENOSYS)),
+        "unknown opcode: {o:?}"
+    );
     assert_alive!(d, c, "unknown opcode");
 
     let o = outcome(c.send(Opcode::Lookup as u32, ROOT, &[], 128), body);
-    assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "LOOKUP without name: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+        "LOOKUP without name: {o:?}"
+    );
     assert_alive!(d, c, "LOOKUP without name");
 
     let o = outcome(c.send(Opcode::Lookup as u32, ROOT, b"victim", 128), body);
-    assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "name without NUL: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+        "name without NUL: {o:?}"
+    );
     assert_alive!(d, c, "name without NUL");
 
     for name in ["a/b", "../victim", "/victim", ".."] {
@@ -540,9 +614,15 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
     assert_alive!(d, c, "names with '/'");
 
     let o = outcome(c.send(Opcode::Mkdir as u32, ROOT, &[1, 2, 3], 128), body);
-    assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "truncated MkdirIn: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+        "truncated MkdirIn: {o:?}"
+    );
     let o = outcome(c.send(Opcode::Write as u32, ROOT, &[0; 10], 8), body);
-    assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "truncated WriteIn: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+        "truncated WriteIn: {o:?}"
+    );
     let o = outcome(c.send(Opcode::Init as u32, 0, &[7, 0, 0, 0], 64), body);
     assert!(!matches!(o, Outcome::Replied(0)), "truncated INIT: {o:?}");
     assert_alive!(d, c, "truncated bodies");
@@ -553,7 +633,10 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
             .reply_size(104)
             .header_len(len);
         let o = outcome(c.call(&req), body);
-        assert!(!matches!(o, Outcome::Replied(n) if n != 104), "{what}: {o:?}");
+        assert!(
+            !matches!(o, Outcome::Replied(n) if n != 104),
+            "{what}: {o:?}"
+        );
         assert_alive!(d, c, what);
     }
 
@@ -566,23 +649,34 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
             .header_len(len);
         let o = outcome(c.call(&req), |r| r.body.len());
         assert!(
-            matches!(o, Outcome::Errno(_) | Outcome::Dropped | Outcome::Replied(128)),
+            matches!(
+                o,
+                Outcome::Errno(_) | Outcome::Dropped | Outcome::Replied(128)
+            ),
             "LOOKUP with header len {len}: {o:?}"
         );
         assert_alive!(d, c, &format!("LOOKUP with header len {len}"));
-        let req = Request::new(Opcode::Unlink, ROOT).name("victim").header_len(len);
+        let req = Request::new(Opcode::Unlink, ROOT)
+            .name("victim")
+            .header_len(len);
         let o = outcome(c.call(&req), |r| r.body.len());
         assert!(
             matches!(o, Outcome::Errno(_) | Outcome::Dropped),
             "UNLINK with header len {len}: {o:?}"
         );
-        assert!(d.host("victim").exists(), "UNLINK with header len {len} removed it");
+        assert!(
+            d.host("victim").exists(),
+            "UNLINK with header len {len} removed it"
+        );
         assert_alive!(d, c, &format!("UNLINK with header len {len}"));
     }
 
     for bogus in [0u64, 0xdead_beef, u64::MAX] {
         let o = outcome(c.getattr(bogus), |a| a.attr.ino as usize);
-        assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "GETATTR node {bogus:#x}: {o:?}");
+        assert!(
+            matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+            "GETATTR node {bogus:#x}: {o:?}"
+        );
         assert_alive!(d, c, "bogus node id");
     }
 
@@ -605,7 +699,10 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
     };
     let o = outcome(c.call(&lying_write), written);
     assert!(
-        matches!(o, Outcome::Errno(_) | Outcome::Dropped | Outcome::Replied(0..=9)),
+        matches!(
+            o,
+            Outcome::Errno(_) | Outcome::Dropped | Outcome::Replied(0..=9)
+        ),
         "oversized WRITE: {o:?}"
     );
     assert!(std::fs::metadata(d.host("victim")).unwrap().len() <= 9);
@@ -618,7 +715,10 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
         })
         .reply_size(16);
     let o = outcome(c.call(&greedy_read), body);
-    assert!(!matches!(o, Outcome::Replied(n) if n > 16), "READ overflow: {o:?}");
+    assert!(
+        !matches!(o, Outcome::Replied(n) if n > 16),
+        "READ overflow: {o:?}"
+    );
     assert_alive!(d, c, "lying WRITE/READ sizes");
     let o = outcome(c.read(victim.nodeid, 0xdead, 0, 16), Vec::len);
     assert!(matches!(o, Outcome::Errno(_)), "READ with bogus fh: {o:?}");
@@ -640,14 +740,21 @@ fn malformed_descriptor_chains_do_not_kill_the_daemon() {
     let split = queue
         .call_reshaped(&getattr, |chain| chain.split_readable(&[20]))
         .and_then(|done| done.into_reply());
-    assert_eq!(split.expect("header split over two descriptors").body.len(), 104);
+    assert_eq!(
+        split.expect("header split over two descriptors").body.len(),
+        104
+    );
     let bytewise = queue
         .call_reshaped(&getattr, |chain| chain.split_readable_every(1))
         .and_then(|done| done.into_reply());
     assert_eq!(bytewise.expect("one byte per descriptor").body.len(), 104);
     let reply_split = queue
         .call_reshaped(&getattr, |mut chain| {
-            chain.writable = vec![ChainPart::Space(8), ChainPart::Space(8), ChainPart::Space(104)];
+            chain.writable = vec![
+                ChainPart::Space(8),
+                ChainPart::Space(8),
+                ChainPart::Space(104),
+            ];
             chain
         })
         .and_then(|done| done.into_reply());
@@ -678,8 +785,10 @@ fn malformed_descriptor_chains_do_not_kill_the_daemon() {
             ch
         }),
         ("length wrapping the address space", |mut ch, _| {
-            ch.readable
-                .push(ChainPart::Raw(Segment::new(GuestAddress(u64::MAX - 16), u32::MAX)));
+            ch.readable.push(ChainPart::Raw(Segment::new(
+                GuestAddress(u64::MAX - 16),
+                u32::MAX,
+            )));
             ch
         }),
     ];
@@ -713,9 +822,13 @@ fn requests_before_init_are_refused() {
     let mut c = FuseClient::connect(&d.config()).expect("connect");
     c.set_timeout(Duration::from_secs(2));
     let o = outcome(c.getattr(ROOT), |_| 0);
-    assert!(matches!(o, Outcome::Errno(_) | Outcome::Dropped), "GETATTR before INIT: {o:?}");
+    assert!(
+        matches!(o, Outcome::Errno(_) | Outcome::Dropped),
+        "GETATTR before INIT: {o:?}"
+    );
     assert!(d.is_running());
-    c.init_session(&InitParams::default()).expect("init after refusal");
+    c.init_session(&InitParams::default())
+        .expect("init after refusal");
     assert!(c.getattr(ROOT).is_ok());
 }
 
@@ -743,14 +856,24 @@ fn sigterm_exits_cleanly() {
         let mut d = Daemon::start("sigterm", &[]);
         let client = connected.then(|| d.client());
         kill(Pid::from_raw(d.pid()), Signal::SIGTERM).unwrap();
-        let status = d.wait_exit(Duration::from_secs(10)).expect("exited after SIGTERM");
+        let status = d
+            .wait_exit(Duration::from_secs(10))
+            .expect("exited after SIGTERM");
         drop(client);
         if common::is_virtiofsd() {
             // virtiofsd has no SIGTERM handler: killed by the signal.
             assert!(!status.success() || status.code() == Some(0));
             continue;
         }
-        assert_eq!(status.code(), Some(0), "connected={connected}, log:\n{}", d.log());
-        assert!(!d.dir.socket().exists(), "socket removed (connected={connected})");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "connected={connected}, log:\n{}",
+            d.log()
+        );
+        assert!(
+            !d.dir.socket().exists(),
+            "socket removed (connected={connected})"
+        );
     }
 }

@@ -27,7 +27,7 @@ impl GuestMemory {
     /// Creates `size` bytes of guest memory at guest physical address 0,
     /// backed by a memfd so the backend can map it.
     pub fn new(size: u64) -> Result<Arc<Self>> {
-        if size == 0 || size % 4096 != 0 {
+        if size == 0 || !size.is_multiple_of(4096) {
             return Err(Error::InvalidArgument(format!(
                 "guest memory size {size} must be a non-zero multiple of 4096"
             )));

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A descriptor as the device sees it: (addr, len, flags).
+type RawDesc = (u64, u32, u16);
+
 /// Minimal device side of a split ring, enough to consume and complete chains.
 struct FakeDevice {
     desc_table: GuestAddress,
@@ -26,7 +29,7 @@ impl FakeDevice {
     }
 
     /// Pops one available chain: (head, [(addr, len, flags)]).
-    fn pop_avail(&mut self, mem: &GuestMemory) -> Option<(u16, Vec<(u64, u32, u16)>)> {
+    fn pop_avail(&mut self, mem: &GuestMemory) -> Option<(u16, Vec<RawDesc>)> {
         let m = mem.mmap();
         let idx: u16 = m.read_obj(self.avail_ring.unchecked_add(2)).unwrap();
         if idx == self.next_avail {

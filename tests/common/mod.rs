@@ -42,10 +42,8 @@ pub struct TestDir {
 impl TestDir {
     pub fn new(test: &str) -> Self {
         let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-        let root = std::env::temp_dir().join(format!(
-            "volfsd-test-{}-{n}-{test}",
-            std::process::id()
-        ));
+        let root =
+            std::env::temp_dir().join(format!("volfsd-test-{}-{n}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("shared")).expect("create test dir");
         TestDir { root }
@@ -108,7 +106,11 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.dir.socket().exists() {
             assert!(self.is_running(), "daemon exited early:\n{}", self.log());
-            assert!(Instant::now() < deadline, "no socket after 10s:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "no socket after 10s:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -159,7 +159,8 @@ impl RawChain {
         for &end in cut_points.iter().chain(std::iter::once(&bytes.len())) {
             let end = end.clamp(start, bytes.len());
             if end > start {
-                self.readable.push(ChainPart::Data(bytes[start..end].to_vec()));
+                self.readable
+                    .push(ChainPart::Data(bytes[start..end].to_vec()));
             }
             start = end;
         }
