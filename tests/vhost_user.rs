@@ -474,13 +474,60 @@ fn two_request_queues_are_both_served() {
 }
 
 #[test]
+fn request_queues_driven_from_parallel_threads() {
+    let d = Daemon::start("threads", &[]);
+    let mut cfg = d.config();
+    cfg.request_queues = if common::is_virtiofsd() { 1 } else { 3 };
+    let mut c = d.client_with(&cfg);
+    let (node, fh) = create_with(&mut c, ROOT, "shared", &[0u8; 64 * 1024]);
+    let (_device, _hiprio, queues) = c.into_parts();
+    let workers: Vec<_> = queues
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut queue)| {
+            std::thread::spawn(move || {
+                // Each thread owns its queue and its own 4 KiB slice of the file.
+                let pattern = vec![b'a' + i as u8; 4096];
+                let offset = (i as u64) * 4096;
+                for round in 0..50 {
+                    let n = queue.write(node, fh, offset, &pattern);
+                    assert_eq!(
+                        n.map_err(|e| e.to_string()),
+                        Ok(4096),
+                        "queue {i} round {round}"
+                    );
+                    let back = queue.read(node, fh, offset, 4096).expect("read");
+                    assert_eq!(back, pattern, "queue {i} round {round}");
+                }
+                i
+            })
+        })
+        .collect();
+    let done: Vec<usize> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let host = host_read(&d.host("shared"));
+    for i in done {
+        let slice = &host[i * 4096..(i + 1) * 4096];
+        assert!(
+            slice.iter().all(|&b| b == b'a' + i as u8),
+            "queue {i} data on host"
+        );
+    }
+}
+
+#[test]
 fn event_idx_with_many_requests_in_flight() {
     let d = Daemon::start("eventidx", &[]);
     let mut cfg = d.config();
     cfg.event_idx = true;
     cfg.queue_size = 64;
     let mut c = d.client_with(&cfg);
-    let offered = c.device().features().offered_features & (1 << 29) != 0;
+    let features = c.device().features();
+    let offered = features.offered_features & (1 << 29) != 0;
+    assert_eq!(
+        features.acked_features & (1 << 29) != 0,
+        offered,
+        "EVENT_IDX acked iff offered"
+    );
     let (node, fh) = create_with(&mut c, ROOT, "f", &[5u8; 4096]);
     let queue = c.request_queue(0).unwrap();
     // More requests than the ring holds at once: refill as completions arrive.
@@ -837,6 +884,10 @@ fn frontend_disconnect_exits_cleanly() {
     let mut d = Daemon::start("disconnect", &[]);
     let mut c = d.client();
     create_with(&mut c, ROOT, "f", b"x");
+    // Stop the request queue like a VMM: the backend reports how far it got
+    // in the avail ring (INIT, CREATE, WRITE).
+    let base = c.device().stop_queue(1).expect("GET_VRING_BASE");
+    assert_eq!(base, 3, "avail index after 3 requests");
     c.disconnect();
     let status = d.wait_exit(Duration::from_secs(10));
     assert_eq!(status.map(|s| s.code()), Some(Some(0)), "log:\n{}", d.log());

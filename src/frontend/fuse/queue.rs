@@ -271,3 +271,21 @@ impl FuseQueue {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queues_can_move_to_worker_threads() {
+        fn assert_send<T: Send>() {}
+        assert_send::<FuseQueue>();
+    }
+
+    #[test]
+    fn uniques_are_even_and_shared() {
+        let a = UniqueSource::default();
+        let b = a.clone();
+        assert_eq!((a.next(), b.next(), a.next()), (2, 4, 6));
+    }
+}
