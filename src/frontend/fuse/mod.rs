@@ -13,7 +13,7 @@ mod reply;
 mod request;
 
 pub use client::FuseClient;
-pub use ops::{name_bytes, FuseOps, InitParams, XattrReply};
+pub use ops::{FuseOps, InitParams, XattrReply};
 pub use queue::{FuseQueue, UniqueSource, DEFAULT_TIMEOUT};
 pub use reply::{parse_direntplus, parse_dirents, Completion, DirEntry, DirEntryPlus, Reply};
 pub use request::{

@@ -11,7 +11,7 @@ use vm_memory::ByteValued;
 
 use super::queue::FuseQueue;
 use super::reply::{parse_direntplus, parse_dirents, DirEntry, DirEntryPlus, Reply};
-use super::request::{c_string, Request};
+use super::request::Request;
 use crate::frontend::error::{Error, Result};
 
 /// FUSE_INIT parameters.
@@ -468,11 +468,6 @@ fn xattr_reply<O: FuseOps + ?Sized>(ops: &mut O, req: Request, size: u32) -> Res
     } else {
         Ok(XattrReply::Data(ops.call(&req.reply_size(size))?.body))
     }
-}
-
-/// A NUL-terminated name, re-exported for raw `send` bodies.
-pub fn name_bytes(name: &str) -> Vec<u8> {
-    c_string(name)
 }
 
 impl FuseOps for FuseQueue {
