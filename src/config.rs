@@ -3,11 +3,11 @@
 
 use std::fmt;
 use std::os::fd::RawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
 
-use crate::fs::CacheMode;
+use crate::fs::{resolve_share_path, CacheMode, ShareSpec};
 
 /// virtiofsd options that volfsd does not implement. They are refused by name, so a
 /// launcher that relies on one learns it at once instead of getting other behaviour.
@@ -103,6 +103,12 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub shared_dir: Option<PathBuf>,
 
+    /// A directory of SharedDir the guest may see (absolute or relative to SharedDir),
+    /// read-write (default) or read-only. Repeatable. Without any, the whole SharedDir
+    /// is served.
+    #[arg(long = "allowed-dir", value_name = "PATH[:ro|:rw]")]
+    pub allowed_dir: Vec<String>,
+
     /// Guest cache policy.
     #[arg(long, value_enum, default_value = "none")]
     pub cache: CacheArg,
@@ -154,6 +160,8 @@ pub enum SocketSource {
 pub struct Config {
     pub socket: SocketSource,
     pub shared_dir: PathBuf,
+    /// None: the whole SharedDir; Some: only these shares, under a virtual root.
+    pub allowed_dirs: Option<Vec<ShareSpec>>,
     pub cache: CacheMode,
     pub thread_pool_size: usize,
     pub num_request_queues: usize,
@@ -226,9 +234,15 @@ impl Args {
         let shared_dir = shared_dir.canonicalize().map_err(|e| {
             ConfigError(format!("--shared-dir {}: {e}", shared_dir.display()))
         })?;
+        let allowed_dirs = if self.allowed_dir.is_empty() {
+            None
+        } else {
+            Some(parse_allowed_dirs(&shared_dir, &self.allowed_dir)?)
+        };
         Ok(Config {
             socket,
             shared_dir,
+            allowed_dirs,
             cache: self.cache.into(),
             thread_pool_size: self.thread_pool_size,
             num_request_queues: self.num_request_queues as usize,
@@ -239,6 +253,43 @@ impl Args {
             rlimit_nofile: self.rlimit_nofile,
         })
     }
+}
+
+/// Splits `PATH[:ro|:rw]`; a path that itself ends in `:ro` can be written `PATH:ro:rw`.
+pub fn split_access(arg: &str) -> (&str, bool) {
+    match arg.rsplit_once(':') {
+        Some((p, "ro")) => (p, true),
+        Some((p, "rw")) => (p, false),
+        _ => (arg, false),
+    }
+}
+
+/// Validates every `--allowed-dir`: each must resolve inside SharedDir, and no two may
+/// be the same or nested in one another.
+pub fn parse_allowed_dirs(shared_dir: &Path, args: &[String]) -> Result<Vec<ShareSpec>, ConfigError> {
+    let mut specs: Vec<ShareSpec> = Vec::new();
+    for arg in args {
+        let (path, read_only) = split_access(arg);
+        let resolved = resolve_share_path(shared_dir, Path::new(path))
+            .map_err(|why| ConfigError(format!("--allowed-dir {arg}: {why}")))?;
+        if let Some(other) = specs.iter().find(|s| s.path.overlaps(&resolved)) {
+            let what = if other.path.rel == resolved.rel {
+                "is given twice"
+            } else {
+                "overlaps"
+            };
+            return Err(ConfigError(format!(
+                "--allowed-dir {arg}: {what} --allowed-dir {}",
+                other.path.rel_string()
+            )));
+        }
+        specs.push(ShareSpec {
+            path: resolved,
+            read_only,
+            volume_id: None,
+        });
+    }
+    Ok(specs)
 }
 
 /// The vhost-user "backend program conventions" capabilities document.

@@ -15,7 +15,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, SocketSource};
 use crate::device::FsBackend;
-use crate::fs::{PassthroughConfig, PassthroughFs, ReadOnlyGuard};
+use crate::fs::PassthroughConfig;
 
 pub fn run(config: Config) -> Result<(), String> {
     crate::logging::init(config.log_level, config.syslog)?;
@@ -31,8 +31,9 @@ pub fn run(config: Config) -> Result<(), String> {
     term.thread_block()
         .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
 
-    let fs = PassthroughFs::new(
+    let fs = crate::fs::build(
         &config.shared_dir,
+        config.allowed_dirs.as_deref(),
         config.readonly,
         PassthroughConfig {
             cache: config.cache,
@@ -40,7 +41,6 @@ pub fn run(config: Config) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
-    let fs = Arc::new(ReadOnlyGuard::new(fs));
     let backend = Arc::new(FsBackend::new(fs, config.num_request_queues));
     let stats = backend.stats();
 

@@ -312,16 +312,16 @@ fn readonly_share_refuses_every_mutation() {
 #[test]
 fn readonly_statfs_reports_st_rdonly() {
     use fuse_backend_rs::api::filesystem::{Context, FileSystem};
-    use volfsd::fs::{CacheMode, PassthroughConfig, PassthroughFs, ReadOnlyGuard};
+    use volfsd::fs::{build, CacheMode, PassthroughConfig};
     let shared = TempDir::new("shared");
     let cfg = PassthroughConfig {
         cache: CacheMode::None,
         xattr: false,
     };
-    let ro = ReadOnlyGuard::new(PassthroughFs::new(shared.path(), true, cfg.clone()).unwrap());
+    let ro = build(shared.path(), None, true, cfg.clone()).unwrap();
     let st = ro.statfs(&Context::new(), 1).unwrap();
     assert_ne!(st.f_flag & libc::ST_RDONLY, 0);
-    let rw = ReadOnlyGuard::new(PassthroughFs::new(shared.path(), false, cfg).unwrap());
+    let rw = build(shared.path(), None, false, cfg).unwrap();
     let st = rw.statfs(&Context::new(), 1).unwrap();
     assert_eq!(st.f_flag & libc::ST_RDONLY, 0);
 }

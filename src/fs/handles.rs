@@ -63,6 +63,21 @@ impl HandleStore {
         }
     }
 
+    /// Drops every handle into `share` (closing its fds once in-flight requests end).
+    pub fn remove_share(&self, share: &std::sync::Arc<super::share::Share>) -> usize {
+        let mut map = self.map.write().unwrap();
+        let before = map.len();
+        map.retain(|_, h| !Arc::ptr_eq(&h.inode.share, share));
+        before - map.len()
+    }
+
+    pub fn count_share(&self, share: &std::sync::Arc<super::share::Share>) -> usize {
+        let map = self.map.read().unwrap();
+        map.values()
+            .filter(|h| Arc::ptr_eq(&h.inode.share, share))
+            .count()
+    }
+
     pub fn len(&self) -> usize {
         self.map.read().unwrap().len()
     }

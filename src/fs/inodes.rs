@@ -39,6 +39,11 @@ impl InodeData {
     pub fn is_dir(&self) -> bool {
         self.file_type == libc::S_IFDIR
     }
+
+    /// Share roots are the fixed nodes: they live as long as the share is attached.
+    pub fn is_share_root(&self) -> bool {
+        self.fixed
+    }
 }
 
 #[derive(Default)]
@@ -174,6 +179,30 @@ impl InodeStore {
                 maps.by_key.remove(&key);
             }
         }
+    }
+
+    /// A fresh node id, for nodes kept outside this table (the virtual directories).
+    pub fn alloc_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Drops every node of `share`, share root included, and returns how many went.
+    pub fn remove_share(&self, share: &Arc<Share>) -> usize {
+        let mut maps = self.maps.write().unwrap();
+        let before = maps.by_id.len();
+        maps.by_id.retain(|_, d| !Arc::ptr_eq(&d.share, share));
+        let Maps { by_id, by_key } = &mut *maps;
+        by_key.retain(|_, id| by_id.contains_key(id));
+        before - maps.by_id.len()
+    }
+
+    /// Live node ids of `share`.
+    pub fn count_share(&self, share: &Arc<Share>) -> usize {
+        let maps = self.maps.read().unwrap();
+        maps.by_id
+            .values()
+            .filter(|d| Arc::ptr_eq(&d.share, share))
+            .count()
     }
 
     /// Number of live node ids (fixed ones included).

@@ -1,9 +1,14 @@
 //! The filesystem stack served to the guest, assembled from small layers:
 //!
 //! ```text
-//! ReadOnlyGuard  refuses mutations on read-only shares with EROFS   (readonly.rs)
-//!   PassthroughFs  fd-relative host syscalls inside the shares       (passthrough.rs)
-//!     InodeStore / HandleStore  node ids and open handles            (inodes.rs, handles.rs)
+//! ReadOnlyGuard    refuses mutations on read-only shares with EROFS      (readonly.rs)
+//!   VolumeFs       the virtual root listing only the attached shares   (volumes.rs)
+//!     PassthroughFs  fd-relative host syscalls inside each share       (passthrough.rs)
+//!       InodeStore / HandleStore  node ids and open handles            (inodes.rs, handles.rs)
+//! ```
+//! Each share is reached through a private mount of its directory, read-only for a
+//! read-only share (share_root.rs).
+//! ```text
 //! ```
 //! Requests that fuse-backend-rs's server does not decode (COPY_FILE_RANGE, SYNCFS,
 //! TMPFILE) reach the stack through [`ExtraOps`] (see `extra_ops.rs`).
@@ -15,9 +20,13 @@ pub mod passthrough;
 pub mod readonly;
 pub mod server;
 pub mod share;
+pub mod share_root;
 pub mod sys;
+pub mod volumes;
 
 use std::io;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, OpenOptions};
@@ -26,6 +35,8 @@ use fuse_backend_rs::api::filesystem::{Context, Entry};
 pub use passthrough::{PassthroughConfig, PassthroughFs};
 pub use readonly::ReadOnlyGuard;
 pub use server::{FsServer, RequestError};
+pub use share_root::{resolve_share_path, SharePath};
+pub use volumes::{AttachError, ShareInfo, ShareSpec, VolumeFs};
 
 /// The guest cache policy (`--cache`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -89,4 +100,30 @@ impl ShareOf for PassthroughFs {
 }
 
 /// The stack volfsd serves.
-pub type VolFs = ReadOnlyGuard<PassthroughFs>;
+pub type VolFs = ReadOnlyGuard<VolumeFs>;
+
+/// Builds the stack for `shared_dir`: the whole directory when `shares` is None, else a
+/// virtual root with these shares attached (`--readonly` makes every share read-only).
+pub fn build(
+    shared_dir: &Path,
+    shares: Option<&[ShareSpec]>,
+    readonly: bool,
+    cfg: PassthroughConfig,
+) -> io::Result<Arc<VolFs>> {
+    let volumes = match shares {
+        None => VolumeFs::whole(shared_dir, readonly, cfg)?,
+        Some(specs) => {
+            let v = VolumeFs::volumes(shared_dir, cfg)?;
+            for spec in specs {
+                let mut spec = spec.clone();
+                spec.read_only |= readonly;
+                v.attach(&spec).map_err(|e| match e {
+                    AttachError::Io(e) => e,
+                    other => io::Error::other(other.to_string()),
+                })?;
+            }
+            v
+        }
+    };
+    Ok(Arc::new(ReadOnlyGuard::new(volumes)))
+}

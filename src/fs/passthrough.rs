@@ -13,7 +13,6 @@ use std::fs::File;
 use std::io;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,40 +83,62 @@ fn borrow_file(f: &impl AsRawFd) -> ManuallyDrop<File> {
 }
 
 impl PassthroughFs {
-    /// Opens `root` (already validated as a directory) as the single share served at
-    /// the mount root.
-    pub fn new(root: &Path, read_only: bool, cfg: PassthroughConfig) -> io::Result<Self> {
+    /// An empty passthrough layer; shares are added with [`Self::attach_root`].
+    pub fn new(cfg: PassthroughConfig) -> io::Result<Self> {
         let proc_self_fd = File::open("/proc/self/fd")
             .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
-        let root_c = CString::new(root.as_os_str().as_encoded_bytes())
-            .map_err(|_| errno(libc::EINVAL))?;
-        // SAFETY: valid C string; the fd is checked and then owned by the File.
-        let root_fd = cvt(unsafe {
-            libc::open(
-                root_c.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        })
-        .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", root.display())))?;
-        // SAFETY: just opened and owned here.
-        let root_file = unsafe { File::from_raw_fd(root_fd) };
-        let st = sys::stat_fd(&root_file)?;
-        let key = InodeKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            mnt_id: sys::mount_id(&root_file),
-        };
-        let share = Arc::new(Share::new(String::new(), root.to_path_buf(), read_only));
-        let inodes = InodeStore::new(ROOT_ID + 1);
-        inodes.insert_fixed(ROOT_ID, root_file, key, libc::S_IFDIR, share);
         let timeout = cfg.cache.timeout();
         Ok(PassthroughFs {
-            inodes,
+            inodes: InodeStore::new(ROOT_ID + 1),
             handles: HandleStore::default(),
             proc_self_fd,
             cfg,
             timeout,
         })
+    }
+
+    /// A node id never handed out before.
+    pub fn alloc_nodeid(&self) -> u64 {
+        self.inodes.alloc_id()
+    }
+
+    /// Registers `root` (a directory fd) as the root of `share`, at node id `nodeid`.
+    pub fn attach_root(&self, nodeid: u64, root: File, share: Arc<Share>) -> io::Result<()> {
+        let st = sys::stat_fd(&root)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: sys::mount_id(&root),
+        };
+        self.inodes
+            .insert_fixed(nodeid, root, key, libc::S_IFDIR, share);
+        Ok(())
+    }
+
+    /// The entry of a share root as seen from the virtual directory above it: announced
+    /// as a submount, so each share has its own st_dev in the guest.
+    pub fn share_root_entry(&self, nodeid: u64) -> io::Result<Entry> {
+        let data = self.inode(nodeid)?;
+        let st = sys::stat_fd(&data.file)?;
+        let mut entry = self.entry_from(&data, st, None);
+        entry.attr_flags |= ATTR_SUBMOUNT;
+        Ok(entry)
+    }
+
+    /// Releases every node and handle of `share`: their fds close as soon as requests
+    /// in flight on them finish. Returns (nodes, handles) released.
+    pub fn detach_share(&self, share: &Arc<Share>) -> (usize, usize) {
+        let handles = self.handles.remove_share(share);
+        let nodes = self.inodes.remove_share(share);
+        (nodes, handles)
+    }
+
+    /// (live node ids, open handles) of `share`.
+    pub fn share_usage(&self, share: &Arc<Share>) -> (usize, usize) {
+        (self.inodes.count_share(share), self.handles.count_share(share))
     }
 
     pub fn live_inodes(&self) -> usize {
@@ -193,7 +214,8 @@ impl PassthroughFs {
     /// A guest kernel never sends `LOOKUP ..`; a malicious one may. It may only reach a
     /// directory the guest already holds, and never climbs above the share root.
     fn lookup_dotdot(&self, parent: &Arc<InodeData>) -> io::Result<Entry> {
-        if parent.nodeid == ROOT_ID {
+        if parent.is_share_root() {
+            // The virtual layer answers `..` of a share root; here it stays put.
             return self.ref_existing(parent);
         }
         let file = sys::openat(&parent.file, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;

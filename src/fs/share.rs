@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
 
 /// Per-share counters, bumped on the hot path with relaxed atomics and read on demand.
 #[derive(Default)]
@@ -19,11 +20,15 @@ impl ShareStats {
 }
 
 pub struct Share {
-    /// The name the guest sees (empty for a share that is the whole mount root).
+    /// The path the guest sees it at, relative to the mount root (empty for a share
+    /// that is the whole mount).
     pub name: String,
     /// The host directory, as configured (for logs and stats).
     pub host_path: PathBuf,
     pub read_only: bool,
+    /// The platform's volume id, for logs and stats.
+    pub volume_id: Option<String>,
+    pub attached_at: SystemTime,
     pub stats: ShareStats,
 }
 
@@ -33,6 +38,8 @@ impl Share {
             name,
             host_path,
             read_only,
+            volume_id: None,
+            attached_at: SystemTime::now(),
             stats: ShareStats::default(),
         }
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::transport::FuseSession;
-use volfsd::fs::{CacheMode, FsServer, PassthroughConfig, PassthroughFs, ReadOnlyGuard};
+use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -50,6 +50,8 @@ pub struct MountOptions {
     pub cache: CacheMode,
     pub xattr: bool,
     pub threads: usize,
+    /// `--allowed-dir` arguments; None serves the whole SharedDir.
+    pub allowed: Option<Vec<String>>,
 }
 
 impl Default for MountOptions {
@@ -59,26 +61,43 @@ impl Default for MountOptions {
             cache: CacheMode::None,
             xattr: false,
             threads: 2,
+            allowed: None,
         }
     }
 }
 
 impl Mounted {
+    /// Serves only the given allowed dirs (`PATH[:ro|:rw]`) under a virtual root.
+    pub fn volumes(shared: &Path, allowed: &[&str]) -> Self {
+        Self::with(
+            shared,
+            MountOptions {
+                allowed: Some(allowed.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            },
+        )
+    }
+
     pub fn new(shared: &Path) -> Self {
         Self::with(shared, MountOptions::default())
     }
 
     pub fn with(shared: &Path, opts: MountOptions) -> Self {
-        let fs = PassthroughFs::new(
-            shared,
+        let shared = shared.canonicalize().unwrap();
+        let specs: Option<Vec<ShareSpec>> = opts.allowed.as_ref().map(|a| {
+            volfsd::config::parse_allowed_dirs(&shared, a).expect("valid --allowed-dir")
+        });
+        let fs = fs::build(
+            &shared,
+            specs.as_deref(),
             opts.readonly,
             PassthroughConfig {
                 cache: opts.cache,
                 xattr: opts.xattr,
             },
         )
-        .expect("building the passthrough fs");
-        let server = Arc::new(FsServer::new(Arc::new(ReadOnlyGuard::new(fs))));
+        .expect("building the file system stack");
+        let server = Arc::new(FsServer::new(fs));
         let mnt = TempDir::new("mnt");
         let mut session =
             FuseSession::new(mnt.path(), "volfsd-test", "", false).expect("fuse session");

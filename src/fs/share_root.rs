@@ -1,0 +1,289 @@
+//! Opening a share's root: validating the configured path and giving the daemon a
+//! private mount of it.
+//!
+//! Each share is reached only through a detached clone of its directory
+//! (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`), and a read-only share's clone is
+//! marked read-only by `mount_setattr(MOUNT_ATTR_RDONLY)`. So:
+//! - the kernel refuses writes to a read-only share even if the daemon's own check
+//!   (`readonly.rs`) had a bug;
+//! - `..` at the clone's root stays at the root, whatever a request says;
+//! - rename and link between shares fail with EXDEV from the kernel too.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::{Component, Path, PathBuf};
+
+use super::sys::cvt64;
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOUNT_ATTR_RDONLY: u64 = 1;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// A share directory, validated against SharedDir.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct SharePath {
+    /// Components relative to SharedDir: the path the guest sees it at.
+    pub rel: Vec<String>,
+    /// The absolute host path (SharedDir joined with `rel`).
+    pub host: PathBuf,
+}
+
+impl SharePath {
+    pub fn rel_string(&self) -> String {
+        self.rel.join("/")
+    }
+
+    /// Whether one of the two paths lies inside (or is) the other.
+    pub fn overlaps(&self, other: &SharePath) -> bool {
+        let n = self.rel.len().min(other.rel.len());
+        self.rel[..n] == other.rel[..n]
+    }
+}
+
+/// Validates `path` (absolute, or relative to `shared_dir`, which must be canonical):
+/// it names no `..`, contains no symlink between SharedDir and its end, lies strictly
+/// inside SharedDir, exists, and is a directory. Errors name the reason.
+pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, String> {
+    if path.as_os_str().is_empty() {
+        return Err("empty path".to_string());
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err("names '..'".to_string());
+    }
+    let rel_path = if path.is_absolute() {
+        match path.strip_prefix(shared_dir) {
+            Ok(r) => r.to_path_buf(),
+            Err(_) => {
+                return Err(format!("is not inside SharedDir {}", shared_dir.display()));
+            }
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let mut rel = Vec::new();
+    for c in rel_path.components() {
+        match c {
+            Component::Normal(s) => rel.push(
+                s.to_str()
+                    .ok_or_else(|| "is not valid UTF-8".to_string())?
+                    .to_string(),
+            ),
+            Component::CurDir => {}
+            _ => return Err("is not a plain path inside SharedDir".to_string()),
+        }
+    }
+    if rel.is_empty() {
+        return Err("is SharedDir itself (use --readonly for a read-only whole share)".into());
+    }
+    let host = rel.iter().fold(shared_dir.to_path_buf(), |p, c| p.join(c));
+    let meta = std::fs::symlink_metadata(&host).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => "does not exist".to_string(),
+        _ => e.to_string(),
+    })?;
+    if meta.file_type().is_symlink() {
+        return Err("is a symlink".to_string());
+    }
+    if !meta.is_dir() {
+        return Err("is not a directory".to_string());
+    }
+    let canonical = host.canonicalize().map_err(|e| e.to_string())?;
+    if canonical != host {
+        return Err(format!(
+            "resolves through a symlink to {} (must resolve inside SharedDir as written)",
+            canonical.display()
+        ));
+    }
+    Ok(SharePath { rel, host })
+}
+
+/// Opens the share directory beneath SharedDir without following any symlink, then
+/// gives the daemon its own detached mount of it, read-only when asked.
+pub fn open_share_root(shared_dir: &File, rel: &[String], read_only: bool) -> io::Result<File> {
+    let dir = open_beneath(shared_dir, rel)?;
+    let clone = clone_mount(&dir).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("open_tree(OPEN_TREE_CLONE) of the share (needs CAP_SYS_ADMIN): {e}"),
+        )
+    })?;
+    if read_only {
+        set_mount_read_only(&clone).map_err(|e| {
+            io::Error::new(e.kind(), format!("mount_setattr(MOUNT_ATTR_RDONLY): {e}"))
+        })?;
+    }
+    Ok(clone)
+}
+
+/// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, falling back to one
+/// `openat(O_NOFOLLOW)` per component where openat2 is missing.
+fn open_beneath(root: &File, rel: &[String]) -> io::Result<File> {
+    if rel.is_empty() {
+        return root.try_clone();
+    }
+    let joined = CString::new(rel.join("/")).map_err(|_| io::Error::other("NUL in path"))?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid path and `how` struct of the size passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            joined.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    match cvt64(ret) {
+        // SAFETY: a new fd owned by the File.
+        Ok(fd) => return Ok(unsafe { File::from_raw_fd(fd as i32) }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {}
+        Err(e) => return Err(e),
+    }
+    let mut cur = root.try_clone()?;
+    for c in rel {
+        let name = CString::new(c.as_str()).map_err(|_| io::Error::other("NUL in path"))?;
+        cur = super::sys::openat(
+            &cur,
+            &name,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
+    }
+    Ok(cur)
+}
+
+fn clone_mount(dir: &File) -> io::Result<File> {
+    // SAFETY: open_tree on an fd we own with an empty path; the new fd is checked.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            dir.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | libc::AT_EMPTY_PATH as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint
+                | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    let fd = cvt64(ret)?;
+    // SAFETY: a new fd owned by the File.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
+}
+
+fn set_mount_read_only(mount: &File) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr on a detached mount fd we own, with a valid attr struct.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    cvt64(ret).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("volfsd-sr-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        p.canonicalize().unwrap()
+    }
+
+    #[test]
+    fn resolves_relative_absolute_and_nested() {
+        let sd = tmp("ok");
+        std::fs::create_dir_all(sd.join("rw/vol-a")).unwrap();
+        let p = resolve_share_path(&sd, Path::new("rw/vol-a")).unwrap();
+        assert_eq!(p.rel, vec!["rw", "vol-a"]);
+        let p = resolve_share_path(&sd, &sd.join("rw")).unwrap();
+        assert_eq!(p.rel, vec!["rw"]);
+        std::fs::remove_dir_all(&sd).unwrap();
+    }
+
+    #[test]
+    fn rejects_with_reasons() {
+        let sd = tmp("bad");
+        std::fs::create_dir(sd.join("d")).unwrap();
+        std::fs::write(sd.join("f"), b"").unwrap();
+        std::os::unix::fs::symlink("d", sd.join("l")).unwrap();
+        std::os::unix::fs::symlink("/etc", sd.join("d/etc")).unwrap();
+        let err = |p: &str| resolve_share_path(&sd, Path::new(p)).unwrap_err();
+        assert!(err("missing").contains("does not exist"));
+        assert!(err("f").contains("not a directory"));
+        assert!(err("l").contains("symlink"));
+        assert!(err("d/etc").contains("symlink"));
+        assert!(err("d/../d").contains(".."));
+        assert!(err("/etc").contains("not inside"));
+        assert!(err(".").contains("SharedDir itself"));
+        std::fs::remove_dir_all(&sd).unwrap();
+    }
+
+    #[test]
+    fn overlap_is_prefix_on_components() {
+        let a = SharePath {
+            rel: vec!["rw".into()],
+            host: PathBuf::new(),
+        };
+        let b = SharePath {
+            rel: vec!["rw".into(), "x".into()],
+            host: PathBuf::new(),
+        };
+        let c = SharePath {
+            rel: vec!["rw2".into()],
+            host: PathBuf::new(),
+        };
+        assert!(a.overlaps(&b) && b.overlaps(&a) && a.overlaps(&a));
+        assert!(!a.overlaps(&c));
+    }
+
+    #[test]
+    fn read_only_clone_refuses_writes_in_the_kernel() {
+        let sd = tmp("ro");
+        std::fs::create_dir(sd.join("v")).unwrap();
+        let root = File::open(&sd).unwrap();
+        let clone = open_share_root(&root, &["v".to_string()], true).unwrap();
+        let err = super::super::sys::openat(
+            &clone,
+            c"new",
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        )
+        .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+        assert!(!sd.join("v/new").exists());
+        std::fs::remove_dir_all(&sd).unwrap();
+    }
+}
