@@ -88,6 +88,15 @@ pub fn dispatch<F: ExtraOps, S: BitmapSlice>(
     }
 }
 
+/// An error reply with no body.
+pub fn reply_error<S: BitmapSlice>(
+    w: &mut Writer<'_, S>,
+    unique: u64,
+    errno: i32,
+) -> io::Result<usize> {
+    reply(w, unique, -errno, &[])
+}
+
 fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }

@@ -2,6 +2,7 @@
 //! tests): routes the opcodes fuse-backend-rs does not decode to [`extra_ops`], and
 //! everything else to fuse-backend-rs's `Server`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::InHeader;
@@ -14,7 +15,12 @@ use super::{extra_ops, VolFs};
 pub struct FsServer {
     server: Server<Arc<VolFs>>,
     fs: Arc<VolFs>,
+    /// Set by a successful INIT: until then every other request gets EIO, as in libfuse.
+    initialized: AtomicBool,
 }
+
+const OPCODE_INIT: u32 = 26;
+const OPCODE_DESTROY: u32 = 38;
 
 /// Why a request produced no reply.
 #[derive(Debug)]
@@ -30,6 +36,7 @@ impl FsServer {
         FsServer {
             server: Server::new(fs.clone()),
             fs,
+            initialized: AtomicBool::new(false),
         }
     }
 
@@ -51,6 +58,22 @@ impl FsServer {
             unique: header.unique,
             why,
         };
+        if header.opcode == OPCODE_INIT {
+            let n = self
+                .server
+                .handle_message(reader, writer, None, None)
+                .map_err(|e| failed(e.to_string()))?;
+            self.initialized.store(true, Ordering::Release);
+            return Ok(n);
+        }
+        if !self.initialized.load(Ordering::Acquire) {
+            let mut writer = writer;
+            return extra_ops::reply_error(&mut writer, header.unique, libc::EIO)
+                .map_err(|e| failed(e.to_string()));
+        }
+        if header.opcode == OPCODE_DESTROY {
+            self.initialized.store(false, Ordering::Release);
+        }
         if extra_ops::handles(header.opcode) {
             let mut writer = writer;
             extra_ops::dispatch(&*self.fs, &header, &mut peek, &mut writer)
