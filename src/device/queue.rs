@@ -12,6 +12,7 @@ use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 
+use crate::fs::extra_ops::reply_error;
 use crate::fs::{FsServer, RequestError};
 
 type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
@@ -69,7 +70,7 @@ fn serve_one(
             return 0;
         }
     };
-    let writer = match VirtioFsWriter::new(&**mem, chain) {
+    let writer = match VirtioFsWriter::new(&**mem, chain.clone()) {
         Ok(w) => w,
         Err(e) => {
             warn!("queue {index}: unwritable descriptor chain: {e}");
@@ -89,7 +90,23 @@ fn serve_one(
             why,
         }) => {
             debug!("queue {index}: opcode {opcode} unique {unique}: {why}");
-            0
+            if !expects_reply(opcode) {
+                return 0;
+            }
+            // The header was readable, so the guest is owed an answer: a completion
+            // with no bytes would read as a zeroed header, i.e. success. Rewrite the
+            // reply from the start of the chain as EINVAL.
+            match VirtioFsWriter::new(&**mem, chain) {
+                Ok(w) => reply_error(&mut w.into(), unique, libc::EINVAL)
+                    .map(|n| n as u32)
+                    .unwrap_or(0),
+                Err(_) => 0,
+            }
         }
     }
+}
+
+/// FORGET, BATCH_FORGET and INTERRUPT get no reply.
+fn expects_reply(opcode: u32) -> bool {
+    !matches!(opcode, 2 | 42 | 36)
 }
