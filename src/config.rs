@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
 
+use crate::fs::volumes::valid_volume_name;
 use crate::fs::{resolve_share_path, CacheMode, ShareSpec};
 
 /// virtiofsd options that volfsd does not implement. They are refused by name, so a
@@ -222,18 +223,17 @@ impl Args {
         let shared_dir = self
             .shared_dir
             .ok_or_else(|| ConfigError("--shared-dir is required".to_string()))?;
-        let meta = std::fs::metadata(&shared_dir).map_err(|e| {
-            ConfigError(format!("--shared-dir {}: {e}", shared_dir.display()))
-        })?;
+        let meta = std::fs::metadata(&shared_dir)
+            .map_err(|e| ConfigError(format!("--shared-dir {}: {e}", shared_dir.display())))?;
         if !meta.is_dir() {
             return Err(ConfigError(format!(
                 "--shared-dir {}: not a directory",
                 shared_dir.display()
             )));
         }
-        let shared_dir = shared_dir.canonicalize().map_err(|e| {
-            ConfigError(format!("--shared-dir {}: {e}", shared_dir.display()))
-        })?;
+        let shared_dir = shared_dir
+            .canonicalize()
+            .map_err(|e| ConfigError(format!("--shared-dir {}: {e}", shared_dir.display())))?;
         let allowed_dirs = if self.allowed_dir.is_empty() {
             None
         } else {
@@ -266,12 +266,20 @@ pub fn split_access(arg: &str) -> (&str, bool) {
 
 /// Validates every `--allowed-dir`: each must resolve inside SharedDir, and no two may
 /// be the same or nested in one another.
-pub fn parse_allowed_dirs(shared_dir: &Path, args: &[String]) -> Result<Vec<ShareSpec>, ConfigError> {
+pub fn parse_allowed_dirs(
+    shared_dir: &Path,
+    args: &[String],
+) -> Result<Vec<ShareSpec>, ConfigError> {
     let mut specs: Vec<ShareSpec> = Vec::new();
     for arg in args {
         let (path, read_only) = split_access(arg);
         let resolved = resolve_share_path(shared_dir, Path::new(path))
             .map_err(|why| ConfigError(format!("--allowed-dir {arg}: {why}")))?;
+        if let Some(bad) = resolved.rel.iter().find(|c| !valid_volume_name(c)) {
+            return Err(ConfigError(format!(
+                "--allowed-dir {arg}: '{bad}' does not match the volume-name rule ^[a-zA-Z0-9_-]{{1,128}}$"
+            )));
+        }
         if let Some(other) = specs.iter().find(|s| s.path.overlaps(&resolved)) {
             let what = if other.path.rel == resolved.rel {
                 "is given twice"
@@ -284,6 +292,7 @@ pub fn parse_allowed_dirs(shared_dir: &Path, args: &[String]) -> Result<Vec<Shar
             )));
         }
         specs.push(ShareSpec {
+            guest: resolved.rel.clone(),
             path: resolved,
             read_only,
             volume_id: None,
@@ -346,8 +355,14 @@ mod tests {
 
     #[test]
     fn unsupported_virtiofsd_options_are_named() {
-        let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--sandbox=none"])
-            .unwrap_err();
+        let e = parse(&[
+            "--socket-path",
+            "/a",
+            "--shared-dir",
+            "/tmp",
+            "--sandbox=none",
+        ])
+        .unwrap_err();
         assert!(e.contains("'--sandbox'"), "{e}");
         let e = parse(&["--socket-path", "/a", "-o", "cache=none"]).unwrap_err();
         assert!(e.contains("'-o'"), "{e}");

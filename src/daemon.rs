@@ -100,8 +100,7 @@ fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
     match socket {
         SocketSource::Path(path) => {
             remove_stale_socket(path)?;
-            Listener::new(path, false)
-                .map_err(|e| format!("--socket-path {}: {e}", path.display()))
+            Listener::new(path, false).map_err(|e| format!("--socket-path {}: {e}", path.display()))
         }
         SocketSource::Fd(fd) => {
             check_listening_socket(*fd)?;
@@ -116,8 +115,12 @@ fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
 /// a typo in --socket-path cannot delete someone's data.
 fn remove_stale_socket(path: &Path) -> Result<(), String> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
-            .map_err(|e| format!("--socket-path {}: removing stale socket: {e}", path.display())),
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
+            format!(
+                "--socket-path {}: removing stale socket: {e}",
+                path.display()
+            )
+        }),
         Ok(_) => Err(format!(
             "--socket-path {}: exists and is not a socket",
             path.display()
@@ -158,8 +161,8 @@ fn spawn_signal_thread(term: SigSet, socket_path: Option<PathBuf>) {
 
 fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), String> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
-        .map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let (soft, hard) =
+        getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
     let (new_soft, new_hard) = match requested {
         Some(0) => return Ok(()),
         Some(n) => (n, n.max(hard)),

@@ -50,7 +50,12 @@ impl Log for SyslogLogger {
             Level::Info => 6,
             Level::Debug | Level::Trace => 7,
         };
-        let msg = format!("<{}>volfsd[{}]: {}", 3 * 8 + severity, self.pid, record.args());
+        let msg = format!(
+            "<{}>volfsd[{}]: {}",
+            3 * 8 + severity,
+            self.pid,
+            record.args()
+        );
         let _ = self.sock.lock().unwrap().send(msg.as_bytes());
     }
 

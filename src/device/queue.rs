@@ -57,12 +57,7 @@ fn queue_err(index: usize) -> impl Fn(virtio_queue::Error) -> io::Error {
 }
 
 /// Runs one request; returns the number of reply bytes written into the chain.
-fn serve_one(
-    server: &FsServer,
-    mem: &Mem,
-    chain: DescriptorChain<Mem>,
-    index: usize,
-) -> u32 {
+fn serve_one(server: &FsServer, mem: &Mem, chain: DescriptorChain<Mem>, index: usize) -> u32 {
     let reader = match Reader::from_descriptor_chain(&**mem, chain.clone()) {
         Ok(r) => r,
         Err(e) => {

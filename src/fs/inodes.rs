@@ -80,7 +80,10 @@ impl InodeStore {
     /// The live node for a host inode, if the guest holds one.
     pub fn lookup_key(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap();
-        maps.by_key.get(key).and_then(|id| maps.by_id.get(id)).cloned()
+        maps.by_key
+            .get(key)
+            .and_then(|id| maps.by_id.get(id))
+            .cloned()
     }
 
     /// Inserts a fixed node (the root) that is never forgotten.

@@ -91,11 +91,17 @@ pub trait ExtraOps {
 /// Tells a policy layer which share a node id belongs to.
 pub trait ShareOf {
     fn is_read_only(&self, nodeid: u64) -> bool;
+    /// Counts a request on `nodeid` that failed (for the per-volume error counter).
+    fn note_error(&self, nodeid: u64);
 }
 
 impl ShareOf for PassthroughFs {
     fn is_read_only(&self, nodeid: u64) -> bool {
         PassthroughFs::is_read_only(self, nodeid)
+    }
+
+    fn note_error(&self, nodeid: u64) {
+        PassthroughFs::note_error(self, nodeid)
     }
 }
 

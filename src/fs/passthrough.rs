@@ -138,7 +138,10 @@ impl PassthroughFs {
 
     /// (live node ids, open handles) of `share`.
     pub fn share_usage(&self, share: &Arc<Share>) -> (usize, usize) {
-        (self.inodes.count_share(share), self.handles.count_share(share))
+        (
+            self.inodes.count_share(share),
+            self.handles.count_share(share),
+        )
     }
 
     pub fn live_inodes(&self) -> usize {
@@ -156,6 +159,12 @@ impl PassthroughFs {
             .get(nodeid)
             .map(|i| i.share.read_only)
             .unwrap_or(false)
+    }
+
+    pub fn note_error(&self, nodeid: u64) {
+        if let Ok(i) = self.inodes.get(nodeid) {
+            ShareStats::add(&i.share.stats.errors, 1);
+        }
     }
 
     fn inode(&self, nodeid: u64) -> io::Result<Arc<InodeData>> {
@@ -375,7 +384,12 @@ impl ExtraOps for PassthroughFs {
         let flags = Self::host_open_flags(args.flags) | libc::O_TMPFILE;
         let file = {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
-            sys::openat(&dir.file, c".", flags & !libc::O_NOFOLLOW, args.mode & !args.umask)?
+            sys::openat(
+                &dir.file,
+                c".",
+                flags & !libc::O_NOFOLLOW,
+                args.mode & !args.umask,
+            )?
         };
         let name = ProcFdName::new(file.as_raw_fd());
         let path_fd = sys::openat(&self.proc_self_fd, name.as_cstr(), libc::O_PATH, 0)?;
@@ -619,7 +633,9 @@ impl FileSystem for PassthroughFs {
         {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
             // SAFETY: both strings are NUL-terminated.
-            cvt(unsafe { libc::symlinkat(linkname.as_ptr(), dir.file.as_raw_fd(), name.as_ptr()) })?;
+            cvt(unsafe {
+                libc::symlinkat(linkname.as_ptr(), dir.file.as_raw_fd(), name.as_ptr())
+            })?;
         }
         self.do_lookup(&dir, name)
     }
@@ -715,7 +731,13 @@ impl FileSystem for PassthroughFs {
         sys::renameat2(&od.file, oldname, &nd.file, newname, flags)
     }
 
-    fn link(&self, _ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+    fn link(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
         let data = self.inode(inode)?;
         let dir = self.inode(newparent)?;
         self.count(&dir.share);

@@ -10,11 +10,11 @@ use std::ffi::CStr;
 use std::io;
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
+use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
 use fuse_backend_rs::api::filesystem::{
-    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply,
-    ZeroCopyReader, ZeroCopyWriter,
+    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
+    ZeroCopyWriter,
 };
 
 use super::sys::errno;
@@ -44,6 +44,7 @@ pub fn open_flags_mutate(flags: u32) -> bool {
 impl<F: ShareOf> ReadOnlyGuard<F> {
     fn refuse_if_ro(&self, nodeid: u64) -> io::Result<()> {
         if self.inner.is_read_only(nodeid) {
+            self.inner.note_error(nodeid);
             Err(errno(libc::EROFS))
         } else {
             Ok(())
@@ -54,6 +55,10 @@ impl<F: ShareOf> ReadOnlyGuard<F> {
 impl<F: ShareOf> ShareOf for ReadOnlyGuard<F> {
     fn is_read_only(&self, nodeid: u64) -> bool {
         self.inner.is_read_only(nodeid)
+    }
+
+    fn note_error(&self, nodeid: u64) {
+        self.inner.note_error(nodeid)
     }
 }
 
@@ -452,7 +457,9 @@ mod tests {
     #[test]
     fn mutating_open_flags() {
         assert!(!open_flags_mutate(libc::O_RDONLY as u32));
-        assert!(!open_flags_mutate((libc::O_RDONLY | libc::O_NONBLOCK) as u32));
+        assert!(!open_flags_mutate(
+            (libc::O_RDONLY | libc::O_NONBLOCK) as u32
+        ));
         for f in [
             libc::O_WRONLY,
             libc::O_RDWR,

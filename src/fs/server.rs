@@ -28,7 +28,11 @@ pub enum RequestError {
     /// Shorter than a FUSE header: nothing to reply to.
     NoHeader,
     /// The request failed in a way that left no reply (logged by the caller).
-    Failed { opcode: u32, unique: u64, why: String },
+    Failed {
+        opcode: u32,
+        unique: u64,
+        why: String,
+    },
 }
 
 impl FsServer {

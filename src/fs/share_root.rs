@@ -181,7 +181,9 @@ fn clone_mount(dir: &File) -> io::Result<File> {
             libc::SYS_open_tree,
             dir.as_raw_fd(),
             c"".as_ptr(),
-            OPEN_TREE_CLONE | libc::AT_EMPTY_PATH as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint
+            OPEN_TREE_CLONE
+                | libc::AT_EMPTY_PATH as libc::c_uint
+                | libc::AT_RECURSIVE as libc::c_uint
                 | libc::O_CLOEXEC as libc::c_uint,
         )
     };
@@ -275,13 +277,8 @@ mod tests {
         std::fs::create_dir(sd.join("v")).unwrap();
         let root = File::open(&sd).unwrap();
         let clone = open_share_root(&root, &["v".to_string()], true).unwrap();
-        let err = super::super::sys::openat(
-            &clone,
-            c"new",
-            libc::O_CREAT | libc::O_WRONLY,
-            0o644,
-        )
-        .unwrap_err();
+        let err = super::super::sys::openat(&clone, c"new", libc::O_CREAT | libc::O_WRONLY, 0o644)
+            .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EROFS));
         assert!(!sd.join("v/new").exists());
         std::fs::remove_dir_all(&sd).unwrap();

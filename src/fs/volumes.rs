@@ -20,11 +20,11 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
+use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
 use fuse_backend_rs::api::filesystem::{
-    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply,
-    ZeroCopyReader, ZeroCopyWriter,
+    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
+    ZeroCopyWriter,
 };
 use log::{info, warn};
 
@@ -41,9 +41,21 @@ pub const VIRTUAL_DIR_ERRNO: libc::c_int = libc::EACCES;
 /// A share to attach.
 #[derive(Clone, Debug)]
 pub struct ShareSpec {
+    /// Where the guest sees it, as path components under the mount root.
+    pub guest: Vec<String>,
+    /// The host directory, validated inside SharedDir.
     pub path: SharePath,
     pub read_only: bool,
     pub volume_id: Option<String>,
+}
+
+/// The platform's volume-name rule, `^[a-zA-Z0-9_-]{1,128}$`, which every component
+/// of a guest path follows.
+pub fn valid_volume_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// What a caller can read about an attached share.
@@ -75,7 +87,10 @@ impl std::fmt::Display for AttachError {
             AttachError::Conflict(s) => write!(f, "{s}"),
             AttachError::AlreadyAttached(s) => write!(f, "{} is already attached", s.name),
             AttachError::NotVolumeLayout => {
-                write!(f, "the whole SharedDir is served; volumes cannot be attached")
+                write!(
+                    f,
+                    "the whole SharedDir is served; volumes cannot be attached"
+                )
             }
             AttachError::Io(e) => write!(f, "{e}"),
         }
@@ -89,7 +104,10 @@ struct VirtualDir {
 
 struct Attached {
     share: Arc<Share>,
+    /// Guest path components.
     rel: Vec<String>,
+    /// Host path components under SharedDir.
+    host_rel: Vec<String>,
     root_nodeid: u64,
 }
 
@@ -160,13 +178,18 @@ impl VolumeFs {
             }
             Err(e) => return Err(e),
         };
-        let share = Arc::new(Share::new(String::new(), shared_dir.to_path_buf(), read_only));
+        let share = Arc::new(Share::new(
+            String::new(),
+            shared_dir.to_path_buf(),
+            read_only,
+        ));
         fs.inner.attach_root(ROOT_ID, root, share.clone())?;
         fs.table.write().unwrap().shares.insert(
             String::new(),
             Attached {
                 share,
                 rel: Vec::new(),
+                host_rel: Vec::new(),
                 root_nodeid: ROOT_ID,
             },
         );
@@ -218,7 +241,12 @@ impl VolumeFs {
         if !self.volume_layout {
             return Err(AttachError::NotVolumeLayout);
         }
-        let key = spec.path.rel_string();
+        let key = spec.guest.join("/");
+        if spec.guest.is_empty() || !spec.guest.iter().all(|c| valid_volume_name(c)) {
+            return Err(AttachError::Conflict(format!(
+                "{key}: a volume name must match ^[a-zA-Z0-9_-]{{1,128}}$"
+            )));
+        }
         // Check under the read lock first: opening the share root touches the disk
         // (and maybe a slow network file system), which must not block guest requests.
         check_attach(&self.table.read().unwrap(), spec, &key)?;
@@ -234,8 +262,8 @@ impl VolumeFs {
         self.inner
             .attach_root(root_nodeid, root, share.clone())
             .map_err(AttachError::Io)?;
-        for depth in 1..spec.path.rel.len() {
-            let p = spec.path.rel[..depth].to_vec();
+        for depth in 1..spec.guest.len() {
+            let p = spec.guest[..depth].to_vec();
             if !t.vdir_by_path.contains_key(&p) {
                 let parent = t.vdir_by_path[&p[..depth - 1]];
                 let id = self.inner.alloc_nodeid();
@@ -254,7 +282,8 @@ impl VolumeFs {
             key.clone(),
             Attached {
                 share: share.clone(),
-                rel: spec.path.rel.clone(),
+                rel: spec.guest.clone(),
+                host_rel: spec.path.rel.clone(),
                 root_nodeid,
             },
         );
@@ -434,18 +463,36 @@ fn check_attach(t: &Table, spec: &ShareSpec, key: &str) -> Result<(), AttachErro
         });
     }
     for a in t.shares.values() {
+        let n = a.rel.len().min(spec.guest.len());
+        if a.rel[..n] == spec.guest[..n] {
+            return Err(AttachError::Conflict(format!(
+                "{key} overlaps the attached volume {}",
+                a.share.name
+            )));
+        }
         let other = SharePath {
-            rel: a.rel.clone(),
+            rel: a.host_rel.clone(),
             host: a.share.host_path.clone(),
         };
         if spec.path.overlaps(&other) {
             return Err(AttachError::Conflict(format!(
-                "{key} overlaps the attached share {}",
+                "{key}: {} overlaps the directory of volume {}",
+                spec.path.host.display(),
                 a.share.name
             )));
         }
     }
     Ok(())
+}
+
+impl VolumeFs {
+    /// Counts a failed request against the share of `nodeid`.
+    fn acct<T>(&self, nodeid: u64, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            self.inner.note_error(nodeid);
+        }
+        r
+    }
 }
 
 fn refuse() -> io::Error {
@@ -455,6 +502,10 @@ fn refuse() -> io::Error {
 impl ShareOf for VolumeFs {
     fn is_read_only(&self, nodeid: u64) -> bool {
         self.inner.is_read_only(nodeid)
+    }
+
+    fn note_error(&self, nodeid: u64) {
+        self.inner.note_error(nodeid)
     }
 }
 
@@ -524,7 +575,7 @@ impl FileSystem for VolumeFs {
                 return Ok(self.vdir_entry(vparent));
             }
         }
-        self.inner.lookup(ctx, parent, name)
+        self.acct(parent, self.inner.lookup(ctx, parent, name))
     }
 
     fn forget(&self, ctx: &Context, inode: u64, count: u64) {
@@ -544,7 +595,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return Ok((self.vdir_entry(inode).attr, self.timeout));
         }
-        self.inner.getattr(ctx, inode, handle)
+        self.acct(inode, self.inner.getattr(ctx, inode, handle))
     }
 
     fn setattr(
@@ -558,7 +609,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return Err(refuse());
         }
-        self.inner.setattr(ctx, inode, attr, handle, valid)
+        self.acct(inode, self.inner.setattr(ctx, inode, attr, handle, valid))
     }
 
     fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -578,7 +629,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.symlink(ctx, linkname, parent, name)
+        self.acct(parent, self.inner.symlink(ctx, linkname, parent, name))
     }
 
     fn mknod(
@@ -593,7 +644,10 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.mknod(ctx, parent, name, mode, rdev, umask)
+        self.acct(
+            parent,
+            self.inner.mknod(ctx, parent, name, mode, rdev, umask),
+        )
     }
 
     fn mkdir(
@@ -607,21 +661,21 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.mkdir(ctx, parent, name, mode, umask)
+        self.acct(parent, self.inner.mkdir(ctx, parent, name, mode, umask))
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.unlink(ctx, parent, name)
+        self.acct(parent, self.inner.unlink(ctx, parent, name))
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.rmdir(ctx, parent, name)
+        self.acct(parent, self.inner.rmdir(ctx, parent, name))
     }
 
     fn rename(
@@ -636,15 +690,18 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(olddir) || self.is_virtual(newdir) {
             return Err(refuse());
         }
-        self.inner
-            .rename(ctx, olddir, oldname, newdir, newname, flags)
+        self.acct(
+            olddir,
+            self.inner
+                .rename(ctx, olddir, oldname, newdir, newname, flags),
+        )
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         if self.is_virtual(inode) || self.is_virtual(newparent) {
             return Err(refuse());
         }
-        self.inner.link(ctx, inode, newparent, newname)
+        self.acct(inode, self.inner.link(ctx, inode, newparent, newname))
     }
 
     fn open(
@@ -657,7 +714,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return Err(errno(libc::EISDIR));
         }
-        self.inner.open(ctx, inode, flags, fuse_flags)
+        self.acct(inode, self.inner.open(ctx, inode, flags, fuse_flags))
     }
 
     fn create(
@@ -670,7 +727,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(parent) {
             return Err(refuse());
         }
-        self.inner.create(ctx, parent, name, args)
+        self.acct(parent, self.inner.create(ctx, parent, name, args))
     }
 
     fn read(
@@ -684,8 +741,11 @@ impl FileSystem for VolumeFs {
         lock_owner: Option<u64>,
         flags: u32,
     ) -> io::Result<usize> {
-        self.inner
-            .read(ctx, inode, handle, w, size, offset, lock_owner, flags)
+        self.acct(
+            inode,
+            self.inner
+                .read(ctx, inode, handle, w, size, offset, lock_owner, flags),
+        )
     }
 
     fn write(
@@ -716,11 +776,11 @@ impl FileSystem for VolumeFs {
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        self.inner.flush(ctx, inode, handle, lock_owner)
+        self.acct(inode, self.inner.flush(ctx, inode, handle, lock_owner))
     }
 
     fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
-        self.inner.fsync(ctx, inode, datasync, handle)
+        self.acct(inode, self.inner.fsync(ctx, inode, datasync, handle))
     }
 
     fn fallocate(
@@ -732,8 +792,11 @@ impl FileSystem for VolumeFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        self.inner
-            .fallocate(ctx, inode, handle, mode, offset, length)
+        self.acct(
+            inode,
+            self.inner
+                .fallocate(ctx, inode, handle, mode, offset, length),
+        )
     }
 
     fn release(
@@ -746,8 +809,11 @@ impl FileSystem for VolumeFs {
         flock_release: bool,
         lock_owner: Option<u64>,
     ) -> io::Result<()> {
-        self.inner
-            .release(ctx, inode, flags, handle, flush, flock_release, lock_owner)
+        self.acct(
+            inode,
+            self.inner
+                .release(ctx, inode, flags, handle, flush, flock_release, lock_owner),
+        )
     }
 
     fn statfs(&self, ctx: &Context, inode: u64) -> io::Result<statvfs64> {
@@ -777,7 +843,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return Err(refuse());
         }
-        self.inner.setxattr(ctx, inode, name, value, flags)
+        self.acct(inode, self.inner.setxattr(ctx, inode, name, value, flags))
     }
 
     fn getxattr(
@@ -790,7 +856,7 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return Err(errno(libc::ENODATA));
         }
-        self.inner.getxattr(ctx, inode, name, size)
+        self.acct(inode, self.inner.getxattr(ctx, inode, name, size))
     }
 
     fn listxattr(&self, ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply> {
@@ -801,14 +867,14 @@ impl FileSystem for VolumeFs {
                 ListxattrReply::Names(Vec::new())
             });
         }
-        self.inner.listxattr(ctx, inode, size)
+        self.acct(inode, self.inner.listxattr(ctx, inode, size))
     }
 
     fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
         if self.is_virtual(inode) {
             return Err(refuse());
         }
-        self.inner.removexattr(ctx, inode, name)
+        self.acct(inode, self.inner.removexattr(ctx, inode, name))
     }
 
     fn opendir(
@@ -821,7 +887,7 @@ impl FileSystem for VolumeFs {
             // Listing is computed from the table on each READDIR: no handle state.
             return Ok((None, OpenOptions::empty()));
         }
-        self.inner.opendir(ctx, inode, flags)
+        self.acct(inode, self.inner.opendir(ctx, inode, flags))
     }
 
     fn readdir(
@@ -836,8 +902,11 @@ impl FileSystem for VolumeFs {
         if self.is_virtual(inode) {
             return self.readdir_virtual(inode, offset, false, &mut |d, _| add_entry(d));
         }
-        self.inner
-            .readdir(ctx, inode, handle, size, offset, add_entry)
+        self.acct(
+            inode,
+            self.inner
+                .readdir(ctx, inode, handle, size, offset, add_entry),
+        )
     }
 
     fn readdirplus(
@@ -854,22 +923,25 @@ impl FileSystem for VolumeFs {
                 add_entry(d, e.unwrap_or_default())
             });
         }
-        self.inner
-            .readdirplus(ctx, inode, handle, size, offset, add_entry)
+        self.acct(
+            inode,
+            self.inner
+                .readdirplus(ctx, inode, handle, size, offset, add_entry),
+        )
     }
 
     fn fsyncdir(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
         if self.is_virtual(inode) {
             return Ok(());
         }
-        self.inner.fsyncdir(ctx, inode, datasync, handle)
+        self.acct(inode, self.inner.fsyncdir(ctx, inode, datasync, handle))
     }
 
     fn releasedir(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
         if self.is_virtual(inode) {
             return Ok(());
         }
-        self.inner.releasedir(ctx, inode, flags, handle)
+        self.acct(inode, self.inner.releasedir(ctx, inode, flags, handle))
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
@@ -880,7 +952,7 @@ impl FileSystem for VolumeFs {
                 Ok(())
             };
         }
-        self.inner.access(ctx, inode, mask)
+        self.acct(inode, self.inner.access(ctx, inode, mask))
     }
 
     fn lseek(
@@ -891,7 +963,7 @@ impl FileSystem for VolumeFs {
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
-        self.inner.lseek(ctx, inode, handle, offset, whence)
+        self.acct(inode, self.inner.lseek(ctx, inode, handle, offset, whence))
     }
 
     fn getlk(
@@ -903,7 +975,10 @@ impl FileSystem for VolumeFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<FileLock> {
-        self.inner.getlk(ctx, inode, handle, owner, lock, flags)
+        self.acct(
+            inode,
+            self.inner.getlk(ctx, inode, handle, owner, lock, flags),
+        )
     }
 
     fn setlk(
@@ -915,7 +990,10 @@ impl FileSystem for VolumeFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.inner.setlk(ctx, inode, handle, owner, lock, flags)
+        self.acct(
+            inode,
+            self.inner.setlk(ctx, inode, handle, owner, lock, flags),
+        )
     }
 
     fn setlkw(
@@ -927,6 +1005,9 @@ impl FileSystem for VolumeFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.inner.setlkw(ctx, inode, handle, owner, lock, flags)
+        self.acct(
+            inode,
+            self.inner.setlkw(ctx, inode, handle, owner, lock, flags),
+        )
     }
 }
