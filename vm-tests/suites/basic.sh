@@ -8,6 +8,7 @@ B=$M/basic
 BIG_MIB=${BIG_MIB:-256}   # the large-file check (host compares its sha256)
 PAR_MIB=${PAR_MIB:-64}    # per process, in the two-queue parallel check
 NFILES=${NFILES:-10000}   # files in one directory
+rm -rf "$B" "$SYNC"
 mkdir -p "$B"
 cd "$B"
 
@@ -140,7 +141,8 @@ t_sparse() {
 	fsops fallocate punch punched 1048576 1048576
 	eq "punch keeps size" "$(size punched)" 4194304
 	eq "non-zero bytes in punched range" "$(dd if=punched bs=1048576 skip=1 count=1 2>/dev/null | tr -d '\000' | wc -c)" 0
-	eq "non-zero bytes around the hole" "$(dd if=punched bs=1048576 count=1 2>/dev/null | tr -d '\000' | wc -c)" 1048576
+	fsops pattern write /tmp/p1 1 7
+	dd if=punched bs=1048576 count=1 2>/dev/null | cmp -s - /tmp/p1 || die "data before the hole changed"
 	eq "SEEK_HOLE finds the punched hole" "$(fsops seek hole punched 0)" 1048576
 	eq "SEEK_DATA after the hole" "$(fsops seek data punched 1048576)" 2097152
 	set -- $(fsops blocks punched)
