@@ -110,6 +110,16 @@ pub struct Args {
     #[arg(long = "allowed-dir", value_name = "PATH[:ro|:rw]")]
     pub allowed_dir: Vec<String>,
 
+    /// Control socket (HTTP/1.1 + JSON) to attach and detach volumes at runtime.
+    /// Without --allowed-dir, the guest then starts with an empty root.
+    #[arg(long, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
+
+    /// A uid allowed on the control socket besides root and the daemon's own uid.
+    /// Repeatable.
+    #[arg(long, value_name = "UID")]
+    pub control_allow_uid: Vec<u32>,
+
     /// Guest cache policy.
     #[arg(long, value_enum, default_value = "none")]
     pub cache: CacheArg,
@@ -163,6 +173,8 @@ pub struct Config {
     pub shared_dir: PathBuf,
     /// None: the whole SharedDir; Some: only these shares, under a virtual root.
     pub allowed_dirs: Option<Vec<ShareSpec>>,
+    pub control_socket: Option<PathBuf>,
+    pub control_allow_uids: Vec<u32>,
     pub cache: CacheMode,
     pub thread_pool_size: usize,
     pub num_request_queues: usize,
@@ -234,8 +246,10 @@ impl Args {
         let shared_dir = shared_dir
             .canonicalize()
             .map_err(|e| ConfigError(format!("--shared-dir {}: {e}", shared_dir.display())))?;
+        // The whole SharedDir is served only when neither allowed dirs nor a control
+        // socket are given; otherwise the root is virtual and lists only volumes.
         let allowed_dirs = if self.allowed_dir.is_empty() {
-            None
+            self.control_socket.as_ref().map(|_| Vec::new())
         } else {
             Some(parse_allowed_dirs(&shared_dir, &self.allowed_dir)?)
         };
@@ -243,6 +257,8 @@ impl Args {
             socket,
             shared_dir,
             allowed_dirs,
+            control_socket: self.control_socket,
+            control_allow_uids: self.control_allow_uid,
             cache: self.cache.into(),
             thread_pool_size: self.thread_pool_size,
             num_request_queues: self.num_request_queues as usize,

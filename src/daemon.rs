@@ -14,6 +14,7 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, SocketSource};
+use crate::control::{Api, ControlServer};
 use crate::device::FsBackend;
 use crate::fs::PassthroughConfig;
 
@@ -41,15 +42,34 @@ pub fn run(config: Config) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
-    let backend = Arc::new(FsBackend::new(fs, config.num_request_queues));
+    let backend = Arc::new(FsBackend::new(fs.clone(), config.num_request_queues));
     let stats = backend.stats();
+
+    // The control socket is up before the frontend connects: an agent may attach
+    // volumes before the VM boots.
+    let control_path = match &config.control_socket {
+        Some(path) => {
+            let api = Api::new(fs.clone(), config.shared_dir.clone(), stats.clone());
+            let server = ControlServer::bind(path, api, &config.control_allow_uids)?;
+            server
+                .spawn()
+                .map_err(|e| format!("starting the control thread: {e}"))?;
+            Some(path.clone())
+        }
+        None => None,
+    };
 
     let mut listener = make_listener(&config.socket)?;
     let socket_path = match &config.socket {
         SocketSource::Path(p) => Some(p.clone()),
         SocketSource::Fd(_) => None,
     };
-    spawn_signal_thread(term, socket_path.clone());
+    let cleanup: Vec<PathBuf> = socket_path
+        .iter()
+        .chain(control_path.iter())
+        .cloned()
+        .collect();
+    spawn_signal_thread(term, cleanup.clone());
 
     let mut daemon = VhostUserDaemon::new(
         "volfsd".to_string(),
@@ -80,6 +100,9 @@ pub fn run(config: Config) -> Result<(), String> {
         handler.send_exit_event();
     }
     drop(listener);
+    for p in &cleanup {
+        let _ = std::fs::remove_file(p);
+    }
     for (q, n) in stats.requests.iter().enumerate() {
         info!("queue {q}: {} requests served", n.load(Ordering::Relaxed));
     }
@@ -144,13 +167,13 @@ fn check_listening_socket(fd: RawFd) -> Result<(), String> {
     Ok(())
 }
 
-fn spawn_signal_thread(term: SigSet, socket_path: Option<PathBuf>) {
+fn spawn_signal_thread(term: SigSet, files: Vec<PathBuf>) {
     std::thread::Builder::new()
         .name("volfsd-signals".to_string())
         .spawn(move || {
             let sig = term.wait();
             info!("received {sig:?}, exiting");
-            if let Some(p) = socket_path {
+            for p in files {
                 let _ = std::fs::remove_file(p);
             }
             log::logger().flush();

@@ -1,6 +1,7 @@
 //! volfsd: a vhost-user virtio-fs backend for MicroVM sandbox platforms.
 
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod device;
 pub mod frontend;

@@ -7,6 +7,9 @@ use volfsd::daemon;
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("ctl") {
+        return ctl(&argv[1..]);
+    }
     if let Err(e) = config::check_unsupported(&argv) {
         eprintln!("volfsd: {e}");
         return ExitCode::from(1);
@@ -36,6 +39,29 @@ fn main() -> ExitCode {
         Err(e) => {
             log::error!("{e}");
             eprintln!("volfsd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `volfsd ctl ...`: the control socket client.
+fn ctl(argv: &[String]) -> ExitCode {
+    use volfsd::control::client::{self, CtlArgs};
+    let args = match CtlArgs::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match client::run(args) {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("volfsd ctl: {e}");
             ExitCode::from(1)
         }
     }

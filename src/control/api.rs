@@ -1,0 +1,214 @@
+//! The control API's endpoints: routing, request bodies, and the JSON they return.
+//!
+//! PUT    /volumes/{name}   attach   (201 created, 200 identical retry, 409 conflict)
+//! DELETE /volumes/{name}   detach   (204, 404 unknown)
+//! GET    /volumes          list
+//! GET    /volumes/{name}   one volume
+//! GET    /health           frontend connected, active queues
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceStats;
+use crate::fs::volumes::valid_volume_name;
+use crate::fs::{resolve_share_path, AttachError, ShareInfo, ShareSpec, VolFs};
+
+/// `PUT /volumes/{name}` body. Unknown fields are refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub volume_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+pub struct VolumeStats {
+    pub ops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub volume_id: Option<String>,
+    pub path: String,
+    pub read_only: bool,
+    /// Seconds since the Unix epoch.
+    pub attached_at: u64,
+    pub open_handles: usize,
+    pub live_inodes: usize,
+    pub stats: VolumeStats,
+}
+
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+pub struct Health {
+    pub frontend_connected: bool,
+    pub active_queues: usize,
+    pub request_queues: usize,
+    pub shared_dir: String,
+    pub volumes: usize,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// What an endpoint answers: a status and a JSON body.
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Reply {
+    fn json<T: Serialize>(status: u16, v: &T) -> Reply {
+        Reply {
+            status,
+            body: serde_json::to_string(v).unwrap_or_else(|_| "{}".to_string()),
+        }
+    }
+
+    pub fn error(status: u16, msg: impl Into<String>) -> Reply {
+        Reply::json(status, &ErrorBody { error: msg.into() })
+    }
+}
+
+pub struct Api {
+    fs: Arc<VolFs>,
+    shared_dir: PathBuf,
+    device: Arc<DeviceStats>,
+}
+
+impl Api {
+    pub fn new(fs: Arc<VolFs>, shared_dir: PathBuf, device: Arc<DeviceStats>) -> Self {
+        Api {
+            fs,
+            shared_dir,
+            device,
+        }
+    }
+
+    pub fn handle(&self, method: &str, path: &str, body: &[u8]) -> Reply {
+        let path = path.split('?').next().unwrap_or(path);
+        let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+        match (method, segments.as_slice()) {
+            ("GET", ["health"]) => self.health(),
+            ("GET", ["volumes"]) => self.list(),
+            ("GET", ["volumes", name]) => self.get(name),
+            ("PUT", ["volumes", name]) => self.attach(name, body),
+            ("DELETE", ["volumes", name]) => self.detach(name),
+            (_, ["health"]) | (_, ["volumes"]) | (_, ["volumes", _]) => {
+                Reply::error(405, format!("{method} is not allowed on {path}"))
+            }
+            _ => Reply::error(404, format!("no such endpoint: {path}")),
+        }
+    }
+
+    fn health(&self) -> Reply {
+        Reply::json(
+            200,
+            &Health {
+                frontend_connected: self.device.connected.load(Ordering::Relaxed),
+                active_queues: self.device.active_queues.load(Ordering::Relaxed),
+                request_queues: self.device.requests.len().saturating_sub(1),
+                shared_dir: self.shared_dir.display().to_string(),
+                volumes: self.fs.inner().shares().len(),
+            },
+        )
+    }
+
+    fn list(&self) -> Reply {
+        let v: Vec<VolumeInfo> = self.fs.inner().shares().iter().map(info).collect();
+        Reply::json(200, &v)
+    }
+
+    fn get(&self, name: &str) -> Reply {
+        match self.fs.inner().share(name) {
+            Some(s) => Reply::json(200, &info(&s)),
+            None => Reply::error(404, format!("no volume named {name}")),
+        }
+    }
+
+    fn attach(&self, name: &str, body: &[u8]) -> Reply {
+        if !valid_volume_name(name) {
+            return Reply::error(
+                400,
+                format!("volume name {name:?} must match ^[a-zA-Z0-9_-]{{1,128}}$"),
+            );
+        }
+        let req: AttachRequest = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return Reply::error(400, format!("bad request body: {e}")),
+        };
+        let path = match resolve_share_path(&self.shared_dir, Path::new(&req.path)) {
+            Ok(p) => p,
+            Err(why) => return Reply::error(400, format!("path {}: {why}", req.path)),
+        };
+        let spec = ShareSpec {
+            guest: vec![name.to_string()],
+            path,
+            read_only: req.read_only,
+            volume_id: req.volume_id,
+        };
+        match self.fs.inner().attach(&spec) {
+            Ok(_) => self.reply_volume(201, name),
+            Err(AttachError::AlreadyAttached(_)) => self.reply_volume(200, name),
+            Err(AttachError::Conflict(msg)) => Reply::error(409, msg),
+            Err(AttachError::NotVolumeLayout) => Reply::error(
+                409,
+                "the daemon serves the whole SharedDir; start it with --allowed-dir or \
+                 --control-socket alone to manage volumes",
+            ),
+            Err(AttachError::Io(e)) => Reply::error(500, format!("attaching {name}: {e}")),
+        }
+    }
+
+    fn reply_volume(&self, status: u16, name: &str) -> Reply {
+        match self.fs.inner().share(name) {
+            Some(s) => Reply::json(status, &info(&s)),
+            None => Reply::error(500, format!("{name} vanished during attach")),
+        }
+    }
+
+    fn detach(&self, name: &str) -> Reply {
+        match self.fs.inner().detach(name) {
+            Some(_) => Reply {
+                status: 204,
+                body: String::new(),
+            },
+            None => Reply::error(404, format!("no volume named {name}")),
+        }
+    }
+}
+
+fn info(s: &ShareInfo) -> VolumeInfo {
+    let share = &s.share;
+    VolumeInfo {
+        name: share.name.clone(),
+        volume_id: share.volume_id.clone(),
+        path: share.host_path.display().to_string(),
+        read_only: share.read_only,
+        attached_at: share
+            .attached_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        open_handles: s.open_handles,
+        live_inodes: s.live_inodes,
+        stats: VolumeStats {
+            ops: share.stats.ops.load(Ordering::Relaxed),
+            bytes_read: share.stats.bytes_read.load(Ordering::Relaxed),
+            bytes_written: share.stats.bytes_written.load(Ordering::Relaxed),
+            errors: share.stats.errors.load(Ordering::Relaxed),
+        },
+    }
+}
