@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Assemble the test guest for the volfsd VM tests into build/guest/:
 #   vmlinuz            Debian's 6.12 amd64 kernel (virtio-pci, fuse and virtiofs built in)
+#   vmlinux            the same kernel as an ELF with a PVH entry, for cloud-hypervisor
 #   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
 #                      helper, the guest init, vm-tests/guest/lib.sh and the
 #                      guest suites (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh)
 #
 # The result is cached: it is rebuilt only when an input file or a package
-# version changes (all hashed into build/guest/stamp). Prints the two paths.
+# version changes (all hashed into build/guest/stamp). Prints the paths.
 #
 # Usage: vm-tests/build-guest.sh [--force] [--quiet]
 set -euo pipefail
@@ -46,7 +47,7 @@ apt_update_once() {
 # from a fresh machine as root).
 ensure_packages() {
 	local missing=() p
-	for p in busybox-static fio cpio gcc libc6-dev gzip; do
+	for p in busybox-static fio cpio gcc libc6-dev gzip zstd; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 	done
 	if [[ ${#missing[@]} -gt 0 ]]; then
@@ -102,6 +103,19 @@ check_kernel_config() {
 		val=$(grep -E "^CONFIG_${opt}=" "$config" | cut -d= -f2 || true)
 		[[ $val == y ]] || die "kernel config: CONFIG_$opt=${val:-unset}, need =y ($config)"
 	done
+}
+
+# cloud-hypervisor boots an uncompressed ELF vmlinux through its PVH entry
+# (Debian's kernel has CONFIG_PVH=y); unpack it from the zstd payload of the
+# bzImage, as the kernel's scripts/extract-vmlinux does.
+extract_vmlinux() {
+	local bz=$1 out=$2 off
+	for off in $(LC_ALL=C grep -obUaP '\x28\xb5\x2f\xfd' "$bz" | cut -d: -f1); do
+		tail -c +$((off + 1)) "$bz" | zstd -dcq 2>/dev/null >"$out" || true
+		[[ $(head -c 4 "$out" | od -An -c | tr -d ' ') == 177ELF ]] && return 0
+	done
+	rm -f "$out"
+	die "could not extract an ELF vmlinux from $bz"
 }
 
 # Everything that goes into the initramfs, for the stamp.
@@ -165,7 +179,7 @@ main() {
 	kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
 	stamp=$(compute_stamp "$kpkg" "$kver")
 	if [[ $FORCE == 0 && -f $OUT/stamp && $(cat "$OUT/stamp") == "$stamp" &&
-		-f $OUT/vmlinuz && -f $OUT/initramfs.cpio.gz ]]; then
+		-f $OUT/vmlinuz && -f $OUT/vmlinux && -f $OUT/initramfs.cpio.gz ]]; then
 		log "up to date ($kpkg $kver)"
 	else
 		mkdir -p "$OUT"
@@ -176,12 +190,14 @@ main() {
 		build_initramfs "$TMP"
 		# Replace the outputs only once everything succeeded.
 		install -m 0644 "$(echo "$kroot"/boot/vmlinuz-*)" "$OUT/vmlinuz"
+		extract_vmlinux "$OUT/vmlinuz" "$OUT/vmlinux"
 		mv "$TMP/initramfs.cpio.gz" "$OUT/initramfs.cpio.gz"
 		echo "$stamp" >"$OUT/stamp"
 		echo "$kpkg $kver" >"$OUT/kernel-version"
 		log "built guest with $kpkg $kver ($(du -h "$OUT/initramfs.cpio.gz" | cut -f1) initramfs)"
 	fi
 	echo "kernel:    $OUT/vmlinuz"
+	echo "vmlinux:   $OUT/vmlinux (ELF, for cloud-hypervisor)"
 	echo "initramfs: $OUT/initramfs.cpio.gz"
 }
 
