@@ -43,12 +43,15 @@ impl HandleStore {
     }
 
     /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle
-    /// of one inode to reach another.
+    /// of one inode to reach another. A handle that existed once and is gone (released,
+    /// or its volume detached) is ESTALE; one never handed out is EBADF.
     pub fn get(&self, fh: u64, nodeid: u64) -> io::Result<Arc<HandleData>> {
         let map = self.map.read().unwrap();
         match map.get(&fh) {
             Some(h) if h.inode.nodeid == nodeid => Ok(h.clone()),
-            _ => Err(errno(libc::EBADF)),
+            Some(_) => Err(errno(libc::EBADF)),
+            None if fh > 0 && fh < self.next_id.load(Ordering::Relaxed) => Err(errno(libc::ESTALE)),
+            None => Err(errno(libc::EBADF)),
         }
     }
 
@@ -84,5 +87,35 @@ impl HandleStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::inodes::{InodeKey, InodeStore};
+    use crate::fs::share::Share;
+
+    #[test]
+    fn released_handles_are_stale_and_unknown_ones_bad() {
+        let store = InodeStore::new(2);
+        let share = Arc::new(Share::for_test("s", false));
+        let key = InodeKey {
+            dev: 1,
+            ino: 1,
+            mnt_id: 1,
+        };
+        let inode = store.insert_or_ref(File::open("/").unwrap(), key, libc::S_IFDIR, &share);
+        let handles = HandleStore::default();
+        let fh = handles.insert(inode.clone(), File::open("/").unwrap());
+        assert!(handles.get(fh, inode.nodeid).is_ok());
+        // Another node's id with this handle: refused.
+        let err = handles.get(fh, inode.nodeid + 1).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+        assert_eq!(handles.remove_share(&share), 1);
+        let err = handles.get(fh, inode.nodeid).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
+        let err = handles.get(fh + 100, inode.nodeid).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
     }
 }

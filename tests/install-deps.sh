@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what volfsd's build, tests and VM suites need on a fresh Debian machine.
+# Idempotent: installs only what is missing. Needs root for apt.
+set -euo pipefail
+
+PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+	echo "install-deps: installing ${missing[*]}"
+	[[ $(id -u) == 0 ]] || { echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1; }
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q
+	apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+command -v cargo >/dev/null || { echo "install-deps: cargo not found (install Rust with rustup)" >&2; exit 1; }
+for c in rustfmt clippy; do
+	rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" || true
+done
+echo "install-deps: ok"

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs every check of volfsd on this machine: format, lint, host tests, and the VM
+# suites (a real Linux guest under QEMU). Installs what it needs first.
+# Ends with one line "N passed, N failed"; exits non-zero if anything failed.
+#
+# Usage: tests/run.sh [--no-vm]
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+RUN_VM=1
+[[ ${1:-} == --no-vm ]] && RUN_VM=0
+
+passed=0
+failed=0
+report=()
+
+stage() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+record() { # name status(0/1) [count_pass count_fail]
+	local name=$1 rc=$2 p=${3:-} f=${4:-}
+	if [[ -z $p ]]; then
+		if [[ $rc == 0 ]]; then p=1 f=0; else p=0 f=1; fi
+	fi
+	[[ $rc != 0 && $f == 0 ]] && f=1
+	passed=$((passed + p))
+	failed=$((failed + f))
+	report+=("$(printf '%-28s %5s passed %5s failed' "$name" "$p" "$f")")
+}
+
+stage "install dependencies"
+if ! bash tests/install-deps.sh; then
+	echo "dependencies could not be installed" >&2
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+
+stage "cargo fmt --check"
+cargo fmt --all -- --check
+record "cargo fmt" $?
+
+stage "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+record "cargo clippy" $?
+
+stage "cargo build --release"
+cargo build --release --locked
+rc=$?
+record "cargo build --release" $rc
+
+stage "cargo test"
+log=$(mktemp)
+cargo test --locked 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+p=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$log")
+f=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$log")
+rm -f "$log"
+record "cargo test" "$rc" "${p:-0}" "${f:-0}"
+
+if [[ $RUN_VM == 1 ]]; then
+	stage "VM suites (vm-tests/run-all.sh)"
+	log=$(mktemp)
+	bash vm-tests/run-all.sh --daemon "$REPO/target/release/volfsd" 2>&1 | tee "$log"
+	rc=${PIPESTATUS[0]}
+	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+	rm -f "$log"
+	p=${counts%% passed*}
+	f=${counts#*, }
+	f=${f%% failed*}
+	record "VM suites" "$rc" "${p:-0}" "${f:-0}"
+fi
+
+stage "summary"
+printf '%s\n' "${report[@]}"
+echo "$passed passed, $failed failed"
+[[ $failed == 0 ]]
