@@ -207,10 +207,15 @@ mem_mib() { # 1G / 1024M / 1024 -> MiB
 }
 
 # The daemon gets virtiofsd-compatible flags; only the name of the
-# "no caching" mode differs (virtiofsd: never, volfsd: none).
+# "no caching" mode differs (virtiofsd: never, volfsd: none, with never as an
+# alias). Use "none" if the daemon's help for --cache lists it.
 daemon_cache_mode() {
 	[[ -n $CACHE ]] && { echo "$CACHE"; return; }
-	if "$DAEMON" --help 2>&1 | grep -qw never; then echo never; else echo none; fi
+	if "$DAEMON" --help 2>&1 | awk '/^ *--cache/ {f = 1; next} /^ *--[a-z]/ {f = 0} f' | grep -qw none; then
+		echo none
+	else
+		echo never
+	fi
 }
 
 start_daemon() { # start_daemon SOCKET LOG

@@ -30,6 +30,10 @@ run() {
 
 die() { echo "$*" >&2; exit 1; }
 
+# info TEXT: an informational line on the console, even from inside a check
+# (whose own output is captured).
+info() { echo "VMTEST INFO $*" >/dev/console; }
+
 # eq WHAT GOT WANT
 eq() { [ "$2" = "$3" ] || die "$1: got '$2', want '$3'"; }
 

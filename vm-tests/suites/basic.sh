@@ -183,7 +183,7 @@ fsync-line"
 # request queue by CPU, so with --queues 2 --smp 2 both queues carry I/O.
 t_parallel() {
 	ncpu=$(nproc)
-	[ "$ncpu" -ge 2 ] || echo "note: only $ncpu cpu; both writers share one queue" >&2
+	vq_irqs >/tmp/irq.before
 	for i in 0 1; do
 		cpu=$((i % ncpu))
 		(
@@ -202,6 +202,29 @@ t_parallel() {
 		eq "writer $i status" "$(cat /tmp/par$i.rc)" 0
 		eq "writer $i cpu" "$(cat par$i.cpu)" $((i % ncpu))
 	done
+	vq_irqs >/tmp/irq.after
+	# With 2+ request queues (and MSI-X vectors per queue), each queue must
+	# have completed requests: the writers really used both.
+	nq=$(wc -l </tmp/irq.after)
+	if [ "$nq" -ge 2 ] && [ "$ncpu" -ge 2 ]; then
+		for q in requests.0 requests.1; do
+			b=$(awk -v q="$q" '$1 ~ q"$" {print $2}' /tmp/irq.before)
+			a=$(awk -v q="$q" '$1 ~ q"$" {print $2}' /tmp/irq.after)
+			[ -n "$a" ] && [ "${a:-0}" -gt "${b:-0}" ] || die "no interrupts on $q during the parallel writes ($b -> $a)"
+		done
+		info "request-queue interrupts: $(paste -d' ' /tmp/irq.before /tmp/irq.after | awk '{printf "%s %d->%d  ", $1, $2, $4}')"
+	else
+		info "parallel: $nq request queue(s), $ncpu cpu(s): per-queue use not checked"
+	fi
+}
+
+# "NAME COUNT" per virtio-fs request queue interrupt, summed over CPUs.
+vq_irqs() {
+	awk '/requests\.[0-9]+/ {
+		s = 0
+		for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i
+		print $NF, s
+	}' /proc/interrupts
 }
 
 t_copy_file_range() {
