@@ -141,7 +141,9 @@ fn nested_allowed_dir_shows_only_the_path_to_it() {
     assert_eq!(listing(&m.join("rw")), vec!["vol-a"]);
     assert_eq!(fs::read(m.join("rw/vol-a/x")).unwrap(), b"x");
     assert_eq!(
-        fs::metadata(m.join("rw/vol-secret")).unwrap_err().raw_os_error(),
+        fs::metadata(m.join("rw/vol-secret"))
+            .unwrap_err()
+            .raw_os_error(),
         Some(libc::ENOENT)
     );
 }
@@ -160,7 +162,10 @@ fn virtual_dirs_are_traversable_but_not_writable() {
     }
     assert_eq!(err_of(fs::rename(m.join("a"), m.join("z"))), libc::EACCES);
     assert_eq!(err_of(fs::remove_dir(m.join("a"))), libc::EACCES);
-    assert_eq!(err_of(fs::rename(m.join("rw/vol-a"), m.join("rw/x"))), libc::EACCES);
+    assert_eq!(
+        err_of(fs::rename(m.join("rw/vol-a"), m.join("rw/x"))),
+        libc::EACCES
+    );
     // setxattr on the virtual root.
     let p = CString::new(m.path().as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: valid path, name and value.
@@ -198,7 +203,11 @@ fn no_request_yields_a_node_for_a_hidden_entry() {
         if live.contains(&id) {
             continue;
         }
-        assert_eq!(err_of(fs.getattr(&ctx(), id, None)), libc::ENOENT, "id {id}");
+        assert_eq!(
+            err_of(fs.getattr(&ctx(), id, None)),
+            libc::ENOENT,
+            "id {id}"
+        );
         assert_eq!(err_of(lookup(&fs, id, "secret")), libc::ENOENT, "id {id}");
     }
     // Stale ids after FORGET.
@@ -260,10 +269,7 @@ fn bad_names_get_linux_errnos() {
         fuse_flags: 0,
     };
     assert_eq!(err_of(fs.create(&x, a, &c(".."), args)), libc::EISDIR);
-    assert_eq!(
-        err_of(fs.symlink(&x, &c("/etc"), a, &c("."))),
-        libc::EEXIST
-    );
+    assert_eq!(err_of(fs.symlink(&x, &c("/etc"), a, &c("."))), libc::EEXIST);
     assert!(!sd.path().join("hidden/z").exists());
 }
 
@@ -277,7 +283,10 @@ fn planted_symlinks_reach_the_guest_as_symlinks_and_are_never_followed() {
         ("to-secret", "../hidden/secret"),
         ("to-etc", "/etc/hostname"),
         ("to-root", "/"),
-        ("to-hidden-abs", root.join("hidden/secret").to_str().unwrap()),
+        (
+            "to-hidden-abs",
+            root.join("hidden/secret").to_str().unwrap(),
+        ),
     ] {
         std::os::unix::fs::symlink(target, root.join("a").join(name)).unwrap();
     }
@@ -366,21 +375,39 @@ fn read_only_share_refuses_every_mutation_with_erofs() {
     erofs("rename within", fs::rename(m.join("b/f"), m.join("b/g")));
     erofs("rename out", fs::rename(m.join("b/f"), m.join("a/g")));
     erofs("rename in", fs::rename(m.join("a/f"), m.join("b/g")));
-    erofs("chmod", fs::set_permissions(m.join("b/f"), fs::Permissions::from_mode(0o600)));
-    erofs("chown", std::os::unix::fs::chown(m.join("b/f"), Some(1), Some(1)));
+    erofs(
+        "chmod",
+        fs::set_permissions(m.join("b/f"), fs::Permissions::from_mode(0o600)),
+    );
+    erofs(
+        "chown",
+        std::os::unix::fs::chown(m.join("b/f"), Some(1), Some(1)),
+    );
     for (what, opts) in [
         ("O_WRONLY", OpenOptions::new().write(true).clone()),
         ("O_RDWR", OpenOptions::new().read(true).write(true).clone()),
         ("O_APPEND", OpenOptions::new().append(true).clone()),
-        ("O_TRUNC", OpenOptions::new().write(true).truncate(true).clone()),
-        ("O_CREAT", OpenOptions::new().write(true).create(true).clone()),
+        (
+            "O_TRUNC",
+            OpenOptions::new().write(true).truncate(true).clone(),
+        ),
+        (
+            "O_CREAT",
+            OpenOptions::new().write(true).create(true).clone(),
+        ),
     ] {
         erofs(what, opts.open(m.join("b/f")).map(|_| ()));
     }
     let mknod_path = c(m.join("b/fifo").to_str().unwrap());
     // SAFETY: valid path.
-    assert_eq!(unsafe { libc::mknod(mknod_path.as_ptr(), libc::S_IFIFO | 0o644, 0) }, -1);
-    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(
+        unsafe { libc::mknod(mknod_path.as_ptr(), libc::S_IFIFO | 0o644, 0) },
+        -1
+    );
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EROFS)
+    );
     let tmp = OpenOptions::new()
         .read(true)
         .write(true)
@@ -390,12 +417,24 @@ fn read_only_share_refuses_every_mutation_with_erofs() {
     let f = c(m.join("b/f").to_str().unwrap());
     // SAFETY: valid path, name and value.
     let r = unsafe {
-        libc::setxattr(f.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr() as *const _, 1, 0)
+        libc::setxattr(
+            f.as_ptr(),
+            c"user.k".as_ptr(),
+            b"v".as_ptr() as *const _,
+            1,
+            0,
+        )
     };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EROFS)));
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::EROFS))
+    );
     // SAFETY: valid path and name.
     let r = unsafe { libc::removexattr(f.as_ptr(), c"user.k".as_ptr()) };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EROFS)));
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(libc::EROFS))
+    );
     // Reads, stat, readdir, readlink, statfs keep working.
     assert_eq!(fs::read(m.join("b/f")).unwrap(), b"ro-data");
     assert_eq!(listing(&m.join("b")), vec!["f", "sub"]);
@@ -459,8 +498,7 @@ fn read_only_share_refuses_writes_through_read_only_handles() {
 fn kernel_refuses_writes_to_a_read_only_share_without_the_daemon_check() {
     let sd = platform_layout();
     let root = sd.path().canonicalize().unwrap();
-    let specs =
-        volfsd::config::parse_allowed_dirs(&root, &["b:ro".to_string()]).unwrap();
+    let specs = volfsd::config::parse_allowed_dirs(&root, &["b:ro".to_string()]).unwrap();
     let unguarded = VolumeFs::volumes(&root, cfg()).unwrap();
     unguarded.attach(&specs[0]).unwrap();
     let x = ctx();
@@ -468,7 +506,11 @@ fn kernel_refuses_writes_to_a_read_only_share_without_the_daemon_check() {
     let f = unguarded.lookup(&x, b, &c("f")).unwrap().inode;
     let erofs = |r: std::io::Result<()>| assert_eq!(err_of(r), libc::EROFS);
     erofs(unguarded.open(&x, f, libc::O_WRONLY as u32, 0).map(|_| ()));
-    erofs(unguarded.open(&x, f, (libc::O_RDONLY | libc::O_TRUNC) as u32, 0).map(|_| ()));
+    erofs(
+        unguarded
+            .open(&x, f, (libc::O_RDONLY | libc::O_TRUNC) as u32, 0)
+            .map(|_| ()),
+    );
     erofs(unguarded.mkdir(&x, b, &c("d"), 0o755, 0).map(|_| ()));
     erofs(unguarded.unlink(&x, b, &c("f")));
     erofs(unguarded.rename(&x, b, &c("f"), b, &c("g"), 0));
@@ -505,8 +547,14 @@ fn kernel_refuses_writes_to_a_read_only_share_without_the_daemon_check() {
 fn rename_and_link_between_shares_fail_with_exdev() {
     let sd = platform_layout();
     let m = Mounted::volumes(sd.path(), &["a", "c"]);
-    assert_eq!(err_of(fs::rename(m.join("a/f"), m.join("c/f"))), libc::EXDEV);
-    assert_eq!(err_of(fs::hard_link(m.join("a/f"), m.join("c/l"))), libc::EXDEV);
+    assert_eq!(
+        err_of(fs::rename(m.join("a/f"), m.join("c/f"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        err_of(fs::hard_link(m.join("a/f"), m.join("c/l"))),
+        libc::EXDEV
+    );
     assert!(sd.path().join("a/f").exists());
     assert!(!sd.path().join("c/f").exists());
     // The guest's mv falls back to copy + unlink, which works.
@@ -545,4 +593,18 @@ fn hidden_secret_never_appears_in_any_listing() {
     }
     let mut f = File::create(m.join("a/probe")).unwrap();
     f.write_all(b"p").unwrap();
+}
+
+#[test]
+fn daemon_wide_readonly_applies_to_volumes_attached_later() {
+    let sd = platform_layout();
+    let root = sd.path().canonicalize().unwrap();
+    let fs = vfs::build(&root, Some(&[]), true, cfg()).unwrap();
+    let specs = volfsd::config::parse_allowed_dirs(&root, &["a".to_string()]).unwrap();
+    assert!(!specs[0].read_only);
+    let share = fs.inner().attach(&specs[0]).unwrap();
+    assert!(share.read_only);
+    let a = lookup(&fs, ROOT, "a").unwrap().inode;
+    assert_eq!(err_of(fs.mkdir(&ctx(), a, &c("d"), 0o755, 0)), libc::EROFS);
+    assert!(!root.join("a/d").exists());
 }

@@ -292,7 +292,12 @@ fn readonly_share_refuses_every_mutation() {
     assert_eq!(fs::read(m.join("f")).unwrap(), b"keep");
     erofs(fs::write(m.join("new"), b"x"));
     erofs(fs::write(m.join("f"), b"x"));
-    erofs(OpenOptions::new().append(true).open(m.join("f")).map(|_| ()));
+    erofs(
+        OpenOptions::new()
+            .append(true)
+            .open(m.join("f"))
+            .map(|_| ()),
+    );
     erofs(fs::create_dir(m.join("nd")));
     erofs(fs::remove_file(m.join("f")));
     erofs(fs::remove_dir(m.join("d")));
@@ -331,8 +336,7 @@ fn symlinks_are_not_followed_on_the_host() {
     let shared = TempDir::new("shared");
     let outside = TempDir::new("outside");
     fs::write(outside.path().join("secret"), b"secret").unwrap();
-    std::os::unix::fs::symlink(outside.path().join("secret"), shared.path().join("esc"))
-        .unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), shared.path().join("esc")).unwrap();
     let m = Mounted::new(shared.path());
     // The guest sees a symlink with the host's target text...
     let md = fs::symlink_metadata(m.join("esc")).unwrap();

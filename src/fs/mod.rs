@@ -120,10 +120,11 @@ pub fn build(
         None => VolumeFs::whole(shared_dir, readonly, cfg)?,
         Some(specs) => {
             let v = VolumeFs::volumes(shared_dir, cfg)?;
+            if readonly {
+                v.force_read_only();
+            }
             for spec in specs {
-                let mut spec = spec.clone();
-                spec.read_only |= readonly;
-                v.attach(&spec).map_err(|e| match e {
+                v.attach(spec).map_err(|e| match e {
                     AttachError::Io(e) => e,
                     other => io::Error::other(other.to_string()),
                 })?;

@@ -17,6 +17,7 @@ use std::ffi::CStr;
 use std::fs::File;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -159,6 +160,8 @@ pub struct VolumeFs {
     /// SharedDir, opened once: shares are opened beneath it.
     shared_dir: File,
     volume_layout: bool,
+    /// `--readonly`: every share attached is read-only, whatever the request says.
+    all_read_only: AtomicBool,
     table: RwLock<Table>,
     vattr: stat64,
     timeout: Duration,
@@ -226,10 +229,16 @@ impl VolumeFs {
             inner: PassthroughFs::new(cfg)?,
             shared_dir: dir,
             volume_layout,
+            all_read_only: AtomicBool::new(false),
             table: RwLock::new(Table::default()),
             vattr,
             timeout,
         })
+    }
+
+    /// Makes every later attach read-only (`--readonly`).
+    pub fn force_read_only(&self) {
+        self.all_read_only.store(true, Ordering::Relaxed);
     }
 
     pub fn inner(&self) -> &PassthroughFs {
@@ -241,6 +250,16 @@ impl VolumeFs {
         if !self.volume_layout {
             return Err(AttachError::NotVolumeLayout);
         }
+        let forced;
+        let spec = if self.all_read_only.load(Ordering::Relaxed) && !spec.read_only {
+            forced = ShareSpec {
+                read_only: true,
+                ..spec.clone()
+            };
+            &forced
+        } else {
+            spec
+        };
         let key = spec.guest.join("/");
         if spec.guest.is_empty() || !spec.guest.iter().all(|c| valid_volume_name(c)) {
             return Err(AttachError::Conflict(format!(

@@ -84,9 +84,10 @@ impl Mounted {
 
     pub fn with(shared: &Path, opts: MountOptions) -> Self {
         let shared = shared.canonicalize().unwrap();
-        let specs: Option<Vec<ShareSpec>> = opts.allowed.as_ref().map(|a| {
-            volfsd::config::parse_allowed_dirs(&shared, a).expect("valid --allowed-dir")
-        });
+        let specs: Option<Vec<ShareSpec>> = opts
+            .allowed
+            .as_ref()
+            .map(|a| volfsd::config::parse_allowed_dirs(&shared, a).expect("valid --allowed-dir"));
         let fs = fs::build(
             &shared,
             specs.as_deref(),
