@@ -6,11 +6,14 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
 use log::{debug, warn};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
+};
 
 use crate::fs::extra_ops::reply_error;
 use crate::fs::{FsServer, RequestError};
@@ -72,7 +75,10 @@ fn serve_one(server: &FsServer, mem: &Mem, chain: DescriptorChain<Mem>, index: u
             return 0;
         }
     };
-    let result = server.handle(reader, writer.into());
+    let result = match peek_header(mem, &chain) {
+        Some(header) => server.handle_with_header(&header, reader, writer.into()),
+        None => server.handle(reader, writer.into()),
+    };
     match result {
         Ok(n) => n as u32,
         Err(RequestError::NoHeader) => {
@@ -99,6 +105,16 @@ fn serve_one(server: &FsServer, mem: &Mem, chain: DescriptorChain<Mem>, index: u
             }
         }
     }
+}
+
+/// Reads the FUSE header straight from guest memory when the first descriptor holds
+/// all of it (it always does with Linux guests), so routing needs no copy of the reader.
+fn peek_header(mem: &Mem, chain: &DescriptorChain<Mem>) -> Option<InHeader> {
+    let first = chain.clone().next()?;
+    if first.is_write_only() || (first.len() as usize) < std::mem::size_of::<InHeader>() {
+        return None;
+    }
+    mem.read_obj::<InHeader>(first.addr()).ok()
 }
 
 /// FORGET, BATCH_FORGET and INTERRUPT get no reply.

@@ -54,9 +54,20 @@ impl FsServer {
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
     ) -> Result<usize, RequestError> {
-        // Peek at the header to route the opcodes fuse-backend-rs does not decode.
+        // Peek at the header (on a copy of the reader) to route the request.
         let mut peek = reader.clone();
         let header: InHeader = peek.read_obj().map_err(|_| RequestError::NoHeader)?;
+        self.handle_with_header(&header, reader, writer)
+    }
+
+    /// Serves one request whose header the transport already read from guest memory,
+    /// sparing the copy of the reader that [`Self::handle`] needs to peek.
+    pub fn handle_with_header<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, RequestError> {
         let failed = |why: String| RequestError::Failed {
             opcode: header.opcode,
             unique: header.unique,
@@ -79,8 +90,12 @@ impl FsServer {
             self.initialized.store(false, Ordering::Release);
         }
         if extra_ops::handles(header.opcode) {
-            let mut writer = writer;
-            extra_ops::dispatch(&*self.fs, &header, &mut peek, &mut writer)
+            let (mut reader, mut writer) = (reader, writer);
+            // Step over the header: the decoder reads the body.
+            reader
+                .read_obj::<InHeader>()
+                .map_err(|_| RequestError::NoHeader)?;
+            extra_ops::dispatch(&*self.fs, header, &mut reader, &mut writer)
                 .map_err(|e| failed(e.to_string()))
         } else {
             self.server

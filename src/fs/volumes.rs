@@ -39,6 +39,11 @@ use super::{ExtraOps, ShareOf};
 /// intermediate directories above nested shares).
 pub const VIRTUAL_DIR_ERRNO: libc::c_int = libc::EACCES;
 
+/// Node ids of virtual directories (other than the root) carry this bit, so telling
+/// a virtual node from a share's node needs no lock on the hot path. The shared
+/// 64-bit counter never reaches it.
+const VIRTUAL_BIT: u64 = 1 << 63;
+
 /// A share to attach.
 #[derive(Clone, Debug)]
 pub struct ShareSpec {
@@ -285,7 +290,7 @@ impl VolumeFs {
             let p = spec.guest[..depth].to_vec();
             if !t.vdir_by_path.contains_key(&p) {
                 let parent = t.vdir_by_path[&p[..depth - 1]];
-                let id = self.inner.alloc_nodeid();
+                let id = self.inner.alloc_nodeid() | VIRTUAL_BIT;
                 t.vdirs.insert(
                     id,
                     VirtualDir {
@@ -374,8 +379,18 @@ impl VolumeFs {
         })
     }
 
+    /// Whether `nodeid` names a virtual directory (existing or since removed; the
+    /// handlers look it up in the table).
     fn is_virtual(&self, nodeid: u64) -> bool {
-        self.volume_layout && self.table.read().unwrap().vdirs.contains_key(&nodeid)
+        self.volume_layout && (nodeid == ROOT_ID || nodeid & VIRTUAL_BIT != 0)
+    }
+
+    fn vdir_exists(&self, nodeid: u64) -> io::Result<()> {
+        if self.table.read().unwrap().vdirs.contains_key(&nodeid) {
+            Ok(())
+        } else {
+            Err(errno(libc::ENOENT))
+        }
     }
 
     fn vdir_entry(&self, nodeid: u64) -> Entry {
@@ -612,6 +627,7 @@ impl FileSystem for VolumeFs {
         handle: Option<u64>,
     ) -> io::Result<(stat64, Duration)> {
         if self.is_virtual(inode) {
+            self.vdir_exists(inode)?;
             return Ok((self.vdir_entry(inode).attr, self.timeout));
         }
         self.acct(inode, self.inner.getattr(ctx, inode, handle))
@@ -903,6 +919,7 @@ impl FileSystem for VolumeFs {
         flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
         if self.is_virtual(inode) {
+            self.vdir_exists(inode)?;
             // Listing is computed from the table on each READDIR: no handle state.
             return Ok((None, OpenOptions::empty()));
         }
