@@ -78,6 +78,22 @@ impl FsBackend {
     }
 }
 
+/// Worker thread masks: thread 0 serves the hiprio queue and request queue 1;
+/// thread i serves request queue i+1.
+fn queue_masks(num_request_queues: usize) -> Vec<u64> {
+    let mut map = vec![(1u64 << HIPRIO_QUEUE) | (1 << 1)];
+    map.extend((2..=num_request_queues).map(|q| 1u64 << q));
+    map
+}
+
+/// The device queue index of the `event`-th queue of worker `thread`.
+fn global_queue_index(num_request_queues: usize, thread: usize, event: u16) -> Option<usize> {
+    let mask = *queue_masks(num_request_queues).get(thread)?;
+    (0..64)
+        .filter(|bit| mask & (1u64 << bit) != 0)
+        .nth(event as usize)
+}
+
 impl VhostUserBackend for FsBackend {
     type Bitmap = ();
     type Vring = VringRwLock;
@@ -116,9 +132,7 @@ impl VhostUserBackend for FsBackend {
     /// Thread 0 serves the hiprio queue and request queue 1; thread i serves request
     /// queue i+1.
     fn queues_per_thread(&self) -> Vec<u64> {
-        let mut map = vec![(1u64 << HIPRIO_QUEUE) | (1 << 1)];
-        map.extend((2..=self.num_request_queues).map(|q| 1u64 << q));
-        map
+        queue_masks(self.num_request_queues)
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -130,15 +144,21 @@ impl VhostUserBackend for FsBackend {
         device_event: u16,
         evset: EventSet,
         vrings: &[VringRwLock],
-        _thread_id: usize,
+        thread_id: usize,
     ) -> io::Result<()> {
+        // vhost-user-backend numbers events and `vrings` per worker thread; `index`
+        // is the queue's index on the device (0 = hiprio).
+        let Some(index) = global_queue_index(self.num_request_queues, thread_id, device_event)
+        else {
+            warn!("thread {thread_id}: event {device_event} for no queue");
+            return Ok(());
+        };
         if evset != EventSet::IN {
-            warn!("queue {device_event}: unexpected event set {evset:?}");
+            warn!("queue {index}: unexpected event set {evset:?}");
             return Ok(());
         }
-        let index = device_event as usize;
-        let Some(vring) = vrings.get(index) else {
-            warn!("event for unknown queue {device_event}");
+        let Some(vring) = vrings.get(device_event as usize) else {
+            warn!("thread {thread_id}: no vring for event {device_event}");
             return Ok(());
         };
         if !self.started[index].swap(true, Ordering::Relaxed) {
@@ -161,5 +181,22 @@ impl VhostUserBackend for FsBackend {
             warn!("queue {index}: {e}");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_map_to_device_queues() {
+        assert_eq!(queue_masks(1), vec![0b11]);
+        assert_eq!(queue_masks(3), vec![0b11, 0b100, 0b1000]);
+        assert_eq!(global_queue_index(3, 0, 0), Some(0));
+        assert_eq!(global_queue_index(3, 0, 1), Some(1));
+        assert_eq!(global_queue_index(3, 1, 0), Some(2));
+        assert_eq!(global_queue_index(3, 2, 0), Some(3));
+        assert_eq!(global_queue_index(3, 2, 1), None);
+        assert_eq!(global_queue_index(3, 3, 0), None);
     }
 }
