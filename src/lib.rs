@@ -6,4 +6,5 @@ pub mod daemon;
 pub mod device;
 pub mod frontend;
 pub mod fs;
+pub mod loadgen;
 pub mod logging;

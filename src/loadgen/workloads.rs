@@ -1,0 +1,574 @@
+//! The workloads: each slot of a queue runs one [`Job`], a small state machine
+//! that issues the requests of one operation and validates every reply.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    AttrOut, CreateIn, EntryOut, GetattrIn, OpenIn, OpenOut, ReadIn, ReleaseIn, WriteIn, WriteOut,
+};
+use vm_memory::ByteValued;
+
+use super::driver::Req;
+use super::pattern;
+use crate::frontend::fuse::parse_direntplus;
+
+pub const SEED_READ: u64 = 0x5eed_0001;
+pub const SEED_WRITE: u64 = 0x5eed_0002;
+pub const SEED_META: u64 = 0x5eed_0003;
+
+const OP_LOOKUP: u32 = 1;
+const OP_GETATTR: u32 = 3;
+const OP_UNLINK: u32 = 10;
+const OP_READ: u32 = 15;
+const OP_WRITE: u32 = 16;
+const OP_RELEASE: u32 = 18;
+const OP_OPENDIR: u32 = 27;
+const OP_RELEASEDIR: u32 = 29;
+const OP_CREATE: u32 = 35;
+const OP_READDIRPLUS: u32 = 44;
+
+/// Size of file number `i` of the 10,000-entry directory (so LOOKUP, GETATTR
+/// and READDIRPLUS replies can be checked against it).
+pub fn entry_size(i: usize) -> u64 {
+    (i % 509) as u64
+}
+
+pub fn entry_name(i: usize) -> String {
+    format!("f{i:06}")
+}
+
+fn parse_entry_index(name: &[u8], files: usize) -> Option<usize> {
+    let s = std::str::from_utf8(name).ok()?;
+    let n: usize = s.strip_prefix('f')?.parse().ok()?;
+    (n < files && s.len() == 7).then_some(n)
+}
+
+/// Pattern data to put in the slot's payload before submitting.
+pub struct Fill {
+    pub seed: u64,
+    pub off: u64,
+    pub len: usize,
+}
+
+pub enum Step {
+    /// Another request of the same operation.
+    More(Req, Option<Fill>),
+    /// The operation is complete; it moved this many payload bytes.
+    Done(u64),
+}
+
+/// State shared by the jobs of one queue thread.
+pub struct Ctx {
+    pub rng: u64,
+    /// Sequential cursor (in blocks) of this thread.
+    pub cursor: u64,
+    /// nodeid -> lookups to FORGET.
+    pub forgets: HashMap<u64, u64>,
+    /// 4 KiB blocks written (write workloads), for the host-side check.
+    pub written: Option<Arc<Vec<AtomicU64>>>,
+}
+
+impl Ctx {
+    pub fn new(seed: u64) -> Self {
+        Ctx {
+            rng: seed | 1,
+            cursor: 0,
+            forgets: HashMap::new(),
+            written: None,
+        }
+    }
+
+    pub fn rand(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn forget(&mut self, nodeid: u64) {
+        *self.forgets.entry(nodeid).or_insert(0) += 1;
+    }
+
+    fn mark_written(&mut self, off: u64, len: u64) {
+        if let Some(w) = &self.written {
+            for blk in off / 4096..(off + len).div_ceil(4096) {
+                w[(blk / 64) as usize].fetch_or(1 << (blk % 64), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+pub type JobResult = Result<Step, String>;
+
+pub trait Job: Send {
+    fn begin(&mut self, ctx: &mut Ctx) -> (Req, Option<Fill>);
+    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult;
+}
+
+fn errno(what: &str, error: i32) -> String {
+    format!(
+        "{what}: errno {error} ({})",
+        std::io::Error::from_raw_os_error(error)
+    )
+}
+
+fn parse<T: ByteValued>(what: &str, body: &[u8]) -> Result<T, String> {
+    T::from_slice(body).copied().ok_or_else(|| {
+        format!(
+            "{what}: reply body of {} bytes, expected {}",
+            body.len(),
+            std::mem::size_of::<T>()
+        )
+    })
+}
+
+fn check_regular(what: &str, mode: u32, size: u64, want_size: u64) -> Result<(), String> {
+    if mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(format!("{what}: mode {mode:o} is not a regular file"));
+    }
+    if size != want_size {
+        return Err(format!("{what}: size {size}, expected {want_size}"));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- data I/O
+
+/// READ or WRITE of `block` bytes at random or sequential block offsets.
+pub struct DataJob {
+    pub nodeid: u64,
+    pub fh: u64,
+    pub blocks: u64,
+    pub block: u32,
+    pub random: bool,
+    pub write: bool,
+    off: u64,
+}
+
+impl DataJob {
+    pub fn new(
+        nodeid: u64,
+        fh: u64,
+        file_size: u64,
+        block: u32,
+        random: bool,
+        write: bool,
+    ) -> Self {
+        DataJob {
+            nodeid,
+            fh,
+            blocks: file_size / u64::from(block),
+            block,
+            random,
+            write,
+            off: 0,
+        }
+    }
+}
+
+impl Job for DataJob {
+    fn begin(&mut self, ctx: &mut Ctx) -> (Req, Option<Fill>) {
+        let blk = if self.random {
+            ctx.rand() % self.blocks
+        } else {
+            let c = ctx.cursor % self.blocks;
+            ctx.cursor = c + 1;
+            c
+        };
+        self.off = blk * u64::from(self.block);
+        if self.write {
+            let req = Req::new(OP_WRITE, self.nodeid)
+                .arg(&WriteIn {
+                    fh: self.fh,
+                    offset: self.off,
+                    size: self.block,
+                    flags: libc::O_RDWR as u32,
+                    ..Default::default()
+                })
+                .data(self.block)
+                .reply(std::mem::size_of::<WriteOut>() as u32);
+            let fill = Fill {
+                seed: SEED_WRITE,
+                off: self.off,
+                len: self.block as usize,
+            };
+            (req, Some(fill))
+        } else {
+            let req = Req::new(OP_READ, self.nodeid)
+                .arg(&ReadIn {
+                    fh: self.fh,
+                    offset: self.off,
+                    size: self.block,
+                    flags: libc::O_RDONLY as u32,
+                    ..Default::default()
+                })
+                .reply(self.block);
+            (req, None)
+        }
+    }
+
+    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+        if self.write {
+            if error != 0 {
+                return Err(errno(&format!("WRITE at {}", self.off), error));
+            }
+            let out: WriteOut = parse("WRITE", body)?;
+            if out.size != self.block {
+                return Err(format!(
+                    "WRITE at {}: wrote {} of {} bytes",
+                    self.off, out.size, self.block
+                ));
+            }
+            ctx.mark_written(self.off, u64::from(self.block));
+        } else {
+            if error != 0 {
+                return Err(errno(&format!("READ at {}", self.off), error));
+            }
+            if body.len() != self.block as usize {
+                return Err(format!(
+                    "READ at {}: {} bytes, expected {}",
+                    self.off,
+                    body.len(),
+                    self.block
+                ));
+            }
+            if let Err(at) = pattern::verify(SEED_READ, self.off, body) {
+                return Err(format!(
+                    "READ at {}: data mismatch at file offset {at}",
+                    self.off
+                ));
+            }
+        }
+        Ok(Step::Done(u64::from(self.block)))
+    }
+}
+
+// ------------------------------------------------------------- LOOKUP / GETATTR
+
+/// LOOKUP of random names of the prepared directory.
+pub struct LookupJob {
+    pub dir: u64,
+    pub files: usize,
+    index: usize,
+}
+
+impl LookupJob {
+    pub fn new(dir: u64, files: usize) -> Self {
+        LookupJob {
+            dir,
+            files,
+            index: 0,
+        }
+    }
+}
+
+impl Job for LookupJob {
+    fn begin(&mut self, ctx: &mut Ctx) -> (Req, Option<Fill>) {
+        self.index = (ctx.rand() % self.files as u64) as usize;
+        let req = Req::new(OP_LOOKUP, self.dir)
+            .name(entry_name(self.index).as_bytes())
+            .reply(std::mem::size_of::<EntryOut>() as u32);
+        (req, None)
+    }
+
+    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+        let what = format!("LOOKUP {}", entry_name(self.index));
+        if error != 0 {
+            return Err(errno(&what, error));
+        }
+        let e: EntryOut = parse(&what, body)?;
+        if e.nodeid == 0 {
+            return Err(format!("{what}: node id 0"));
+        }
+        check_regular(&what, e.attr.mode, e.attr.size, entry_size(self.index))?;
+        ctx.forget(e.nodeid);
+        Ok(Step::Done(0))
+    }
+}
+
+/// GETATTR of random node ids of the prepared directory.
+pub struct GetattrJob {
+    pub nodes: Arc<Vec<u64>>,
+    index: usize,
+}
+
+impl GetattrJob {
+    pub fn new(nodes: Arc<Vec<u64>>) -> Self {
+        GetattrJob { nodes, index: 0 }
+    }
+}
+
+impl Job for GetattrJob {
+    fn begin(&mut self, ctx: &mut Ctx) -> (Req, Option<Fill>) {
+        self.index = (ctx.rand() % self.nodes.len() as u64) as usize;
+        let req = Req::new(OP_GETATTR, self.nodes[self.index])
+            .arg(&GetattrIn::default())
+            .reply(std::mem::size_of::<AttrOut>() as u32);
+        (req, None)
+    }
+
+    fn reply(&mut self, _ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+        let what = format!("GETATTR {}", entry_name(self.index));
+        if error != 0 {
+            return Err(errno(&what, error));
+        }
+        let a: AttrOut = parse(&what, body)?;
+        check_regular(&what, a.attr.mode, a.attr.size, entry_size(self.index))?;
+        Ok(Step::Done(0))
+    }
+}
+
+// ------------------------------------------------------------- metadata mix
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MetaState {
+    Create,
+    Write,
+    Release,
+    Unlink,
+}
+
+/// CREATE + WRITE 4 KiB + RELEASE, then UNLINK (and FORGET, like the guest
+/// kernel once the inode goes) of a fresh file in the job's directory.
+pub struct MetaJob {
+    dir: u64,
+    prefix: String,
+    counter: u64,
+    name: String,
+    nodeid: u64,
+    fh: u64,
+    state: MetaState,
+}
+
+impl MetaJob {
+    pub fn new(dir: u64, thread: usize, slot: usize) -> Self {
+        MetaJob {
+            dir,
+            prefix: format!("m{thread}-{slot}-"),
+            counter: 0,
+            name: String::new(),
+            nodeid: 0,
+            fh: 0,
+            state: MetaState::Create,
+        }
+    }
+}
+
+impl Job for MetaJob {
+    fn begin(&mut self, _ctx: &mut Ctx) -> (Req, Option<Fill>) {
+        self.counter += 1;
+        self.name = format!("{}{}", self.prefix, self.counter);
+        self.state = MetaState::Create;
+        let req = Req::new(OP_CREATE, self.dir)
+            .arg(&CreateIn {
+                flags: (libc::O_CREAT | libc::O_EXCL | libc::O_RDWR) as u32,
+                mode: libc::S_IFREG | 0o644,
+                umask: 0o022,
+                fuse_flags: 0,
+            })
+            .name(self.name.as_bytes())
+            .reply((std::mem::size_of::<EntryOut>() + std::mem::size_of::<OpenOut>()) as u32);
+        (req, None)
+    }
+
+    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+        let what = format!("{:?} {}", self.state, self.name);
+        if error != 0 {
+            return Err(errno(&what, error));
+        }
+        match self.state {
+            MetaState::Create => {
+                let n = std::mem::size_of::<EntryOut>();
+                if body.len() != n + std::mem::size_of::<OpenOut>() {
+                    return Err(format!("{what}: reply body of {} bytes", body.len()));
+                }
+                let e: EntryOut = parse(&what, &body[..n])?;
+                let o: OpenOut = parse(&what, &body[n..])?;
+                if e.nodeid == 0 {
+                    return Err(format!("{what}: node id 0"));
+                }
+                check_regular(&what, e.attr.mode, e.attr.size, 0)?;
+                self.nodeid = e.nodeid;
+                self.fh = o.fh;
+                self.state = MetaState::Write;
+                let req = Req::new(OP_WRITE, self.nodeid)
+                    .arg(&WriteIn {
+                        fh: self.fh,
+                        offset: 0,
+                        size: 4096,
+                        flags: libc::O_RDWR as u32,
+                        ..Default::default()
+                    })
+                    .data(4096)
+                    .reply(std::mem::size_of::<WriteOut>() as u32);
+                let fill = Fill {
+                    seed: SEED_META,
+                    off: 0,
+                    len: 4096,
+                };
+                Ok(Step::More(req, Some(fill)))
+            }
+            MetaState::Write => {
+                let out: WriteOut = parse(&what, body)?;
+                if out.size != 4096 {
+                    return Err(format!("{what}: wrote {} of 4096 bytes", out.size));
+                }
+                self.state = MetaState::Release;
+                let req = Req::new(OP_RELEASE, self.nodeid).arg(&ReleaseIn {
+                    fh: self.fh,
+                    flags: libc::O_RDWR as u32,
+                    ..Default::default()
+                });
+                Ok(Step::More(req, None))
+            }
+            MetaState::Release => {
+                if !body.is_empty() {
+                    return Err(format!("{what}: {} unexpected reply bytes", body.len()));
+                }
+                self.state = MetaState::Unlink;
+                let req = Req::new(OP_UNLINK, self.dir).name(self.name.as_bytes());
+                Ok(Step::More(req, None))
+            }
+            MetaState::Unlink => {
+                if !body.is_empty() {
+                    return Err(format!("{what}: {} unexpected reply bytes", body.len()));
+                }
+                ctx.forget(self.nodeid);
+                Ok(Step::Done(4096))
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------- READDIRPLUS
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum DirState {
+    Open,
+    Read,
+    Release,
+}
+
+/// One operation = a whole listing of the prepared directory: OPENDIR,
+/// READDIRPLUS (4 KiB, like the guest) until empty, RELEASEDIR. Every entry
+/// must appear exactly once with the right size.
+pub struct ReaddirJob {
+    dir: u64,
+    files: usize,
+    state: DirState,
+    fh: u64,
+    offset: u64,
+    seen: Vec<u64>,
+    count: usize,
+    bytes: u64,
+}
+
+pub const READDIR_BUF: u32 = 4096;
+
+impl ReaddirJob {
+    pub fn new(dir: u64, files: usize) -> Self {
+        ReaddirJob {
+            dir,
+            files,
+            state: DirState::Open,
+            fh: 0,
+            offset: 0,
+            seen: vec![0; files.div_ceil(64)],
+            count: 0,
+            bytes: 0,
+        }
+    }
+
+    fn readdirplus(&self) -> Req {
+        Req::new(OP_READDIRPLUS, self.dir)
+            .arg(&ReadIn {
+                fh: self.fh,
+                offset: self.offset,
+                size: READDIR_BUF,
+                ..Default::default()
+            })
+            .reply(READDIR_BUF)
+    }
+}
+
+impl Job for ReaddirJob {
+    fn begin(&mut self, _ctx: &mut Ctx) -> (Req, Option<Fill>) {
+        self.state = DirState::Open;
+        self.offset = 0;
+        self.count = 0;
+        self.bytes = 0;
+        self.seen.iter_mut().for_each(|w| *w = 0);
+        let req = Req::new(OP_OPENDIR, self.dir)
+            .arg(&OpenIn {
+                flags: (libc::O_RDONLY | libc::O_DIRECTORY) as u32,
+                fuse_flags: 0,
+            })
+            .reply(std::mem::size_of::<OpenOut>() as u32);
+        (req, None)
+    }
+
+    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+        let what = format!("{:?} at offset {}", self.state, self.offset);
+        if error != 0 {
+            return Err(errno(&what, error));
+        }
+        match self.state {
+            DirState::Open => {
+                let o: OpenOut = parse(&what, body)?;
+                self.fh = o.fh;
+                self.state = DirState::Read;
+                Ok(Step::More(self.readdirplus(), None))
+            }
+            DirState::Read => {
+                if body.is_empty() {
+                    self.state = DirState::Release;
+                    let req = Req::new(OP_RELEASEDIR, self.dir).arg(&ReleaseIn {
+                        fh: self.fh,
+                        flags: (libc::O_RDONLY | libc::O_DIRECTORY) as u32,
+                        ..Default::default()
+                    });
+                    return Ok(Step::More(req, None));
+                }
+                self.bytes += body.len() as u64;
+                let entries = parse_direntplus(&what, body).map_err(|e| e.to_string())?;
+                for e in &entries {
+                    let name = &e.dirent.name;
+                    if name == b"." || name == b".." {
+                        continue;
+                    }
+                    let idx = parse_entry_index(name, self.files).ok_or_else(|| {
+                        format!("{what}: unexpected entry {:?}", e.dirent.name_str())
+                    })?;
+                    let (w, bit) = (idx / 64, 1u64 << (idx % 64));
+                    if self.seen[w] & bit != 0 {
+                        return Err(format!("{what}: entry {} listed twice", entry_name(idx)));
+                    }
+                    self.seen[w] |= bit;
+                    self.count += 1;
+                    if e.entry.nodeid == 0 {
+                        return Err(format!("{what}: entry {} without node id", entry_name(idx)));
+                    }
+                    check_regular(&what, e.entry.attr.mode, e.entry.attr.size, entry_size(idx))?;
+                    ctx.forget(e.entry.nodeid);
+                }
+                let last = entries.last().expect("non-empty body has entries");
+                self.offset = last.dirent.off;
+                Ok(Step::More(self.readdirplus(), None))
+            }
+            DirState::Release => {
+                if self.count != self.files {
+                    return Err(format!(
+                        "listing had {} entries, expected {}",
+                        self.count, self.files
+                    ));
+                }
+                Ok(Step::Done(self.bytes))
+            }
+        }
+    }
+}
