@@ -3,13 +3,13 @@
 . /lib/vmtest.sh
 
 read_host_file() {
-	echo "VMTEST INFO guest reads /mnt/hello-from-host.txt: $(cat /mnt/hello-from-host.txt)"
+	info "guest reads /mnt/hello-from-host.txt: $(cat /mnt/hello-from-host.txt)"
 	eq "host file" "$(cat /mnt/hello-from-host.txt)" "hello from the host"
 }
 
 write_guest_file() {
 	echo "hello from the guest ($(uname -sr), $(nproc) cpus)" >/mnt/hello-from-guest.txt
-	echo "VMTEST INFO guest wrote /mnt/hello-from-guest.txt: $(cat /mnt/hello-from-guest.txt)"
+	info "guest wrote /mnt/hello-from-guest.txt: $(cat /mnt/hello-from-guest.txt)"
 }
 
 run demo-read-host-file read_host_file
