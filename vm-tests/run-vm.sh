@@ -183,7 +183,8 @@ ensure_packages() {
 	[[ ${#missing[@]} -eq 0 ]] && return 0
 	[[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]} (run as root to install them)"
 	say "installing ${missing[*]}"
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
+	apt-get update -qq || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
 		die "apt-get install ${missing[*]} failed"
 }
 
@@ -423,13 +424,13 @@ run_host_checks() {
 # that it creates the vhost-user-fs device and negotiates with the daemon
 # (it connects to the daemon while creating devices, before running vCPUs).
 ch_negotiation_only() {
-	local q serial log dlog sock="$WORK/vhost-fs.sock" i errors
+	local q serial log dlog sock="$WORK/vhost-fs.sock" errors
 	say "no hardware KVM: cloud-hypervisor cannot boot the guest here; checking vhost-user negotiation only"
 	for q in 1 2; do
 		serial="$LOG_DIR/ch-q$q.serial.log" log="$LOG_DIR/ch-q$q.log" dlog="$LOG_DIR/ch-q$q.daemon.log"
 		start_daemon "$sock" "$dlog"
 		start_cloud_hypervisor "$sock" "$serial" "$log" "$q"
-		for i in $(seq 30); do kill -0 "$VMM_PID" 2>/dev/null || break; sleep 1; done
+		for _ in $(seq 30); do kill -0 "$VMM_PID" 2>/dev/null || break; sleep 1; done
 		stop_pid "$VMM_PID"
 		VMM_PID=""
 		errors=$(grep -iE 'error|fail|panick' "$log" || true)

@@ -10,7 +10,7 @@ PAR_MIB=${PAR_MIB:-64}    # per process, in the two-queue parallel check
 NFILES=${NFILES:-10000}   # files in one directory
 rm -rf "$B" "$SYNC"
 mkdir -p "$B"
-cd "$B"
+cd "$B" || exit 1
 
 t_create_write_read() {
 	echo hello >f
