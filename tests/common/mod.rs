@@ -60,6 +60,11 @@ impl TestDir {
     pub fn log_path(&self) -> PathBuf {
         self.root.join("daemon.log")
     }
+
+    /// Where tests put the daemon's `--control-socket`.
+    pub fn control_socket(&self) -> PathBuf {
+        self.root.join("ctl.sock")
+    }
 }
 
 impl Drop for TestDir {
@@ -82,8 +87,22 @@ impl Daemon {
     }
 
     pub fn start_in(dir: TestDir, extra: &[&str]) -> Self {
+        Self::start_wrapped(dir, &[], extra)
+    }
+
+    /// Starts the daemon under `wrapper` (e.g. `["unshare", "-m", "--"]`), which must
+    /// exec the daemon in place so that [`Daemon::pid`] is the daemon's pid.
+    pub fn start_wrapped(dir: TestDir, wrapper: &[&str], extra: &[&str]) -> Self {
         let log = File::create(dir.log_path()).expect("create daemon log");
-        let child = Command::new(daemon_binary())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(daemon_binary());
+                c
+            }
+            None => Command::new(daemon_binary()),
+        };
+        let child = cmd
             .arg(format!("--socket-path={}", dir.socket().display()))
             .arg(format!("--shared-dir={}", dir.shared().display()))
             .arg("--cache=never")
