@@ -48,6 +48,12 @@ struct Cli {
     /// Only print the table
     #[arg(long)]
     quiet: bool,
+    /// Seconds to stay connected and idle after INIT (footprint sampling)
+    #[arg(long, default_value_t = 0.0)]
+    idle_before: f64,
+    /// Seconds to stay connected after the workloads (footprint sampling)
+    #[arg(long, default_value_t = 0.0)]
+    hold_after: f64,
 }
 
 fn main() -> ExitCode {
@@ -91,5 +97,7 @@ fn build(cli: &Cli) -> Result<Options, String> {
         workloads: Workload::parse_list(&cli.workload)?,
         keep_files: cli.keep_files,
         quiet: cli.quiet,
+        idle_before: Duration::from_secs_f64(cli.idle_before),
+        hold_after: Duration::from_secs_f64(cli.hold_after),
     })
 }

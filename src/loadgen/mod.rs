@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use serde::Serialize;
 
 use crate::frontend::fuse::UniqueSource;
@@ -122,6 +121,10 @@ pub struct Options {
     pub workloads: Vec<Workload>,
     pub keep_files: bool,
     pub quiet: bool,
+    /// Stay connected and idle this long after INIT, before the workloads.
+    pub idle_before: Duration,
+    /// Stay connected this long after the workloads, before disconnecting.
+    pub hold_after: Duration,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -210,11 +213,8 @@ impl Session {
         let init = queues[0]
             .init(&InitParams::default())
             .map_err(e("FUSE_INIT"))?;
-        let max_write = if init.flags & FsOptions::BIG_WRITES.bits() as u32 != 0 || true {
-            init.max_write
-        } else {
-            4096
-        };
+        // 1 MiB workloads use min(1 MiB, max_write), as the guest would split.
+        let max_write = init.max_write.max(4096);
         Ok(Session {
             _device: device,
             hiprio: Mutex::new(hiprio),
@@ -584,7 +584,7 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
                 let files = opts.files;
                 scope.spawn(move || {
                     let mut ctx =
-                        Ctx::new(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678_9abc);
+                        Ctx::new(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
                     ctx.written = written;
                     // Sequential streams: each thread starts at its share of the file.
                     let blocks = file_size / u64::from(block);
@@ -724,7 +724,7 @@ pub fn run(opts: &Options) -> LgResult<Report> {
     if opts.queues == 0 || opts.qd == 0 {
         return Err("--queues and --qd must be at least 1".into());
     }
-    if opts.file_size < 4096 || opts.file_size % 4096 != 0 {
+    if opts.file_size < 4096 || !opts.file_size.is_multiple_of(4096) {
         return Err("--file-size must be a positive multiple of 4096".into());
     }
     if !opts.shared_dir.is_dir() {
@@ -746,6 +746,10 @@ pub fn run(opts: &Options) -> LgResult<Report> {
             session.max_write
         ),
     );
+    if !opts.idle_before.is_zero() {
+        eprintln!("loadgen: IDLE connected, idle for {:?}", opts.idle_before);
+        std::thread::sleep(opts.idle_before);
+    }
     let mut results = Vec::new();
     let mut outcome = Ok(());
     for &w in &opts.workloads {
@@ -766,6 +770,13 @@ pub fn run(opts: &Options) -> LgResult<Report> {
                 break;
             }
         }
+    }
+    if outcome.is_ok() && !opts.hold_after.is_zero() {
+        eprintln!(
+            "loadgen: HOLD workloads done, holding for {:?}",
+            opts.hold_after
+        );
+        std::thread::sleep(opts.hold_after);
     }
     let max_write = session.max_write;
     drop(session);

@@ -28,7 +28,7 @@ pub fn verify(seed: u64, off: u64, buf: &[u8]) -> Result<(), u64> {
             break;
         }
     }
-    if bad.is_none() && buf.len() % 8 != 0 {
+    if bad.is_none() && !buf.len().is_multiple_of(8) {
         bad = Some(off + (buf.len() / 8 * 8) as u64);
     }
     match bad {
