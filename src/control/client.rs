@@ -190,6 +190,33 @@ fn attach(
     };
     let mut undo = Rollback::default();
     if let Some(host) = &bind {
+        // A retry must not stack a second bind mount: if the volume is attached
+        // already, compare instead of binding again.
+        let existing = request(socket, "GET", &format!("/volumes/{name}"), None)?;
+        if existing.status == 200 {
+            let v: VolumeInfo =
+                serde_json::from_str(&existing.body).map_err(|e| format!("bad reply: {e}"))?;
+            let same_dir = Path::new(&v.path) == target
+                || Path::new(&v.path).canonicalize().ok() == target.canonicalize().ok();
+            if same_dir && v.read_only == read_only && v.volume_id == volume_id {
+                return Ok(if json {
+                    existing.body
+                } else {
+                    format!("already attached {name} from {}", v.path)
+                });
+            }
+            return Err(format!(
+                "attach {name}: HTTP 409: already attached with other parameters (path {}, {})",
+                v.path,
+                if v.read_only { "ro" } else { "rw" }
+            ));
+        }
+        if is_mount_point(&target) {
+            return Err(format!(
+                "attach {name}: {} is already a mount point; detach or unmount it first",
+                target.display()
+            ));
+        }
         undo.bind(host, &target, read_only)?;
     }
     let body = serde_json::json!({

@@ -2,6 +2,7 @@
 //! file bounds what a client may send (head size, body size, time) and writes replies.
 
 use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
 
 /// Largest request body accepted (413 beyond).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -27,14 +28,67 @@ pub enum ReadError {
     Io(io::Error),
 }
 
-/// Reads one request. `buf` carries bytes already read past the previous request.
-pub fn read_request(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<Request, ReadError> {
+/// A stream whose reads can be bounded by a deadline for the whole request.
+pub trait TimedRead: Read {
+    /// Bounds the next reads to `timeout` (None: no bound).
+    fn set_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl TimedRead for std::os::unix::net::UnixStream {
+    fn set_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+}
+
+impl TimedRead for &[u8] {
+    fn set_timeout(&mut self, _timeout: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads with the remaining time to `deadline` as the read timeout, so a client that
+/// trickles bytes cannot extend its request indefinitely.
+fn read_until(
+    stream: &mut impl TimedRead,
+    chunk: &mut [u8],
+    deadline: Option<Instant>,
+) -> Result<usize, ReadError> {
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadError::Reply(
+                408,
+                "request not completed in time".into(),
+            ));
+        }
+        stream.set_timeout(Some(left)).map_err(ReadError::Io)?;
+    }
+    stream.read(chunk).map_err(timeout_to_reply)
+}
+
+/// Reads one request, which must arrive whole within `limit` of its first byte.
+/// `buf` carries bytes already read past the previous request.
+pub fn read_request(
+    stream: &mut impl TimedRead,
+    buf: &mut Vec<u8>,
+    limit: Option<Duration>,
+) -> Result<Request, ReadError> {
     let mut chunk = [0u8; 4096];
+    // The clock starts at the first byte: an idle keep-alive connection waits for
+    // its next request under the caller's idle timeout instead.
+    let mut deadline = if buf.is_empty() {
+        None
+    } else {
+        limit.map(|l| Instant::now() + l)
+    };
     loop {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(buf) {
             Ok(httparse::Status::Complete(head_len)) => {
+                if head_len > MAX_HEAD {
+                    return Err(ReadError::Reply(431, "request head too large".into()));
+                }
                 let method = req.method.unwrap_or("").to_string();
                 let path = req.path.unwrap_or("").to_string();
                 let close_hdr = header(&req, "connection")
@@ -62,7 +116,7 @@ pub fn read_request(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<Request
                 }
                 buf.drain(..head_len);
                 while buf.len() < len {
-                    let n = stream.read(&mut chunk).map_err(timeout_to_reply)?;
+                    let n = read_until(stream, &mut chunk, deadline)?;
                     if n == 0 {
                         return Err(ReadError::Reply(
                             400,
@@ -83,7 +137,10 @@ pub fn read_request(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<Request
                 if buf.len() > MAX_HEAD {
                     return Err(ReadError::Reply(431, "request head too large".into()));
                 }
-                let n = stream.read(&mut chunk).map_err(timeout_to_reply)?;
+                let n = read_until(stream, &mut chunk, deadline)?;
+                if deadline.is_none() {
+                    deadline = limit.map(|l| Instant::now() + l);
+                }
                 if n == 0 {
                     return Err(if buf.is_empty() {
                         ReadError::Closed
@@ -165,7 +222,7 @@ mod tests {
 
     fn read(raw: &[u8]) -> Result<Request, ReadError> {
         let mut buf = Vec::new();
-        read_request(&mut &raw[..], &mut buf)
+        read_request(&mut &raw[..], &mut buf, Some(Duration::from_secs(5)))
     }
 
     #[test]
@@ -193,6 +250,12 @@ mod tests {
             Err(ReadError::Reply(400, _))
         ));
         assert!(matches!(read(b""), Err(ReadError::Closed)));
+        let pad = "a".repeat(MAX_HEAD + 1);
+        let head = format!("GET /health HTTP/1.1\r\nX-Pad: {pad}\r\n\r\n");
+        assert!(matches!(
+            read(head.as_bytes()),
+            Err(ReadError::Reply(431, _))
+        ));
         assert!(matches!(
             read(b"GET /health HTTP/1.1\r\nHost"),
             Err(ReadError::Reply(400, _))

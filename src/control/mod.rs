@@ -23,7 +23,8 @@ pub use api::Api;
 
 /// Clients served at once; more get 503 and are closed.
 pub const MAX_CLIENTS: usize = 16;
-/// How long a client may take to send each part of a request.
+/// How long a client may take to send a whole request (and may stay idle between
+/// requests on a kept-alive connection).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct ControlServer {
@@ -148,11 +149,12 @@ impl ControlServer {
 }
 
 fn serve_client(mut stream: UnixStream, api: &Api) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut buf = Vec::new();
     loop {
-        match http::read_request(&mut stream, &mut buf) {
+        // An idle keep-alive connection is closed after the same timeout.
+        let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+        match http::read_request(&mut stream, &mut buf, Some(READ_TIMEOUT)) {
             Ok(req) => {
                 let reply = api.handle(&req.method, &req.path, &req.body);
                 debug!("control: {} {} -> {}", req.method, req.path, reply.status);
