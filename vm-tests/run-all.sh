@@ -47,7 +47,9 @@ for entry in "${SUITES[@]}"; do
 	# shellcheck disable=SC2086 # args is a word list by design
 	"$HERE/run-vm.sh" --daemon "$DAEMON" $args "${extra[@]}" 2>&1 | tee "$log" || rc=$?
 	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
-	rm -f "$log"
+	note=""
+	grep -q 'not available: guest suite not run' "$log" && note=" (not available here: not run)"
+	grep -q 'could NOT be booted' "$log" && note=" (guest not booted: no hardware KVM)"
 	if [[ -n $counts ]]; then
 		p=${counts%% passed*}
 		f=${counts#*, }
@@ -55,11 +57,12 @@ for entry in "${SUITES[@]}"; do
 	else
 		p=0 f=0
 	fi
+	rm -f "$log"
 	# A non-zero exit without a failure counted (e.g. a setup error) is a failure.
 	if [[ $rc != 0 && $f == 0 ]]; then f=1; fi
 	total_pass=$((total_pass + p))
 	total_fail=$((total_fail + f))
-	summary+=("$(printf '%-20s %3s passed, %s failed, exit %s, %ss' "$label" "$p" "$f" "$rc" $((SECONDS - t0)))")
+	summary+=("$(printf '%-20s %3s passed, %s failed, exit %s, %ss%s' "$label" "$p" "$f" "$rc" $((SECONDS - t0)) "$note")")
 done
 
 echo "=== summary ($((SECONDS - start))s)"
