@@ -68,13 +68,20 @@ fio_one() { # fio_one JOB NUMJOBS
 	# shellcheck disable=SC2086 # word-split the option list
 	fio --name="$1" --filename="$DATA" --size="$FIO_SIZE" $_args --numjobs="$2" \
 		--direct=$DIRECT --time_based --runtime="$FIO_RUNTIME" --group_reporting \
-		--output-format=json >/tmp/fio.json 2>/tmp/fio.err
+		--output-format=json >"/tmp/fio-$1-$2.json" 2>/tmp/fio.err
 	_rc=$?
-	echo "FIO-JSON-BEGIN $1 $2"
-	cat /tmp/fio.json
-	echo "FIO-JSON-END"
 	[ $_rc = 0 ] || { cat /tmp/fio.err >&2; return $_rc; }
-	grep -q '"jobs"' /tmp/fio.json
+	grep -q '"jobs"' "/tmp/fio-$1-$2.json"
+}
+
+# print_json JOB NUMJOBS: the run's JSON between markers (outside `run`,
+# which keeps a check's output to itself)
+print_json() {
+	[ -f "/tmp/fio-$1-$2.json" ] || return 0
+	echo "FIO-JSON-BEGIN $1 $2"
+	cat "/tmp/fio-$1-$2.json"
+	echo "FIO-JSON-END"
+	rm -f "/tmp/fio-$1-$2.json"
 }
 
 # meta_phase PHASE: run PHASE in every worker's directory in parallel
@@ -115,14 +122,16 @@ metadata() {
 	meta_phase unlink || return 1
 	t4=$(now)
 	echo "META-JSON $(awk -v f=$((_per * META_WORKERS)) -v w="$META_WORKERS" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v e="$t4" \
-		'BEGIN {printf "{\"files\": %d, \"workers\": %d, \"create_s\": %.3f, \"stat_s\": %.3f, \"readdir_s\": %.3f, \"unlink_s\": %.3f}", f, w, b-a, c-b, d-c, e-d}')"
+		'BEGIN {printf "{\"files\": %d, \"workers\": %d, \"create_s\": %.3f, \"stat_s\": %.3f, \"readdir_s\": %.3f, \"unlink_s\": %.3f}", f, w, b-a, c-b, d-c, e-d}')" >/tmp/meta.json
 }
 
 run fio-layout layout
 for job in $FIO_JOBS; do
 	for nj in $FIO_NUMJOBS; do
 		run "fio-$job-nj$nj" fio_one "$job" "$nj"
+		print_json "$job" "$nj"
 	done
 done
 run fio-metadata metadata
+[ -f /tmp/meta.json ] && cat /tmp/meta.json
 rm -rf "$D"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Smoke test of the performance instruments, for CI: asserts only that each
+# one ran and validated its data (exit codes, JSON present), never a speed.
+#   - volfsd-loadgen against volfsd, every workload, tiny sizes, 1 and 2 queues
+#     (and against virtiofsd if it is installed: the loadgen must run unchanged);
+#   - the criterion benches, each run once (--test);
+#   - the fio guest suite once under QEMU with tiny sizes: fio ran and printed
+#     parseable JSON for every job, and the metadata loop its timings.
+# Ends with "N passed, N failed"; exit 0 only if nothing failed. Run as root.
+#
+# Usage: benches/smoke.sh [--no-build] [--skip-vm] [--skip-criterion]
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+BUILD=1
+VM=1
+CRITERION=1
+for a in "$@"; do
+	case "$a" in
+	--no-build) BUILD=0 ;;
+	--skip-vm) VM=0 ;;
+	--skip-criterion) CRITERION=0 ;;
+	*) echo "smoke: unknown option $a" >&2; exit 2 ;;
+	esac
+done
+
+PASSED=0
+FAILED=0
+pass() { echo "SMOKE PASS $1"; PASSED=$((PASSED + 1)); }
+fail() { echo "SMOKE FAIL $1: $2"; FAILED=$((FAILED + 1)); }
+finish() {
+	echo "$PASSED passed, $FAILED failed"
+	[[ $FAILED == 0 ]]
+	exit
+}
+
+WORK=$(mktemp -d /var/tmp/volfsd-smoke.XXXXXX)
+DPID=""
+cleanup() {
+	[[ -n $DPID ]] && kill "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+VOLFSD=$REPO/target/release/volfsd
+LOADGEN=$REPO/target/release/volfsd-loadgen
+VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
+
+if [[ $BUILD == 1 ]]; then
+	if (cd "$REPO" && cargo build --release --bins --quiet) >"$WORK/build.log" 2>&1; then
+		pass build
+	else
+		fail build "cargo build --release failed: $(tail -n 3 "$WORK/build.log" | tr '\n' ' ')"
+		finish
+	fi
+fi
+
+# loadgen_check NAME QUEUES DAEMON-CMD...: daemon on a fresh socket, every workload
+loadgen_check() {
+	local name=$1 queues=$2 sock=$WORK/$1.sock share=$WORK/share-$1 rc=0
+	shift 2
+	mkdir -p "$share"
+	rm -f "$sock"
+	"$@" --socket-path="$sock" --shared-dir="$share" >"$WORK/$name.daemon.log" 2>&1 &
+	DPID=$!
+	timeout 120 "$LOADGEN" --socket "$sock" --shared-dir "$share" --queues "$queues" --qd 8 \
+		--duration 0.5 --file-size 8M --files 300 --workload all \
+		--json "$WORK/$name.json" >"$WORK/$name.log" 2>&1 || rc=$?
+	wait "$DPID" 2>/dev/null
+	DPID=""
+	if [[ $rc != 0 ]]; then
+		fail "$name" "loadgen exit $rc: $(grep -m1 FAILED "$WORK/$name.log" || tail -n 2 "$WORK/$name.log" | tr '\n' ' ')"
+	elif ! python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"]; assert len(r)==8 and all(x["verified"] and x["ops"]>0 for x in r)' "$WORK/$name.json"; then
+		fail "$name" "JSON report lacks a verified result for every workload"
+	elif [[ -n $(ls -A "$share" 2>/dev/null) ]]; then
+		fail "$name" "loadgen left files in the shared dir: $(ls -A "$share" | head -n 3 | tr '\n' ' ')"
+	else
+		pass "$name"
+	fi
+}
+
+if [[ -x $VOLFSD && -x $LOADGEN ]]; then
+	loadgen_check loadgen-volfsd-q1 1 "$VOLFSD" --cache=none --log-level=warn
+	loadgen_check loadgen-volfsd-q2 2 "$VOLFSD" --cache=none --log-level=warn
+	if [[ -x $VIRTIOFSD ]]; then
+		loadgen_check loadgen-virtiofsd 1 "$VIRTIOFSD" --cache=never --log-level=warn
+	else
+		echo "SMOKE INFO virtiofsd not installed: loadgen not checked against it"
+	fi
+else
+	fail loadgen "$VOLFSD or $LOADGEN missing (build with cargo build --release)"
+fi
+
+# A loadgen that finds bad data must fail: point it at a read file with the
+# wrong contents (prepared with the right size, so it is reused as is).
+if [[ -x $VOLFSD && -x $LOADGEN ]]; then
+	share=$WORK/share-corrupt sock=$WORK/corrupt.sock
+	mkdir -p "$share/volfsd-loadgen"
+	head -c 8388608 /dev/zero >"$share/volfsd-loadgen/read.dat"
+	"$VOLFSD" --socket-path="$sock" --shared-dir="$share" --cache=none --log-level=error >/dev/null 2>&1 &
+	DPID=$!
+	rc=0
+	timeout 60 "$LOADGEN" --socket "$sock" --shared-dir "$share" --qd 4 --ops 100 --file-size 8M \
+		--workload randread4k >"$WORK/corrupt.log" 2>&1 || rc=$?
+	wait "$DPID" 2>/dev/null
+	DPID=""
+	if [[ $rc != 0 ]] && grep -q "data mismatch" "$WORK/corrupt.log"; then
+		pass loadgen-detects-bad-data
+	else
+		fail loadgen-detects-bad-data "exit $rc on a zeroed read file: $(tail -n 1 "$WORK/corrupt.log")"
+	fi
+fi
+
+if [[ $CRITERION == 1 ]]; then
+	if (cd "$REPO" && timeout 600 cargo bench --quiet --bench request_path -- --test) >"$WORK/bench.log" 2>&1; then
+		pass criterion-benches
+	else
+		fail criterion-benches "$(grep -m1 -iE 'panicked|error' "$WORK/bench.log" || tail -n 2 "$WORK/bench.log" | tr '\n' ' ')"
+	fi
+fi
+
+if [[ $VM == 1 ]]; then
+	share=$WORK/share-fio
+	mkdir -p "$share"
+	printf 'FIO_SIZE=8M\nFIO_RUNTIME=1\nFIO_NUMJOBS=1\nMETA_FILES=100\n' >"$share/.fio-params"
+	rc=0
+	"$REPO/vm-tests/run-vm.sh" --daemon "$VOLFSD" --suite fio --shared-dir "$share" --queues 1 \
+		--host-hook none --timeout 300 --log-dir "$WORK/fio-logs" >"$WORK/fio.out" 2>&1 || rc=$?
+	if [[ $rc != 0 ]]; then
+		fail fio-guest "run-vm.sh exit $rc: $(grep -E 'FAIL|error' "$WORK/fio.out" | head -n 3 | tr '\n' ' ')"
+	elif python3 - "$WORK/fio-logs/serial.log" <<'EOF'; then
+import json, re, sys
+text = open(sys.argv[1], "rb").read().decode("utf-8", "replace").replace("\r", "")
+blocks = re.findall(r"^FIO-JSON-BEGIN (\S+) (\d+)\n(.*?)^FIO-JSON-END", text, re.S | re.M)
+ok = 0
+for job, nj, body in blocks:
+    j = json.loads(body[body.index("{"):])
+    assert j["jobs"], job
+    ok += 1
+assert ok == 5, f"{ok} fio JSON blocks, want 5"
+meta = re.search(r"^META-JSON (\{.*\})$", text, re.M)
+assert meta and json.loads(meta.group(1))["files"] == 100, "no META-JSON line"
+EOF
+		pass fio-guest
+	else
+		fail fio-guest "serial log lacks fio JSON for every job or the metadata timings"
+	fi
+fi
+
+finish
