@@ -104,7 +104,7 @@ T0=$SECONDS
 	echo "work_dir: $WORK ($(df -T "$WORK" | awk 'NR==2 {print $2 " on " $1}'))"
 	echo "qemu: $(qemu-system-x86_64 --version | head -n1)"
 	echo "virtiofsd: $("$VIRTIOFSD" --version 2>&1 | head -n1)"
-	echo "volfsd: $("$VOLFSD" --version 2>&1 | head -n1) (git $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || echo ", work tree modified"))"
+	echo "volfsd: $("$VOLFSD" --version 2>&1 | head -n1) (git ${VOLFSD_REV:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml 2>/dev/null || echo ", work tree modified")})"
 	echo "fio: $(fio --version)"
 	echo "guest_kernel: $(cat "$REPO/build/guest/kernel-version" 2>/dev/null || echo "built on first VM run")"
 	echo "rustc: $(rustc --version 2>/dev/null)"

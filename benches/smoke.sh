@@ -92,23 +92,36 @@ else
 	fail loadgen "$VOLFSD or $LOADGEN missing (build with cargo build --release)"
 fi
 
-# A loadgen that finds bad data must fail: point it at a read file with the
-# wrong contents (prepared with the right size, so it is reused as is).
+# A loadgen that finds bad data must fail: prepare the read file with a
+# first run, then zero every block but the ones sampled when it is reused.
 if [[ -x $VOLFSD && -x $LOADGEN ]]; then
-	share=$WORK/share-corrupt sock=$WORK/corrupt.sock
-	mkdir -p "$share/volfsd-loadgen"
-	head -c 8388608 /dev/zero >"$share/volfsd-loadgen/read.dat"
-	"$VOLFSD" --socket-path="$sock" --shared-dir="$share" --cache=none --log-level=error >/dev/null 2>&1 &
-	DPID=$!
-	rc=0
-	timeout 60 "$LOADGEN" --socket "$sock" --shared-dir "$share" --qd 4 --ops 100 --file-size 8M \
-		--workload randread4k >"$WORK/corrupt.log" 2>&1 || rc=$?
-	wait "$DPID" 2>/dev/null
-	DPID=""
-	if [[ $rc != 0 ]] && grep -q "data mismatch" "$WORK/corrupt.log"; then
+	share=$WORK/share-corrupt sock=$WORK/corrupt.sock rc=0 rc2=0
+	mkdir -p "$share"
+	lg_once() {
+		rm -f "$sock"
+		"$VOLFSD" --socket-path="$sock" --shared-dir="$share" --cache=none --log-level=error >/dev/null 2>&1 &
+		DPID=$!
+		timeout 60 "$LOADGEN" --socket "$sock" --shared-dir "$share" --qd 4 --ops 200 --file-size 8M \
+			--workload randread4k --keep-files >"$WORK/corrupt.log" 2>&1
+		local r=$?
+		wait "$DPID" 2>/dev/null
+		DPID=""
+		return $r
+	}
+	lg_once || rc=$?
+	python3 -c '
+import sys
+with open(sys.argv[1], "r+b") as f:
+    for b in range(2048):
+        if b % 128:
+            f.seek(b * 4096)
+            f.write(bytes(4096))
+' "$share/volfsd-loadgen/read.dat"
+	lg_once || rc2=$?
+	if [[ $rc == 0 && $rc2 != 0 ]] && grep -q "data mismatch" "$WORK/corrupt.log"; then
 		pass loadgen-detects-bad-data
 	else
-		fail loadgen-detects-bad-data "exit $rc on a zeroed read file: $(tail -n 1 "$WORK/corrupt.log")"
+		fail loadgen-detects-bad-data "first run exit $rc, run on corrupted data exit $rc2: $(tail -n 1 "$WORK/corrupt.log")"
 	fi
 fi
 
