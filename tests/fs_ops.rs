@@ -355,3 +355,74 @@ fn symlinks_are_not_followed_on_the_host() {
     listed.sort();
     assert_eq!(listed, vec!["esc"]);
 }
+
+/// flock(2) through the mount: two open files conflict, and the lock is visible to a
+/// host process on the backing file (as it would be to another sandbox).
+#[test]
+fn flock_conflicts_between_open_files_and_with_the_host() {
+    let shared = TempDir::new("shared");
+    let m = Mounted::new(shared.path());
+    fs::write(m.join("f"), b"x").unwrap();
+    let a = File::open(m.join("f")).unwrap();
+    let b = File::open(m.join("f")).unwrap();
+    let host = File::open(shared.path().join("f")).unwrap();
+    // SAFETY: flock on open fds.
+    unsafe {
+        assert_eq!(libc::flock(a.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+        assert_eq!(
+            libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB),
+            -1
+        );
+        assert_eq!(last_errno(), libc::EWOULDBLOCK);
+        assert_eq!(
+            libc::flock(host.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB),
+            -1
+        );
+        assert_eq!(libc::flock(a.as_raw_fd(), libc::LOCK_UN), 0);
+        assert_eq!(libc::flock(b.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB), 0);
+    }
+}
+
+/// POSIX locks through the mount: a lock taken by this process is seen by the host's
+/// F_OFD_GETLK on the backing file, and released when the file is closed.
+#[test]
+fn posix_lock_is_visible_on_the_host_and_released_on_close() {
+    let shared = TempDir::new("shared");
+    let m = Mounted::new(shared.path());
+    fs::write(m.join("f"), b"0123456789").unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.join("f"))
+        .unwrap();
+    let host = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(shared.path().join("f"))
+        .unwrap();
+    let probe = |host: &File| -> i16 {
+        // SAFETY: plain data, zero is valid.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: fcntl with a valid flock on an open fd.
+        assert_eq!(
+            unsafe { libc::fcntl(host.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) },
+            0
+        );
+        fl.l_type
+    };
+    // SAFETY: plain data, zero is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_len = 4;
+    // SAFETY: fcntl with a valid flock on an open fd.
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &mut fl) },
+        0
+    );
+    assert_eq!(probe(&host), libc::F_WRLCK as i16, "the host sees the lock");
+    drop(f);
+    assert_eq!(probe(&host), libc::F_UNLCK as i16, "close released it");
+}

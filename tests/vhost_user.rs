@@ -928,3 +928,121 @@ fn sigterm_exits_cleanly() {
         );
     }
 }
+
+fn lock_request(opcode: Opcode, node: u64, fh: u64, owner: u64, lock_type: i32) -> Request {
+    use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
+    let lk = LkIn {
+        fh,
+        owner,
+        lk: FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            type_: lock_type as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    Request::new(opcode, node).arg(&lk)
+}
+
+/// POSIX locks between two lock owners, and SETLKW waiting off the queue thread: while
+/// owner B waits for owner A's lock, the same queue keeps answering, and A's unlock
+/// (sent on that queue, after B's wait) completes B's wait.
+#[test]
+fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
+    if common::is_virtiofsd() {
+        return; // virtiofsd 1.14 does not serve remote POSIX locks.
+    }
+    let d = Daemon::start("locks", &[]);
+    let mut c = d.client();
+    let (node, fh_a) = create_with(&mut c, ROOT, "locked", b"data");
+    let fh_b = c.open(node, RDWR).expect("open for owner B").fh;
+    let (owner_a, owner_b) = (0xa, 0xb);
+    let q = c.request_queue(0).unwrap();
+    q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        fh_a,
+        owner_a,
+        libc::F_WRLCK,
+    ))
+    .expect("A locks")
+    .expect_empty()
+    .expect("A's lock reply");
+    // B conflicts, A does not conflict with itself.
+    let r = q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        fh_b,
+        owner_b,
+        libc::F_WRLCK,
+    ));
+    assert_errno(r.and_then(|r| r.expect_empty()), libc::EAGAIN);
+    q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        fh_a,
+        owner_a,
+        libc::F_RDLCK,
+    ))
+    .expect("A converts its own lock")
+    .expect_empty()
+    .unwrap();
+    // The host sees the guest's lock too (another sandbox would).
+    let host = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(d.host("locked"))
+        .unwrap();
+    // SAFETY: plain data, zero is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    // SAFETY: fcntl with a valid flock on an open fd.
+    let r = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&host),
+            libc::F_OFD_SETLK,
+            &mut fl,
+        )
+    };
+    assert_eq!(r, -1, "a host writer lock conflicts with the guest's lock");
+    // B waits.
+    let wait = q
+        .submit(&lock_request(
+            Opcode::Setlkw,
+            node,
+            fh_b,
+            owner_b,
+            libc::F_WRLCK,
+        ))
+        .unwrap();
+    q.kick().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        q.poll_completions().unwrap().is_empty(),
+        "B must still be waiting"
+    );
+    // The queue still serves other requests meanwhile.
+    let attr = q.getattr(node);
+    assert!(attr.is_ok(), "GETATTR while a lock waits: {attr:?}");
+    // A unlocks; B's wait completes with success.
+    q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        fh_a,
+        owner_a,
+        libc::F_UNLCK,
+    ))
+    .expect("A unlocks")
+    .expect_empty()
+    .unwrap();
+    let done = q
+        .wait_for(wait, Duration::from_secs(5))
+        .expect("B's wait ends");
+    done.into_reply()
+        .expect("valid reply")
+        .expect_empty()
+        .expect("B got the lock");
+}

@@ -44,7 +44,7 @@ pub struct DeviceStats {
 }
 
 pub struct FsBackend {
-    server: FsServer,
+    server: Arc<FsServer>,
     mem: RwLock<Option<GuestMem>>,
     event_idx: AtomicBool,
     num_request_queues: usize,
@@ -60,7 +60,7 @@ impl FsBackend {
             ..Default::default()
         };
         FsBackend {
-            server: FsServer::new(fs),
+            server: Arc::new(FsServer::new(fs)),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             num_request_queues,

@@ -4,7 +4,8 @@
 //! that does not decode is returned to the guest with no reply bytes.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
@@ -23,7 +24,7 @@ type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
 /// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
 /// a request published in between is not missed.
 pub fn process(
-    server: &FsServer,
+    server: &Arc<FsServer>,
     mem: &GuestMemoryAtomic<GuestMemoryMmap>,
     vring: &VringRwLock,
     index: usize,
@@ -43,6 +44,14 @@ pub fn process(
                 .pop_descriptor_chain(mem.clone());
             let Some(chain) = chain else { break };
             let head = chain.head_index();
+            if let Some(header) = peek_header(&mem, &chain) {
+                if header.opcode == OPCODE_SETLKW
+                    && wait_off_thread(server, vring, chain.clone(), header, event_idx, index)
+                {
+                    served.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
             let len = serve_one(server, &mem, chain, index);
             vring.add_used(head, len).map_err(queue_err(index))?;
             served.fetch_add(1, Ordering::Relaxed);
@@ -62,6 +71,66 @@ pub fn process(
             return Ok(());
         }
     }
+}
+
+const OPCODE_SETLKW: u32 = 33;
+/// Lock waits served at once off the queue threads; more get ENOLCK.
+const MAX_LOCK_WAITERS: usize = 64;
+static LOCK_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a FUSE_SETLKW on a thread of its own: it may block until another guest
+/// process (or another sandbox) unlocks, and the unlock must not queue behind it.
+/// Returns false (the caller serves it inline) when too many waits are in flight,
+/// in which case the request is answered ENOLCK.
+fn wait_off_thread(
+    server: &Arc<FsServer>,
+    vring: &VringRwLock,
+    chain: DescriptorChain<Mem>,
+    header: InHeader,
+    event_idx: bool,
+    index: usize,
+) -> bool {
+    if LOCK_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
+        LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
+        warn!("queue {index}: more than {MAX_LOCK_WAITERS} lock waits, refusing one with ENOLCK");
+        let head = chain.head_index();
+        let len = VirtioFsWriter::new(chain.memory(), chain.clone())
+            .ok()
+            .and_then(|w| reply_error(&mut w.into(), header.unique, libc::ENOLCK).ok())
+            .unwrap_or(0);
+        let _ = vring.add_used(head, len as u32);
+        let _ = notify(vring, event_idx, index);
+        return true;
+    }
+    let server = server.clone();
+    let vring = vring.clone();
+    let spawned = std::thread::Builder::new()
+        .name("volfsd-lockwait".to_string())
+        .spawn(move || {
+            let head = chain.head_index();
+            let mem = chain.memory();
+            let len = match (
+                Reader::from_descriptor_chain(mem, chain.clone()),
+                VirtioFsWriter::new(mem, chain.clone()),
+            ) {
+                (Ok(r), Ok(w)) => server
+                    .handle_with_header(&header, r, w.into())
+                    .map(|n| n as u32)
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            if let Err(e) = vring.add_used(head, len) {
+                warn!("queue {index}: returning a lock wait: {e}");
+            }
+            let _ = notify(&vring, event_idx, index);
+            LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
+        warn!("queue {index}: cannot start a lock-wait thread");
+        return false;
+    }
+    true
 }
 
 /// Completions returned before the guest is interrupted while more are pending.

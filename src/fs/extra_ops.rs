@@ -7,9 +7,9 @@
 use std::io::{self, Write};
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CopyFileRangeIn, CreateIn, EntryOut, InHeader, OpenOut, OutHeader, WriteOut,
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, OpenOut, OutHeader, WriteOut,
 };
-use fuse_backend_rs::api::filesystem::Context;
+use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
@@ -18,17 +18,20 @@ use super::ExtraOps;
 pub const OPCODE_COPY_FILE_RANGE: u32 = 47;
 pub const OPCODE_SYNCFS: u32 = 50;
 pub const OPCODE_TMPFILE: u32 = 51;
+/// fuse-backend-rs 0.14 decodes SETLKW but calls the non-blocking `setlk`, so a
+/// guest's `fcntl(F_SETLKW)` would get EAGAIN instead of waiting: decoded here.
+pub const OPCODE_SETLKW: u32 = 33;
 
 /// Whether `opcode` is served here rather than by fuse-backend-rs's server.
 pub fn handles(opcode: u32) -> bool {
     matches!(
         opcode,
-        OPCODE_COPY_FILE_RANGE | OPCODE_SYNCFS | OPCODE_TMPFILE
+        OPCODE_COPY_FILE_RANGE | OPCODE_SYNCFS | OPCODE_TMPFILE | OPCODE_SETLKW
     )
 }
 
 /// Serves one request whose header is already read. Returns the reply length.
-pub fn dispatch<F: ExtraOps, S: BitmapSlice>(
+pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSlice>(
     fs: &F,
     header: &InHeader,
     r: &mut Reader<'_, S>,
@@ -61,6 +64,11 @@ pub fn dispatch<F: ExtraOps, S: BitmapSlice>(
                 .to_vec()
             }),
         OPCODE_SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
+        OPCODE_SETLKW => r
+            .read_obj::<LkIn>()
+            .map_err(|_| einval())
+            .and_then(|a| fs.setlkw(&ctx, header.nodeid, a.fh, a.owner, a.lk.into(), a.lk_flags))
+            .map(|_| Vec::new()),
         OPCODE_TMPFILE => r
             .read_obj::<CreateIn>()
             .map_err(|_| einval())

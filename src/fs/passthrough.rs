@@ -8,18 +8,19 @@
 //! - an `O_PATH` fd is reopened with real access flags through `/proc/self/fd`, which
 //!   resolves to the inode itself, not to a path that a rename could redirect.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
 use fuse_backend_rs::abi::fuse_abi::{SetattrValid, ATTR_SUBMOUNT};
 use fuse_backend_rs::api::filesystem::{
-    Context, DirEntry, Entry, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
+    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
     ZeroCopyWriter,
 };
 
@@ -38,6 +39,9 @@ pub struct PassthroughConfig {
     pub xattr: bool,
 }
 
+/// (node id, FUSE lock owner) -> the node and the open file holding that owner's locks.
+type LockFiles = HashMap<(u64, u64), (Arc<InodeData>, Arc<File>)>;
+
 pub struct PassthroughFs {
     inodes: InodeStore,
     handles: HandleStore,
@@ -45,6 +49,8 @@ pub struct PassthroughFs {
     proc_self_fd: File,
     cfg: PassthroughConfig,
     timeout: Duration,
+    /// Per (node id, lock owner): the open file carrying that owner's POSIX locks.
+    lock_files: Mutex<LockFiles>,
 }
 
 /// Validates a name from the guest as one path component, with Linux's errnos.
@@ -94,6 +100,7 @@ impl PassthroughFs {
             proc_self_fd,
             cfg,
             timeout,
+            lock_files: Mutex::new(HashMap::new()),
         })
     }
 
@@ -132,6 +139,10 @@ impl PassthroughFs {
     /// in flight on them finish. Returns (nodes, handles) released.
     pub fn detach_share(&self, share: &Arc<Share>) -> (usize, usize) {
         let handles = self.handles.remove_share(share);
+        self.lock_files
+            .lock()
+            .unwrap()
+            .retain(|_, (inode, _)| !Arc::ptr_eq(&inode.share, share));
         let nodes = self.inodes.remove_share(share);
         (nodes, handles)
     }
@@ -372,6 +383,99 @@ impl PassthroughFs {
     }
 }
 
+/// FUSE_LK_FLOCK in `lk_flags`: the request is a flock(2), not a POSIX lock.
+const FUSE_LK_FLOCK: u32 = 1;
+/// The kernel's OFFSET_MAX, "to the end of the file" in a FUSE lock.
+const LOCK_TO_EOF: u64 = i64::MAX as u64;
+
+/// A FUSE lock range as a `struct flock` for open-file-description locks. OFD locks
+/// belong to the handle's open file, which matches a guest open() closely; the FUSE
+/// lock owner (the guest process) cannot be expressed on the host.
+fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
+    let len = if lock.end >= LOCK_TO_EOF {
+        0
+    } else if lock.end < lock.start {
+        return Err(errno(libc::EINVAL));
+    } else {
+        (lock.end - lock.start + 1) as i64
+    };
+    // SAFETY: flock is plain data; zero is a valid value for every field.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = match lock.lock_type as i32 {
+        libc::F_RDLCK => libc::F_RDLCK as i16,
+        libc::F_WRLCK => libc::F_WRLCK as i16,
+        libc::F_UNLCK => libc::F_UNLCK as i16,
+        _ => return Err(errno(libc::EINVAL)),
+    };
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
+    fl.l_len = len;
+    Ok(fl)
+}
+
+impl PassthroughFs {
+    /// The open file that carries `owner`'s POSIX locks on `inode`. POSIX locks
+    /// belong to a process (the FUSE lock owner), not to an open file: giving each
+    /// owner its own open file description makes OFD locks behave that way: owners
+    /// conflict with each other (in this guest, other guests, or the host), never
+    /// with themselves. Closing it (on FLUSH) releases the owner's locks.
+    fn owner_lock_file(&self, h: &HandleData, owner: u64) -> io::Result<Arc<File>> {
+        let key = (h.inode.nodeid, owner);
+        if let Some((_, f)) = self.lock_files.lock().unwrap().get(&key) {
+            return Ok(f.clone());
+        }
+        let file = match self.reopen(&h.inode, libc::O_RDWR) {
+            Ok(f) => f,
+            Err(_) => self.reopen(&h.inode, libc::O_RDONLY)?,
+        };
+        let mut files = self.lock_files.lock().unwrap();
+        let (_, f) = files
+            .entry(key)
+            .or_insert_with(|| (h.inode.clone(), Arc::new(file)));
+        Ok(f.clone())
+    }
+
+    /// Releases `owner`'s POSIX locks on `inode` (the guest process closed a file).
+    fn release_owner_locks(&self, inode: u64, owner: u64) {
+        self.lock_files.lock().unwrap().remove(&(inode, owner));
+    }
+
+    fn lock(
+        &self,
+        inode: u64,
+        fh: u64,
+        owner: u64,
+        lock: &FileLock,
+        lk_flags: u32,
+        wait: bool,
+    ) -> io::Result<()> {
+        let h = self.handle(fh, inode)?;
+        self.count(&h.inode.share);
+        if lk_flags & FUSE_LK_FLOCK != 0 {
+            // flock locks belong to the open file: the handle's own fd.
+            let op = match lock.lock_type as i32 {
+                libc::F_RDLCK => libc::LOCK_SH,
+                libc::F_WRLCK => libc::LOCK_EX,
+                libc::F_UNLCK => libc::LOCK_UN,
+                _ => return Err(errno(libc::EINVAL)),
+            };
+            let op = if wait { op } else { op | libc::LOCK_NB };
+            // SAFETY: flock on an fd we own.
+            return cvt(unsafe { libc::flock(h.file.as_raw_fd(), op) }).map(|_| ());
+        }
+        let mut fl = to_flock(lock)?;
+        let owner_file = self.owner_lock_file(&h, owner)?;
+        let cmd = if wait {
+            libc::F_OFD_SETLKW
+        } else {
+            libc::F_OFD_SETLK
+        };
+        // SAFETY: fcntl with a valid flock struct on an fd we own.
+        cvt(unsafe { libc::fcntl(owner_file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) })
+            .map(|_| ())
+    }
+}
+
 impl ExtraOps for PassthroughFs {
     fn tmpfile(
         &self,
@@ -457,6 +561,8 @@ impl FileSystem for PassthroughFs {
             | FsOptions::READDIRPLUS_AUTO
             | FsOptions::MAX_PAGES
             | FsOptions::SUBMOUNTS
+            | FsOptions::POSIX_LOCKS
+            | FsOptions::FLOCK_LOCKS
             | FsOptions::INIT_EXT;
         if self.cfg.cache != CacheMode::None {
             want |= FsOptions::AUTO_INVAL_DATA;
@@ -846,8 +952,10 @@ impl FileSystem for PassthroughFs {
         Ok(n)
     }
 
-    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _lock_owner: u64) -> io::Result<()> {
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
         let h = self.handle(handle, inode)?;
+        // A process's close() drops all its POSIX locks on the file.
+        self.release_owner_locks(inode, lock_owner);
         // close(dup(fd)) gives the host file system the close-time semantics (NFS
         // flushes, POSIX lock release) that the guest's close() expects.
         // SAFETY: dup of an fd we own; the new fd is closed at once.
@@ -1108,5 +1216,73 @@ impl FileSystem for PassthroughFs {
             libc::lseek64(h.file.as_raw_fd(), offset as i64, whence as libc::c_int)
         })?;
         Ok(r as u64)
+    }
+
+    fn getlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _owner: u64,
+        lock: FileLock,
+        lk_flags: u32,
+    ) -> io::Result<FileLock> {
+        let h = self.handle(handle, inode)?;
+        self.count(&h.inode.share);
+        if lk_flags & FUSE_LK_FLOCK != 0 {
+            // flock has no "test": the kernel never asks.
+            return Err(errno(libc::EINVAL));
+        }
+        let mut fl = to_flock(&lock)?;
+        // SAFETY: fcntl with a valid flock struct on an fd we own.
+        cvt(unsafe {
+            libc::fcntl(
+                h.file.as_raw_fd(),
+                libc::F_OFD_GETLK,
+                &mut fl as *mut libc::flock,
+            )
+        })?;
+        if fl.l_type == libc::F_UNLCK as i16 {
+            return Ok(FileLock {
+                lock_type: libc::F_UNLCK as u32,
+                ..lock
+            });
+        }
+        let start = fl.l_start as u64;
+        Ok(FileLock {
+            start,
+            end: if fl.l_len == 0 {
+                LOCK_TO_EOF
+            } else {
+                start + fl.l_len as u64 - 1
+            },
+            lock_type: fl.l_type as u32,
+            // The holder is another open file, maybe another sandbox: no guest pid.
+            pid: 0,
+        })
+    }
+
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        lk_flags: u32,
+    ) -> io::Result<()> {
+        self.lock(inode, handle, owner, &lock, lk_flags, false)
+    }
+
+    fn setlkw(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        lk_flags: u32,
+    ) -> io::Result<()> {
+        self.lock(inode, handle, owner, &lock, lk_flags, true)
     }
 }
