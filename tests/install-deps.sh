@@ -3,7 +3,7 @@
 # Idempotent: installs only what is missing. Needs root for apt.
 set -euo pipefail
 
-PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux)
+PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -20,4 +20,9 @@ command -v cargo >/dev/null || { echo "install-deps: cargo not found (install Ru
 for c in rustfmt clippy; do
 	rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" || true
 done
+# The reference daemon, for side-by-side runs of the load generator and benchmarks.
+if ! command -v virtiofsd >/dev/null && [[ ! -x $HOME/.cargo/bin/virtiofsd ]]; then
+	echo "install-deps: cargo install virtiofsd --locked (reference daemon for comparisons)"
+	cargo install virtiofsd --locked --quiet || { echo "install-deps: virtiofsd build failed" >&2; exit 1; }
+fi
 echo "install-deps: ok"

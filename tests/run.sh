@@ -3,7 +3,7 @@
 # suites (a real Linux guest under QEMU). Installs what it needs first.
 # Ends with one line "N passed, N failed"; exits non-zero if anything failed.
 #
-# Usage: tests/run.sh [--no-vm]
+# Usage: tests/run.sh [--no-vm]   (--no-vm skips the VM suites and the smoke's guest run)
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -68,6 +68,19 @@ if [[ $RUN_VM == 1 ]]; then
 	f=${f%% failed*}
 	record "VM suites" "$rc" "${p:-0}" "${f:-0}"
 fi
+
+stage "performance instruments smoke (benches/smoke.sh)"
+log=$(mktemp)
+smoke_args=(--no-build)
+[[ $RUN_VM == 0 ]] && smoke_args+=(--skip-vm)
+bash benches/smoke.sh "${smoke_args[@]}" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+rm -f "$log"
+p=${counts%% passed*}
+f=${counts#*, }
+f=${f%% failed*}
+record "benchmark smoke" "$rc" "${p:-0}" "${f:-0}"
 
 stage "summary"
 printf '%s\n' "${report[@]}"
