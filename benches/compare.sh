@@ -200,5 +200,5 @@ fi
 
 echo "total_runtime_s: $((SECONDS - T0))" >>"$OUT/env.txt"
 echo "guest_kernel_used: $(cat "$REPO/build/guest/kernel-version" 2>/dev/null)" >>"$OUT/env.txt"
-python3 "$HERE/report.py" "$OUT" --notes "$HERE/profile-notes.md" >"$DOC"
+python3 "$HERE/report.py" "$OUT" --notes "$HERE/profile-notes.md" --criterion "$REPO/target/criterion" >"$DOC"
 say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT)"

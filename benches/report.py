@@ -131,6 +131,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--notes")
+    ap.add_argument("--criterion", help="target/criterion directory to include")
     args = ap.parse_args()
     env = load_env(args.out)
     lg = load_loadgen(args.out)
@@ -323,6 +324,37 @@ def main():
             P(f"| {name} | {rfmt(r)} | {'yes' if ok else '**no**'} |")
         met = sum(1 for t in targets if t[2])
         P(f"\n{met} of {len(targets)} targets met.\n")
+
+    crit = []
+    if args.criterion and os.path.isdir(args.criterion):
+        for est in sorted(glob.glob(os.path.join(args.criterion, "**", "new", "estimates.json"), recursive=True)):
+            bench = os.path.relpath(os.path.dirname(os.path.dirname(est)), args.criterion)
+            with open(est) as f:
+                e = json.load(f)
+            crit.append((bench, e["mean"]["point_estimate"], e["mean"]["confidence_interval"]))
+    if crit:
+        P("## Micro-benchmarks (criterion, `cargo bench --bench request_path`)\n")
+        P("The request path without a socket: FUSE requests in an in-process `GuestMemoryMmap`, "
+          "descriptor chains from virtio-queue's mock driver, `Reader::from_descriptor_chain` + "
+          "`VirtioFsWriter` + `FsServer::handle` as the queue worker calls them, on a 1 MiB file "
+          "of a tmp directory (page cache warm). Plus the control API's PUT+DELETE of a volume. "
+          "Mean per iteration with the 95% confidence interval.\n")
+        P("| benchmark | mean | 95% CI |")
+        P("|---|---|---|")
+        for bench, mean, ci in crit:
+            P(f"| {bench} | {mean / 1000:.2f} µs | {ci['lower_bound'] / 1000:.2f}–{ci['upper_bound'] / 1000:.2f} µs |")
+        P("")
+
+    P("## Reproduce\n")
+    P("```sh")
+    P("sudo benches/compare.sh                 # everything above; writes docs/BENCHMARKS.md")
+    P("sudo benches/compare.sh --quick         # small sizes, 1 repetition (~7 min here)")
+    P("sudo benches/smoke.sh                   # CI smoke: runs and validates, no speed asserted")
+    P("cargo bench --bench request_path        # criterion micro-benchmarks")
+    P("benches/profile.sh strace randread4k    # syscalls per request (also: callgrind, --daemon virtiofsd)")
+    P("target/release/volfsd-loadgen --socket S --shared-dir D --queues 1 --qd 32 \\")
+    P("    --duration 10 --workload randread4k,lookup --json out.json")
+    P("```\n")
 
     if args.notes and os.path.exists(args.notes):
         with open(args.notes) as f:
