@@ -74,7 +74,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let mut daemon = VhostUserDaemon::new(
         "volfsd".to_string(),
         backend.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMap::default()),
+        GuestMemoryAtomic::new(GuestMemoryMmap::default()),
     )
     .map_err(|e| format!("creating the vhost-user daemon: {e}"))?;
 
@@ -116,8 +116,6 @@ pub fn run(config: Config) -> Result<(), String> {
     info!("frontend disconnected, exiting");
     Ok(())
 }
-
-type GuestMemoryMap = GuestMemoryMmap;
 
 fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
     match socket {
