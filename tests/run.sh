@@ -56,31 +56,30 @@ f=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^failed/) s +
 rm -f "$log"
 record "cargo test" "$rc" "${p:-0}" "${f:-0}"
 
-if [[ $RUN_VM == 1 ]]; then
-	stage "VM suites (vm-tests/run-all.sh)"
+# Runs a script that ends with "N passed, N failed" and records its counts.
+run_counted() { # name command...
+	local name=$1 log rc counts p f
+	shift
 	log=$(mktemp)
-	bash vm-tests/run-all.sh --daemon "$REPO/target/release/volfsd" 2>&1 | tee "$log"
+	"$@" 2>&1 | tee "$log"
 	rc=${PIPESTATUS[0]}
 	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
 	rm -f "$log"
 	p=${counts%% passed*}
 	f=${counts#*, }
 	f=${f%% failed*}
-	record "VM suites" "$rc" "${p:-0}" "${f:-0}"
+	record "$name" "$rc" "${p:-0}" "${f:-0}"
+}
+
+if [[ $RUN_VM == 1 ]]; then
+	stage "VM suites (vm-tests/run-all.sh)"
+	run_counted "VM suites" bash vm-tests/run-all.sh --daemon "$REPO/target/release/volfsd"
 fi
 
 stage "performance instruments smoke (benches/smoke.sh)"
-log=$(mktemp)
 smoke_args=(--no-build)
 [[ $RUN_VM == 0 ]] && smoke_args+=(--skip-vm)
-bash benches/smoke.sh "${smoke_args[@]}" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-rm -f "$log"
-p=${counts%% passed*}
-f=${counts#*, }
-f=${f%% failed*}
-record "benchmark smoke" "$rc" "${p:-0}" "${f:-0}"
+run_counted "benchmark smoke" bash benches/smoke.sh "${smoke_args[@]}"
 
 stage "summary"
 printf '%s\n' "${report[@]}"
