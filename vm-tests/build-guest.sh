@@ -4,7 +4,8 @@
 #   vmlinux            the same kernel as an ELF with a PVH entry, for cloud-hypervisor
 #   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
 #                      helper, the guest init, vm-tests/guest/lib.sh and the
-#                      guest suites (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh)
+#                      guest suites (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh /
+#                      *.setup.sh)
 #
 # The result is cached: it is rebuilt only when an input file or a package
 # version changes (all hashed into build/guest/stamp). Prints the paths.
@@ -126,7 +127,7 @@ input_files() {
 guest_suites() {
 	local f
 	for f in "$HERE"/suites/*.sh; do
-		case "$f" in *.host.sh | *.hook.sh) continue ;; esac
+		case "$f" in *.host.sh | *.hook.sh | *.setup.sh) continue ;; esac
 		echo "$f"
 	done
 }

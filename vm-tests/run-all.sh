@@ -16,9 +16,9 @@ CH_REQUIRE=()
 SUITES=(
 	"basic-qemu-2q       --vmm qemu --suite basic --queues 2 --smp 2"
 	"cloud-hypervisor    --vmm cloud-hypervisor --suite basic --queues 2 --smp 2"
-	# Add more suites here, one line each, e.g.:
-	# "shares-qemu       --vmm qemu --suite shares"
-	# "control-qemu      --vmm qemu --suite control"
+	"shares-qemu-2q      --vmm qemu --suite shares --queues 2 --smp 2"
+	"control-qemu        --vmm qemu --suite control"
+	# Add more suites here, one line each.
 )
 
 while [[ $# -gt 0 ]]; do

@@ -23,6 +23,17 @@
 #   --require              cloud-hypervisor mode: fail if it cannot run the guest
 #   --keep                 keep the temp dir (socket, default shared dir)
 #
+# Per-suite host scripts (all optional, next to suites/NAME.sh):
+#   NAME.setup.sh SHARED_DIR   run once before the first boot; it may write
+#                          extra daemon arguments, one per line, to
+#                          $VMTEST_DAEMON_ARGS_FILE
+#   NAME.hook.sh SHARED_DIR SERIAL_LOG  run alongside the guest (besides
+#                          --host-hook), e.g. to act on "VMTEST SYNC" lines
+#   NAME.host.sh SHARED_DIR    host checks after the VM exited
+# They get VMTEST_SHARE, VMTEST_WORK (the temp dir), VMTEST_LOG_DIR,
+# VMTEST_SERIAL, VMTEST_DAEMON (binary) and VMTEST_DAEMON_PID in the environment.
+# Mounts left under the temp dir are lazily unmounted before it is removed.
+#
 # The guest prints "VMTEST PASS name", "VMTEST FAIL name: why", "VMTEST INFO ..."
 # and finally "VMTEST DONE" on its serial console. This script prints each
 # result, adds its own checks (the daemon must exit 0 once the VM is gone),
@@ -56,6 +67,8 @@ WORK=""
 DAEMON_PID=""
 VMM_PID=""
 HOOK_PID=""
+SUITE_HOOK_PID=""
+SUITE_DAEMON_ARGS=() # from suites/NAME.setup.sh
 
 PASSED=0
 FAILED=0
@@ -68,7 +81,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -124,10 +137,24 @@ stop_pid() { # stop_pid PID: TERM, then KILL after 5 s
 	wait "$pid" 2>/dev/null || true
 }
 
+# Mounts a suite left under the temp dir (e.g. bind mounts made through the
+# control socket), deepest first, so rm -rf never reaches into a bind source.
+unmount_under() { # unmount_under DIR
+	local dir=$1 m
+	[[ -n $dir && -d $dir ]] || return 0
+	awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo |
+		sort -r | while read -r m; do
+		say "unmounting leftover mount $m"
+		umount -l "$m" 2>/dev/null || true
+	done
+}
+
 cleanup() {
 	stop_pid "$VMM_PID"
 	stop_pid "$HOOK_PID"
+	stop_pid "$SUITE_HOOK_PID"
 	stop_pid "$DAEMON_PID"
+	unmount_under "$WORK"
 	if [[ -n $WORK && $KEEP == 0 ]]; then
 		rm -rf "$WORK"
 	elif [[ -n $WORK ]]; then
@@ -225,8 +252,9 @@ start_daemon() { # start_daemon SOCKET LOG
 	rm -f "$sock"
 	# shellcheck disable=SC2086 # --daemon-args is deliberately word-split
 	"$DAEMON" --socket-path="$sock" --shared-dir="$SHARE" --cache="$(daemon_cache_mode)" \
-		$DAEMON_ARGS >"$log" 2>&1 &
+		$DAEMON_ARGS "${SUITE_DAEMON_ARGS[@]}" >"$log" 2>&1 &
 	DAEMON_PID=$!
+	export VMTEST_DAEMON_PID=$DAEMON_PID
 	for i in $(seq 100); do
 		[[ -S $sock ]] && return 0
 		kill -0 "$DAEMON_PID" 2>/dev/null || break
@@ -236,10 +264,31 @@ start_daemon() { # start_daemon SOCKET LOG
 	die "daemon did not create its socket $sock"
 }
 
-start_hook() { # start_hook LOG
+start_hook() { # start_hook LOG SERIAL_LOG
+	local suite_hook="$HERE/suites/$SUITE.hook.sh"
+	if [[ -f $suite_hook ]]; then
+		VMTEST_SERIAL=$2 bash "$suite_hook" "$SHARE" "$2" >>"$LOG_DIR/suite-hook.log" 2>&1 &
+		SUITE_HOOK_PID=$!
+	fi
 	[[ $HOOK == none ]] && return 0
 	"$HOOK" "$SHARE" >>"$1" 2>&1 &
 	HOOK_PID=$!
+}
+
+# suites/NAME.setup.sh, once before the first boot.
+run_suite_setup() {
+	local setup="$HERE/suites/$SUITE.setup.sh" line
+	[[ -f $setup ]] || return 0
+	export VMTEST_DAEMON_ARGS_FILE="$WORK/suite-daemon-args"
+	: >"$VMTEST_DAEMON_ARGS_FILE"
+	bash "$setup" "$SHARE" >"$LOG_DIR/setup.log" 2>&1 || {
+		show_tail "$LOG_DIR/setup.log" "suite setup log"
+		die "$SUITE.setup.sh failed"
+	}
+	while IFS= read -r line; do
+		[[ -n $line ]] && SUITE_DAEMON_ARGS+=("$line")
+	done <"$VMTEST_DAEMON_ARGS_FILE"
+	say "suite setup done; extra daemon args: ${SUITE_DAEMON_ARGS[*]:-none}"
 }
 
 # After the VMM is gone the daemon must notice the disconnect and exit 0.
@@ -362,12 +411,15 @@ run_guest() {
 		serial="$LOG_DIR/serial.log" daemon_log="$LOG_DIR/daemon.log" vmm_log="$LOG_DIR/vmm.log"
 		: >"$serial"
 		start_daemon "$sock" "$daemon_log"
-		start_hook "$LOG_DIR/hook.log"
+		export VMTEST_SERIAL=$serial
+		start_hook "$LOG_DIR/hook.log" "$serial"
 		"$start_vmm" "$sock" "$serial" "$vmm_log"
 		rc=0
 		watch_vm "$serial" || rc=$?
 		stop_pid "$HOOK_PID"
 		HOOK_PID=""
+		stop_pid "$SUITE_HOOK_PID"
+		SUITE_HOOK_PID=""
 		if [[ $rc == 1 ]]; then
 			say "boot attempt $attempt/$BOOT_ATTEMPTS never reached /init"
 			show_tail "$serial" "serial console"
@@ -398,7 +450,11 @@ run_guest() {
 			show_tail "$serial" "serial console"
 		fi
 		[[ -z $DAEMON_PID ]] || check_daemon_exit
-		[[ $FAILED == 0 ]] || { show_tail "$daemon_log" "daemon log"; show_tail "$LOG_DIR/hook.log" "host hook log"; }
+		[[ $FAILED == 0 ]] || {
+			show_tail "$daemon_log" "daemon log"
+			show_tail "$LOG_DIR/hook.log" "host hook log"
+			show_tail "$LOG_DIR/suite-hook.log" "suite hook log"
+		}
 		return 0
 	done
 	fail boot "guest never reached /init in $BOOT_ATTEMPTS boot attempts"
@@ -485,6 +541,8 @@ main() {
 	fi
 	[[ -d $SHARE ]] || die "shared dir '$SHARE' does not exist"
 	SHARE=$(readlink -f "$SHARE")
+	export VMTEST_SHARE=$SHARE VMTEST_WORK=$WORK VMTEST_LOG_DIR=$LOG_DIR VMTEST_DAEMON=$DAEMON
+	run_suite_setup
 	say "suite=$SUITE vmm=$VMM daemon=$DAEMON cache=$(daemon_cache_mode) share=$SHARE logs=$LOG_DIR"
 	local t0=$SECONDS
 	if [[ $VMM == qemu ]]; then

@@ -519,6 +519,86 @@ static int cmd_now(int argc, char **argv)
 	return 0;
 }
 
+/* open PATH r|w|rw|a|wc|wt|cx: open with those flags, then close */
+static int cmd_open(int argc, char **argv)
+{
+	if (argc != 3)
+		usage_exit("open PATH r|w|rw|a|wc|wt|cx");
+	const char *m = argv[2];
+	int flags;
+	if (!strcmp(m, "r"))
+		flags = O_RDONLY;
+	else if (!strcmp(m, "w"))
+		flags = O_WRONLY;
+	else if (!strcmp(m, "rw"))
+		flags = O_RDWR;
+	else if (!strcmp(m, "a"))
+		flags = O_WRONLY | O_APPEND;
+	else if (!strcmp(m, "wc"))
+		flags = O_WRONLY | O_CREAT;
+	else if (!strcmp(m, "wt"))
+		flags = O_WRONLY | O_TRUNC;
+	else if (!strcmp(m, "cx"))
+		flags = O_WRONLY | O_CREAT | O_EXCL;
+	else
+		usage_exit("open PATH r|w|rw|a|wc|wt|cx");
+	int fd = open(argv[1], flags, 0644);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	close(fd);
+	return report(0, 0, "");
+}
+
+/* Single path syscalls, for errno assertions with -e:
+ *   mkdir PATH | unlink PATH | rmdir PATH | chmod MODE PATH | truncate PATH LEN
+ *   link OLD NEW | symlink TARGET NEW | mkfifo PATH | stat PATH (prints "dev ino")
+ *   touch PATH (utimensat to now) */
+static int cmd_sys(int argc, char **argv)
+{
+	const char *c = argv[0];
+	int r;
+	if (!strcmp(c, "mkdir") && argc == 2)
+		r = mkdir(argv[1], 0755);
+	else if (!strcmp(c, "unlink") && argc == 2)
+		r = unlink(argv[1]);
+	else if (!strcmp(c, "rmdir") && argc == 2)
+		r = rmdir(argv[1]);
+	else if (!strcmp(c, "chmod") && argc == 3)
+		r = chmod(argv[2], num(argv[1]));
+	else if (!strcmp(c, "truncate") && argc == 3)
+		r = truncate(argv[1], num(argv[2]));
+	else if (!strcmp(c, "link") && argc == 3)
+		r = link(argv[1], argv[2]);
+	else if (!strcmp(c, "symlink") && argc == 3)
+		r = symlink(argv[1], argv[2]);
+	else if (!strcmp(c, "mkfifo") && argc == 2)
+		r = mkfifo(argv[1], 0644);
+	else if (!strcmp(c, "touch") && argc == 2)
+		r = utimensat(AT_FDCWD, argv[1], NULL, 0);
+	else if (!strcmp(c, "stat") && argc == 2) {
+		struct stat st;
+		r = stat(argv[1], &st);
+		if (r == 0 && !errno_mode)
+			printf("%llu %llu\n", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+	} else
+		usage_exit("mkdir|unlink|rmdir PATH, chmod MODE PATH, truncate PATH LEN, link|symlink A B, mkfifo|stat|touch PATH");
+	return report(r, errno, c);
+}
+
+/* readfd FD: pread up to 4096 bytes at offset 0 of an inherited fd and print them */
+static int cmd_readfd(int argc, char **argv)
+{
+	if (argc != 2)
+		usage_exit("readfd FD");
+	char buf[4096];
+	ssize_t n = pread(num(argv[1]), buf, sizeof(buf), 0);
+	if (n < 0)
+		return report(-1, errno, "pread");
+	if (!errno_mode)
+		fwrite(buf, 1, n, stdout);
+	return report(0, 0, "");
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -541,6 +621,18 @@ static const struct {
 	{"getcpu", cmd_getcpu, ""},
 	{"blocks", cmd_blocks, "FILE"},
 	{"now", cmd_now, ""},
+	{"open", cmd_open, "PATH r|w|rw|a|wc|wt|cx"},
+	{"mkdir", cmd_sys, "PATH"},
+	{"unlink", cmd_sys, "PATH"},
+	{"rmdir", cmd_sys, "PATH"},
+	{"chmod", cmd_sys, "MODE PATH (octal: 0644)"},
+	{"truncate", cmd_sys, "PATH LEN"},
+	{"link", cmd_sys, "OLD NEW"},
+	{"symlink", cmd_sys, "TARGET NEW"},
+	{"mkfifo", cmd_sys, "PATH"},
+	{"touch", cmd_sys, "PATH"},
+	{"stat", cmd_sys, "PATH (prints st_dev st_ino)"},
+	{"readfd", cmd_readfd, "FD"},
 };
 
 int main(int argc, char **argv)

@@ -79,3 +79,21 @@ host_ok() {
 	_reply=$(host "$@")
 	[ "$_reply" = ok ] || die "host $*: $_reply"
 }
+
+# For suites whose mount root is not writable (no .sync directory there): a
+# second channel over the serial console. host_step STEP prints
+# "VMTEST SYNC STEP" on the console; the suite's host hook
+# (vm-tests/suites/NAME.hook.sh, given the serial log) acts on it. The guest
+# then waits for the effect with wait_until.
+host_step() { echo "VMTEST SYNC $*" >/dev/console; }
+
+# wait_until SECS CMD...: run CMD every 0.1 s until it succeeds; fail after SECS
+wait_until() {
+	_secs=$1
+	shift
+	_deadline=$(($(date +%s) + _secs))
+	until "$@" >/dev/null 2>&1; do
+		[ "$(date +%s)" -lt $_deadline ] || die "waited ${_secs}s for: $*"
+		usleep 100000
+	done
+}
