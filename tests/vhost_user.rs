@@ -1046,3 +1046,50 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
         .expect_empty()
         .expect("B got the lock");
 }
+
+/// `--fd N`: the daemon serves a listening socket inherited from its launcher, and
+/// leaves the socket file alone (it did not create it).
+#[test]
+fn serves_an_inherited_listening_socket() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    if common::is_virtiofsd() {
+        return;
+    }
+    let dir = common::TestDir::new("fd");
+    let listener = std::os::unix::net::UnixListener::bind(dir.socket()).unwrap();
+    let raw = listener.as_raw_fd();
+    let mut cmd = std::process::Command::new(common::daemon_binary());
+    cmd.arg("--fd=3")
+        .arg(format!("--shared-dir={}", dir.shared().display()))
+        .stdin(std::process::Stdio::null());
+    // SAFETY: dup2 and fcntl are async-signal-safe; they run in the child before exec
+    // and make the listener fd 3 without close-on-exec (dup2 onto itself keeps the
+    // flag, hence the explicit clear).
+    unsafe {
+        cmd.pre_exec(move || {
+            if raw != 3 && libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    // Only the daemon holds the listener now: if it died, connecting fails at once.
+    drop(listener);
+    std::fs::write(dir.shared().join("hello"), b"over fd 3").unwrap();
+    let mut c = FuseClient::connect_and_init(&volfsd::frontend::DeviceConfig::new(dir.socket()))
+        .expect("connect through the inherited socket");
+    let e = c.lookup(ROOT, "hello").expect("lookup");
+    assert_eq!(e.attr.size, 9);
+    c.disconnect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "exit 0 after the frontend left");
+    assert!(
+        dir.socket().exists(),
+        "the launcher's socket file is not removed"
+    );
+}
