@@ -461,7 +461,7 @@ fn drive(
             }
         }
         q.kick().map_err(e(ctxq(q)))?;
-        if ctx.forgets.len() >= 4096 {
+        if ctx.forgets.len() >= ctx.forget_batch {
             forget_batch(hiprio, std::mem::take(&mut ctx.forgets))?;
         }
     }
@@ -586,6 +586,9 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
                     let mut ctx =
                         Ctx::new(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
                     ctx.written = written;
+                    if w == Workload::Metadata {
+                        ctx.forget_batch = 16;
+                    }
                     // Sequential streams: each thread starts at its share of the file.
                     let blocks = file_size / u64::from(block);
                     ctx.cursor = blocks / nq as u64 * t as u64;

@@ -68,6 +68,11 @@ pub struct Ctx {
     pub forgets: HashMap<u64, u64>,
     /// 4 KiB blocks written (write workloads), for the host-side check.
     pub written: Option<Arc<Vec<AtomicU64>>>,
+    /// Send FORGETs (BATCH_FORGET on hiprio) once this many node ids are owed.
+    /// The metadata workload uses a small batch: the guest kernel forgets an
+    /// unlinked file's inode right away, and a daemon that holds an fd per
+    /// inode keeps the host inode alive until then.
+    pub forget_batch: usize,
 }
 
 impl Ctx {
@@ -77,6 +82,7 @@ impl Ctx {
             cursor: 0,
             forgets: HashMap::new(),
             written: None,
+            forget_batch: 4096,
         }
     }
 
