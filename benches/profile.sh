@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Profile a daemon under one loadgen workload (no perf needed).
 #
-# Usage: benches/profile.sh strace|callgrind WORKLOAD [--daemon volfsd|virtiofsd]
+# Usage: benches/profile.sh strace|callgrind|perf WORKLOAD [--daemon volfsd|virtiofsd]
 #                           [--ops N] [--queues N] [--out DIR]
 #   strace     strace -c -f on the daemon: syscalls per request, time per syscall
+#   perf       perf record -g on the daemon (user and kernel stacks), if perf works
 #   callgrind  valgrind --tool=callgrind on the daemon; prints the top functions
 #              by inclusive and self cost (callgrind_annotate)
 # The daemon serves a fresh directory under /var/tmp; the loadgen runs
@@ -64,14 +65,28 @@ callgrind)
 	valgrind --tool=callgrind --callgrind-out-file="$OUT/$TAG.out" "$BIN" "${dargs[@]}" \
 		>"$OUT/$TAG.valgrind.log" 2>&1 &
 	;;
-*) echo "profile: tool must be strace or callgrind" >&2; exit 2 ;;
+perf)
+	"$BIN" "${dargs[@]}" >/dev/null 2>&1 &
+	DPID=$!
+	for _ in $(seq 500); do [[ -S $SOCK ]] && break; sleep 0.02; done
+	perf record -g -o "$OUT/$TAG.data" -p "$DPID" >"$OUT/$TAG.perf.log" 2>&1 &
+	sleep 0.5
+	;;
+*) echo "profile: tool must be strace, perf or callgrind" >&2; exit 2 ;;
 esac
 PID=$!
+for _ in $(seq 3000); do [[ -S $SOCK ]] && break; sleep 0.02; done
 "${lg[@]}" --ops "$OPS" --json "$OUT/$TAG.loadgen.json" | tee "$OUT/$TAG.loadgen.txt"
 wait "$PID" || true
 REQ=$(python3 -c 'import json,sys; print(sum(r["requests"] for r in json.load(open(sys.argv[1]))["results"]))' "$OUT/$TAG.loadgen.json")
 echo "requests: $REQ"
-if [[ $TOOL == strace ]]; then
+if [[ $TOOL == perf ]]; then
+	wait "$DPID" 2>/dev/null || true
+	sleep 1
+	perf report -i "$OUT/$TAG.data" --no-children --percent-limit 1.5 --stdio -g none 2>/dev/null | grep -v '^#' | grep -v '^$' >"$OUT/$TAG.report.txt"
+	echo "top self cost (perf, user + kernel):"
+	head -n 30 "$OUT/$TAG.report.txt"
+elif [[ $TOOL == strace ]]; then
 	echo "syscalls per request (workload requests only; setup adds a few):"
 	awk -v n="$REQ" '$1 ~ /^[0-9.]+$/ && NF >= 5 {calls = $4; name = $NF; printf "  %-20s %10d calls  %6.2f per request  %s%% time\n", name, calls, calls / n, $1}' "$OUT/$TAG.txt" | sort -k2 -nr | head -n 15
 else

@@ -152,7 +152,7 @@ def main():
     P("| | |\n|---|---|")
     for k in ["date", "command", "host_kernel", "cpu", "cores", "memory", "accel", "work_dir", "qemu",
               "virtiofsd", "volfsd", "fio", "guest_kernel_used", "rustc", "reps", "loadgen_duration_s",
-              "loadgen_file_size", "fio_runtime_s", "fio_size", "meta_files", "total_runtime_s"]:
+              "loadgen_file_size", "fio_runtime_s", "fio_size", "meta_files", "total_runtime_s", "note"]:
         if k in env:
             P(f"| {k} | {env[k]} |")
     P("")
@@ -212,6 +212,7 @@ def main():
                 if w not in c:
                     continue
                 key, unit = ("mib", "MiB/s") if w.endswith("1m") else ("ops", "ops/s")
+                unit = {"metadata": "files/s", "readdirplus": "listings/s"}.get(w, unit)
                 r = ratio(c.get(w, {}).get(key), a.get(w, {}).get(key))
                 P(f"| {w} | {unit} | {cell(a.get(w, {}).get(key, []))} | {cell(c[w].get(key, []))} | {rfmt(r)} |")
                 if w in ("randread4k", "randwrite4k"):
