@@ -37,6 +37,7 @@ pub fn process(
             vring.disable_notification().map_err(queue_err(index))?;
         }
         let mut unsignalled = 0;
+        let mut unsignalled_bytes = 0;
         loop {
             let chain = vring
                 .get_mut()
@@ -56,12 +57,15 @@ pub fn process(
             vring.add_used(head, len).map_err(queue_err(index))?;
             served.fetch_add(1, Ordering::Relaxed);
             unsignalled += 1;
+            unsignalled_bytes += len as usize;
             // One interrupt per batch, not per request: each eventfd write wakes the
             // frontend's thread, and on a loaded host that context switch is the
-            // largest cost of a small request. The batch is bounded for latency.
-            if unsignalled == SIGNAL_BATCH {
+            // largest cost of a small request. The batch is bounded in requests and
+            // in bytes, so large reads are not held back behind each other.
+            if unsignalled == SIGNAL_BATCH || unsignalled_bytes >= SIGNAL_BATCH_BYTES {
                 notify(vring, event_idx, index)?;
                 unsignalled = 0;
+                unsignalled_bytes = 0;
             }
         }
         if unsignalled > 0 {
@@ -135,6 +139,8 @@ fn wait_off_thread(
 
 /// Completions returned before the guest is interrupted while more are pending.
 const SIGNAL_BATCH: usize = 8;
+/// Reply bytes returned before the guest is interrupted while more are pending.
+const SIGNAL_BATCH_BYTES: usize = 256 * 1024;
 
 fn notify(vring: &VringRwLock, event_idx: bool, index: usize) -> io::Result<()> {
     if !event_idx || vring.needs_notification().map_err(queue_err(index))? {

@@ -563,6 +563,9 @@ impl FileSystem for PassthroughFs {
             | FsOptions::SUBMOUNTS
             | FsOptions::POSIX_LOCKS
             | FsOptions::FLOCK_LOCKS
+            // Without it the guest completes async direct I/O one request at a time:
+            // with cache=none every guest I/O is direct, so iodepth would be lost.
+            | FsOptions::ASYNC_DIO
             | FsOptions::INIT_EXT;
         if self.cfg.cache != CacheMode::None {
             want |= FsOptions::AUTO_INVAL_DATA;

@@ -74,12 +74,17 @@ impl FsServer {
             why,
         };
         if header.opcode == OPCODE_INIT {
-            let n = self
+            // Marked before the reply goes out: the kernel sends its next requests as
+            // soon as it reads the reply, possibly to another worker thread.
+            let was = self.initialized.swap(true, Ordering::AcqRel);
+            return self
                 .server
                 .handle_message(reader, writer, None, None)
-                .map_err(|e| failed(e.to_string()))?;
-            self.initialized.store(true, Ordering::Release);
-            return Ok(n);
+                .map_err(|e| {
+                    // A bad INIT does not end a session that an earlier one began.
+                    self.initialized.store(was, Ordering::Release);
+                    failed(e.to_string())
+                });
         }
         if !self.initialized.load(Ordering::Acquire) {
             let mut writer = writer;

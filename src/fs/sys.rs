@@ -148,13 +148,21 @@ pub struct FsCredsGuard {
 }
 
 impl FsCredsGuard {
-    pub fn switch(uid: u32, gid: u32) -> Self {
+    /// Switches to `uid`/`gid`; costs nothing when they are the daemon's own
+    /// (the common case of a root guest and a root daemon): four syscalls spared on
+    /// every create.
+    pub fn switch(uid: u32, gid: u32) -> Option<Self> {
+        // SAFETY: geteuid/getegid cannot fail.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        if uid == euid && gid == egid {
+            return None;
+        }
         // SAFETY: raw per-thread credential syscalls; they cannot fail in a way that
         // corrupts memory, and the previous values are restored on drop.
         unsafe {
             let old_gid = libc::syscall(libc::SYS_setfsgid, gid) as u32;
             let old_uid = libc::syscall(libc::SYS_setfsuid, uid) as u32;
-            FsCredsGuard { old_uid, old_gid }
+            Some(FsCredsGuard { old_uid, old_gid })
         }
     }
 }
@@ -178,6 +186,34 @@ mod tests {
         assert_eq!(ProcFdName::new(0).as_cstr().to_bytes(), b"0");
         assert_eq!(ProcFdName::new(7).as_cstr().to_bytes(), b"7");
         assert_eq!(ProcFdName::new(1234567).as_cstr().to_bytes(), b"1234567");
+    }
+
+    #[test]
+    fn creds_guard_switches_and_restores() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: getters cannot fail.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        assert!(
+            FsCredsGuard::switch(euid, egid).is_none(),
+            "own ids: no switch"
+        );
+        if euid != 0 {
+            return; // switching to another uid needs CAP_SETUID
+        }
+        let dir = std::env::temp_dir().join(format!("volfsd-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        {
+            let _g = FsCredsGuard::switch(1234, 5678);
+            File::create(dir.join("guest")).unwrap();
+        }
+        File::create(dir.join("daemon")).unwrap();
+        let g = std::fs::metadata(dir.join("guest")).unwrap();
+        let d = std::fs::metadata(dir.join("daemon")).unwrap();
+        assert_eq!((g.uid(), g.gid()), (1234, 5678));
+        assert_eq!((d.uid(), d.gid()), (euid, egid));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
