@@ -57,26 +57,6 @@ step() {
 }
 
 trap 'stop_loop; exit 0' TERM INT
-# The SYNC steps in the serial log so far, complete lines only (the console
-# writes a line in pieces; a step must not be read before its newline).
-sync_steps() {
-	local text
-	text=$(tr -d '\r\0' <"$SERIAL" 2>/dev/null; echo .)
-	text=${text%.}
-	case "$text" in
-	*$'\n') ;;
-	*$'\n'*) text=${text%$'\n'*}$'\n' ;;
-	*) text="" ;;
-	esac
-	printf '%s' "$text" | grep -a '^VMTEST SYNC ' | cut -d' ' -f3-
-}
-
-seen=0
-while :; do
-	mapfile -t steps < <(sync_steps)
-	while ((seen < ${#steps[@]})); do
-		step "${steps[seen]}"
-		seen=$((seen + 1))
-	done
-	sleep 0.1
-done
+# shellcheck source=../hook-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
+follow_sync_steps

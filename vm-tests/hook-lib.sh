@@ -1,0 +1,30 @@
+# Shared by the suites' host hooks (suites/NAME.hook.sh): follow the guest's
+# "VMTEST SYNC <step>" console lines and call `step <step>` once for each.
+# Needs SERIAL (the serial log path) and a `step` function in the caller.
+
+# The SYNC steps in the serial log so far, complete lines only (the console
+# writes a line in pieces; a step must not be read before its newline).
+sync_steps() {
+	local text
+	text=$(tr -d '\r\0' <"$SERIAL" 2>/dev/null; echo .)
+	text=${text%.}
+	case "$text" in
+	*$'\n') ;;
+	*$'\n'*) text=${text%$'\n'*}$'\n' ;;
+	*) text="" ;;
+	esac
+	printf '%s' "$text" | grep -a '^VMTEST SYNC ' | cut -d' ' -f3-
+}
+
+# Runs `step` for every new SYNC line until the hook is killed.
+follow_sync_steps() {
+	local seen=0 steps
+	while :; do
+		mapfile -t steps < <(sync_steps)
+		while ((seen < ${#steps[@]})); do
+			step "${steps[seen]}"
+			seen=$((seen + 1))
+		done
+		sleep 0.1
+	done
+}
