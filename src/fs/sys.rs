@@ -152,8 +152,10 @@ impl FsCredsGuard {
     /// (the common case of a root guest and a root daemon): four syscalls spared on
     /// every create.
     pub fn switch(uid: u32, gid: u32) -> Option<Self> {
+        // The daemon never changes its own ids, so read them once, not per request.
+        static OWN_IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
         // SAFETY: geteuid/getegid cannot fail.
-        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let &(euid, egid) = OWN_IDS.get_or_init(|| unsafe { (libc::geteuid(), libc::getegid()) });
         if uid == euid && gid == egid {
             return None;
         }
