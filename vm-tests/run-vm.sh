@@ -20,6 +20,12 @@
 #                          the daemon's --help mentions it, else "none")
 #   --log-dir DIR          where logs go (default build/vm-logs/SUITE)
 #   --boot-attempts N      boots that never reached /init are retried (default 3)
+#   --allow-reboot         qemu: let the guest reboot (no -no-reboot); the suite
+#                          then runs across several boots in one VM and one
+#                          serial log (each boot prints VMTEST INIT; results of
+#                          every boot count; VMTEST DONE must come after the
+#                          last INIT). A boot after a reboot that never reaches
+#                          /init, or more than MAX_BOOTS (5) boots, is a failure
 #   --require              cloud-hypervisor mode: fail if it cannot run the guest
 #   --keep                 keep the temp dir (socket, default shared dir)
 #
@@ -31,7 +37,8 @@
 #                          --host-hook), e.g. to act on "VMTEST SYNC" lines
 #   NAME.host.sh SHARED_DIR    host checks after the VM exited
 # They get VMTEST_SHARE, VMTEST_WORK (the temp dir), VMTEST_LOG_DIR,
-# VMTEST_SERIAL, VMTEST_DAEMON (binary) and VMTEST_DAEMON_PID in the environment.
+# VMTEST_SERIAL, VMTEST_DAEMON (binary), VMTEST_DAEMON_PID and VMTEST_ALLOW_REBOOT
+# (1 with --allow-reboot, else 0) in the environment.
 # Mounts left under the temp dir are lazily unmounted before it is removed.
 #
 # The guest prints "VMTEST PASS name", "VMTEST FAIL name: why", "VMTEST INFO ..."
@@ -61,6 +68,8 @@ BOOT_TIMEOUT=180 # seconds from VMM start to the init marker (TCG is slow)
 DAEMON_EXIT_TIMEOUT=20
 REQUIRE=0
 KEEP=0
+ALLOW_REBOOT=0
+MAX_BOOTS=5 # with --allow-reboot: boots of one VM before it is stopped
 
 # Processes and temp dir owned by this script; cleaned up on any exit.
 WORK=""
@@ -81,7 +90,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -103,12 +112,14 @@ parse_args() {
 		--boot-attempts) BOOT_ATTEMPTS=${2:?}; shift ;;
 		--require) REQUIRE=1 ;;
 		--keep) KEEP=1 ;;
+		--allow-reboot) ALLOW_REBOOT=1 ;;
 		-h | --help) usage 0 ;;
 		*) echo "run-vm: unknown option: $1" >&2; usage 2 ;;
 		esac
 		shift
 	done
 	case "$VMM" in qemu | cloud-hypervisor) ;; *) die "--vmm must be qemu or cloud-hypervisor" ;; esac
+	[[ $ALLOW_REBOOT == 0 || $VMM == qemu ]] || die "--allow-reboot is for --vmm qemu only"
 	[[ $QUEUES =~ ^[1-9][0-9]*$ ]] || die "--queues must be a positive number"
 	SMP=${SMP:-$QUEUES}
 	[[ $SMP =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive number"
@@ -334,6 +345,8 @@ start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
 	else
 		accel=tcg,thread=multi cpu=max
 	fi
+	local reboot=(-no-reboot)
+	[[ $ALLOW_REBOOT == 0 ]] || reboot=()
 	echo "qemu: accel=$accel smp=$SMP mem=${mem}M queues=$QUEUES" >"$log"
 	# vhost-user needs guest RAM in a shareable memfd the daemon can map.
 	qemu-system-x86_64 \
@@ -343,9 +356,9 @@ start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
 		-device "vhost-user-fs-pci,chardev=char0,tag=share,num-request-queues=$QUEUES,queue-size=1024" \
 		-kernel "$KERNEL" -initrd "$INITRD" -append "$(cmdline)" \
 		-nodefaults -display none -monitor none -serial "file:$serial" \
-		-nic none -no-reboot >>"$log" 2>&1 &
+		-nic none "${reboot[@]}" >>"$log" 2>&1 &
 	VMM_PID=$!
-	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)"
+	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)$([[ $ALLOW_REBOOT == 0 ]] || echo ', guest may reboot')"
 }
 
 start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG [QUEUES]
@@ -359,22 +372,56 @@ start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG [Q
 	say "starting cloud-hypervisor: $SMP cpu(s), $MEM, $queues request queue(s)"
 }
 
-# Watch one boot. Returns 0 when the VM has exited after reaching /init,
+# Lines of the serial log matching an extended regex (boot and reboot markers).
+serial_count() { # serial_count SERIAL_LOG REGEX
+	tr -d '\r' <"$1" 2>/dev/null | grep -acE "$2" || true
+}
+
+# Watch one VM run. Returns 0 when the VM has exited after reaching /init,
 # 1 when it never reached /init (worth a retry), 2 on timeout, 3 when the
-# daemon died under the running guest.
+# daemon died under the running guest. With --allow-reboot the guest may boot
+# several times in this VM (every boot prints VMTEST INIT; `reboot -f` prints
+# "reboot: Restarting system"): 4 when a boot after a reboot never reached
+# /init, 5 when the guest booted more than MAX_BOOTS times.
 watch_vm() { # watch_vm SERIAL_LOG
-	local serial=$1 start=$SECONDS booted=0
+	local serial=$1 start=$SECONDS booted=0 inits restarts seen_restarts=0 reboot_at=0
 	PRINTED=0
+	GUEST_BOOTS=0
 	while kill -0 "$VMM_PID" 2>/dev/null; do
-		if [[ $booted == 0 ]] && grep -aq '^VMTEST INIT' "$serial" 2>/dev/null; then
-			booted=1
-			say "guest reached /init after $((SECONDS - start))s"
-			start=$SECONDS
+		inits=$(serial_count "$serial" '^VMTEST INIT')
+		if ((inits > GUEST_BOOTS)); then
+			GUEST_BOOTS=$inits
+			if [[ $booted == 0 ]]; then
+				booted=1
+				say "guest reached /init after $((SECONDS - start))s"
+				start=$SECONDS
+			else
+				say "guest reached /init again (boot $GUEST_BOOTS) $((SECONDS - reboot_at))s after its reboot"
+			fi
 		fi
 		[[ $booted == 1 ]] && print_progress "$serial"
 		if [[ $booted == 0 ]] && ((SECONDS - start > BOOT_TIMEOUT)); then
 			stop_pid "$VMM_PID"
 			return 1
+		fi
+		if [[ $ALLOW_REBOOT == 1 && $booted == 1 ]]; then
+			restarts=$(serial_count "$serial" 'reboot: Restarting system')
+			if ((restarts > seen_restarts)); then
+				seen_restarts=$restarts
+				reboot_at=$SECONDS
+				say "guest rebooted (reboot $restarts)"
+			fi
+			# A reboot whose next boot has not reached /init yet.
+			if ((restarts >= GUEST_BOOTS && SECONDS - reboot_at > BOOT_TIMEOUT)); then
+				stop_pid "$VMM_PID"
+				print_progress "$serial"
+				return 4
+			fi
+			if ((GUEST_BOOTS > MAX_BOOTS)); then
+				stop_pid "$VMM_PID"
+				print_progress "$serial"
+				return 5
+			fi
 		fi
 		if ((SECONDS - start > TIMEOUT)); then
 			stop_pid "$VMM_PID"
@@ -397,6 +444,7 @@ watch_vm() { # watch_vm SERIAL_LOG
 	wait "$VMM_PID" || true
 	VMM_PID=""
 	grep -aq '^VMTEST INIT' "$serial" 2>/dev/null || return 1
+	GUEST_BOOTS=$(serial_count "$serial" '^VMTEST INIT')
 	print_progress "$serial"
 	GUEST_SECONDS=$((SECONDS - start))
 	return 0
@@ -440,13 +488,19 @@ run_guest() {
 			fail daemon-alive "daemon exited (status $status) while the guest was still running"
 		elif [[ $rc == 2 ]]; then
 			fail timeout "guest did not finish within ${TIMEOUT}s"
+		elif [[ $rc == 4 ]]; then
+			fail reboot-boot "boot $((GUEST_BOOTS + 1)) (after a guest reboot) never reached /init within ${BOOT_TIMEOUT}s"
+		elif [[ $rc == 5 ]]; then
+			fail reboot-loop "the guest booted $GUEST_BOOTS times (more than $MAX_BOOTS): stopped"
 		else
 			say "guest finished in ${GUEST_SECONDS}s (from /init to power-off)"
 		fi
-		if serial_results "$serial" | grep -qx 'VMTEST DONE'; then
+		[[ $ALLOW_REBOOT == 0 ]] || say "guest booted $GUEST_BOOTS time(s) in this VM"
+		# DONE is the very last marker: after the last boot's INIT.
+		if serial_results "$serial" | grep -E '^VMTEST (INIT|DONE)$' | tail -n 1 | grep -qx 'VMTEST DONE'; then
 			GUEST_DONE=1
 		else
-			fail guest-done "guest never printed VMTEST DONE"
+			fail guest-done "guest never printed VMTEST DONE (after its last VMTEST INIT)"
 			show_tail "$serial" "serial console"
 		fi
 		[[ -z $DAEMON_PID ]] || check_daemon_exit
@@ -559,7 +613,7 @@ main() {
 	fi
 	[[ -d $SHARE ]] || die "shared dir '$SHARE' does not exist"
 	SHARE=$(readlink -f "$SHARE")
-	export VMTEST_SHARE=$SHARE VMTEST_WORK=$WORK VMTEST_LOG_DIR=$LOG_DIR VMTEST_DAEMON=$DAEMON
+	export VMTEST_SHARE=$SHARE VMTEST_WORK=$WORK VMTEST_LOG_DIR=$LOG_DIR VMTEST_DAEMON=$DAEMON VMTEST_ALLOW_REBOOT=$ALLOW_REBOOT
 	run_suite_setup
 	say "suite=$SUITE vmm=$VMM daemon=$DAEMON cache=$(daemon_cache_mode) share=$SHARE logs=$LOG_DIR"
 	local t0=$SECONDS

@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -599,6 +601,105 @@ static int cmd_readfd(int argc, char **argv)
 	return report(0, 0, "");
 }
 
+/* Take an exclusive POSIX (fcntl F_SETLK F_WRLCK, whole file) or flock lock on
+ * fd without waiting; returns what the syscall returned (errno set). */
+static int take_lock(int fd, const char *kind)
+{
+	if (!strcmp(kind, "posix")) {
+		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+		return fcntl(fd, F_SETLK, &fl);
+	}
+	return flock(fd, LOCK_EX | LOCK_NB);
+}
+
+/* lockhold FILE: open FILE read-write, take a POSIX write lock and an flock on
+ * it (both non-blocking), print "locked" and hold them until killed. */
+static int cmd_lockhold(int argc, char **argv)
+{
+	if (argc != 2)
+		usage_exit("lockhold FILE");
+	int fd = open(argv[1], O_RDWR);
+	if (fd < 0)
+		die(argv[1]);
+	if (take_lock(fd, "posix") < 0)
+		die("fcntl F_SETLK F_WRLCK");
+	if (take_lock(fd, "flock") < 0)
+		die("flock LOCK_EX|LOCK_NB");
+	printf("locked\n");
+	fflush(stdout);
+	for (;;)
+		pause();
+	return 0;
+}
+
+/* trylock posix|flock FILE: try to take that lock without waiting (EAGAIN:
+ * someone else holds it), then release it */
+static int cmd_trylock(int argc, char **argv)
+{
+	if (argc != 3 || (strcmp(argv[1], "posix") && strcmp(argv[1], "flock")))
+		usage_exit("trylock posix|flock FILE");
+	int fd = open(argv[2], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[2]);
+	int r = take_lock(fd, argv[1]);
+	int err = errno;
+	close(fd); /* releases either lock */
+	return report(r, err, !strcmp(argv[1], "posix") ? "fcntl F_SETLK F_WRLCK" : "flock LOCK_EX|LOCK_NB");
+}
+
+/* asuser UID GID CMD [ARGS...]: drop all supplementary groups, set the real,
+ * effective and saved gid and uid, then exec CMD (pjdfstest's "-u UID -g GID") */
+static int cmd_asuser(int argc, char **argv)
+{
+	if (argc < 4)
+		usage_exit("asuser UID GID CMD [ARGS...]");
+	gid_t gid = num(argv[2]);
+	if (setgroups(1, &gid) < 0)
+		die("setgroups");
+	if (setresgid(gid, gid, gid) < 0)
+		die("setresgid");
+	if (setresuid(num(argv[1]), num(argv[1]), num(argv[1])) < 0)
+		die("setresuid");
+	execvp(argv[3], argv + 3);
+	die(argv[3]);
+	return 1;
+}
+
+/* write FILE STRING: open(FILE, O_WRONLY) (no O_CREAT, no O_TRUNC), write
+ * STRING at offset 0, close */
+static int cmd_write(int argc, char **argv)
+{
+	if (argc != 3)
+		usage_exit("write FILE STRING");
+	int fd = open(argv[1], O_WRONLY);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	ssize_t n = write(fd, argv[2], strlen(argv[2]));
+	int err = errno;
+	if (n >= 0 && (size_t)n != strlen(argv[2])) {
+		n = -1;
+		err = EIO;
+	}
+	if (n < 0) {
+		close(fd);
+		return report(-1, err, "write");
+	}
+	return close(fd) < 0 ? report(-1, errno, "close") : report(0, 0, "");
+}
+
+/* mode PATH: print st_mode & 07777 in octal (pjdfstest's "stat PATH mode") */
+static int cmd_mode(int argc, char **argv)
+{
+	if (argc != 2)
+		usage_exit("mode PATH");
+	struct stat st;
+	if (stat(argv[1], &st) < 0)
+		return report(-1, errno, argv[1]);
+	if (!errno_mode)
+		printf("0%o\n", st.st_mode & 07777);
+	return report(0, 0, "");
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -633,6 +734,11 @@ static const struct {
 	{"touch", cmd_sys, "PATH"},
 	{"stat", cmd_sys, "PATH (prints st_dev st_ino)"},
 	{"readfd", cmd_readfd, "FD"},
+	{"asuser", cmd_asuser, "UID GID CMD [ARGS...] (no supplementary groups)"},
+	{"write", cmd_write, "FILE STRING (O_WRONLY, no create/truncate)"},
+	{"mode", cmd_mode, "PATH (prints the octal mode & 07777)"},
+	{"lockhold", cmd_lockhold, "FILE (POSIX write lock + flock, held until killed)"},
+	{"trylock", cmd_trylock, "posix|flock FILE (non-blocking; EAGAIN if held)"},
 };
 
 int main(int argc, char **argv)
