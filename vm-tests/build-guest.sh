@@ -3,9 +3,15 @@
 #   vmlinuz            Debian's 6.12 amd64 kernel (virtio-pci, fuse and virtiofs built in)
 #   vmlinux            the same kernel as an ELF with a PVH entry, for cloud-hypervisor
 #   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
-#                      helper, the guest init, vm-tests/guest/lib.sh and the
-#                      guest suites (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh /
+#                      helper, pjdfstest (+ its shared libraries), the guest
+#                      init, vm-tests/guest/lib.sh and the guest suites
+#                      (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh /
 #                      *.setup.sh)
+#
+# pjdfstest (the Rust rewrite, crate pjdfstest $PJDFSTEST_VERSION) is built
+# once with `cargo install --locked` from crates.io into
+# build/pjdfstest/VERSION/ and reused; if it cannot be built the guest is
+# built without it (a warning; the pjdfstest suite then fails).
 #
 # The result is cached: it is rebuilt only when an input file or a package
 # version changes (all hashed into build/guest/stamp). Prints the paths.
@@ -18,6 +24,8 @@ REPO=$(cd "$HERE/.." && pwd)
 OUT="$REPO/build/guest"
 FORCE=0
 QUIET=0
+PJDFSTEST_VERSION=0.2.2
+PJDFSTEST_DIR="$REPO/build/pjdfstest/$PJDFSTEST_VERSION"
 TMP=""
 
 log() { [[ $QUIET == 1 ]] || echo "build-guest: $*" >&2; }
@@ -28,7 +36,7 @@ parse_args() {
 		case "$1" in
 		--force) FORCE=1 ;;
 		--quiet) QUIET=1 ;;
-		-h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+		-h | --help) sed -n '2,19p' "$0"; exit 0 ;;
 		*) die "unknown option: $1" ;;
 		esac
 		shift
@@ -119,6 +127,32 @@ extract_vmlinux() {
 	die "could not extract an ELF vmlinux from $bz"
 }
 
+# pjdfstest from crates.io, built once per version; prints the binary's path,
+# or nothing if it cannot be built (no cargo, no registry).
+build_pjdfstest() {
+	local bin="$PJDFSTEST_DIR/bin/pjdfstest" cargo tmp
+	if [[ ! -x $bin ]]; then
+		cargo=$(command -v cargo || echo "$HOME/.cargo/bin/cargo")
+		if [[ ! -x $cargo ]]; then
+			log "warning: no cargo: the guest gets no pjdfstest"
+			return 0
+		fi
+		log "building pjdfstest $PJDFSTEST_VERSION from crates.io (once; a few minutes)"
+		mkdir -p "$(dirname "$PJDFSTEST_DIR")"
+		tmp="$PJDFSTEST_DIR.tmp"
+		rm -rf "$tmp"
+		if ! "$cargo" install pjdfstest --version "=$PJDFSTEST_VERSION" --locked --root "$tmp" \
+			>"$PJDFSTEST_DIR.log" 2>&1; then
+			log "warning: cargo install pjdfstest failed (see $PJDFSTEST_DIR.log): the guest gets no pjdfstest"
+			rm -rf "$tmp"
+			return 0
+		fi
+		rm -rf "$PJDFSTEST_DIR"
+		mv "$tmp" "$PJDFSTEST_DIR"
+	fi
+	echo "$bin"
+}
+
 # Everything that goes into the initramfs, for the stamp.
 input_files() {
 	printf '%s\n' "$HERE/build-guest.sh" "$HERE"/guest/* "$HERE"/suites/*.sh | sort
@@ -133,32 +167,38 @@ guest_suites() {
 }
 
 compute_stamp() {
-	local kpkg=$1 kver=$2
+	local kpkg=$1 kver=$2 pjd=$3
 	{
 		echo "kernel $kpkg $kver"
+		echo "pjdfstest $PJDFSTEST_VERSION ${pjd:+$(sha256sum <"$pjd")}"
 		for p in busybox-static fio gcc libc6-dev; do echo "$p $(pkg_version "$p")"; done
 		input_files | xargs sha256sum
 	} | sha256sum | cut -d' ' -f1
 }
 
-# Copy a dynamic executable and the shared libraries ldd finds for it, each
-# to its own path inside the root (which also brings the loader along).
+# Copy a dynamic executable (to DEST inside the root, default its own path)
+# and the shared libraries ldd finds for it, each to its own path inside the
+# root (which also brings the loader along).
 copy_with_libs() {
-	local bin=$1 root=$2 lib
-	install -D -m 0755 "$bin" "$root$bin"
+	local bin=$1 root=$2 dest=${3:-$1} lib
+	install -D -m 0755 "$bin" "$root$dest"
 	for lib in $(ldd "$bin" | grep -oE '/[^ ]+' | sort -u); do
 		install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
 	done
 }
 
 build_initramfs() {
-	local tmp=$1 root="$1/root" applet suite
+	local tmp=$1 pjd=$2 root="$1/root" applet suite
 	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,mnt,tmp,suites,lib,etc}
 	install -m 0755 /bin/busybox "$root/bin/busybox"
 	for applet in $(/bin/busybox --list); do
 		[[ -e $root/bin/$applet ]] || ln -s busybox "$root/bin/$applet"
 	done
 	copy_with_libs "$(command -v fio)" "$root"
+	if [[ -n $pjd ]]; then
+		copy_with_libs "$pjd" "$root" /usr/bin/pjdfstest
+		install -m 0644 "$HERE/guest/pjdfstest.toml" "$root/etc/pjdfstest.toml"
+	fi
 	log "compiling fsops"
 	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/fsops" "$HERE/guest/fsops.c"
 	install -m 0755 "$HERE/guest/init" "$root/init"
@@ -166,8 +206,12 @@ build_initramfs() {
 	while read -r suite; do
 		install -m 0755 "$suite" "$root/suites/$(basename "$suite")"
 	done < <(guest_suites)
-	echo "root:x:0:0:root:/:/bin/sh" >"$root/etc/passwd"
-	echo "root:x:0:" >"$root/etc/group"
+	# nobody (65534, pjdfstest's "-u 65534 -g 65534") and tests: the two
+	# unprivileged users pjdfstest switches to (guest/pjdfstest.toml).
+	printf '%s\n' "root:x:0:0:root:/:/bin/sh" "tests:x:65533:65533:tests:/:/bin/sh" \
+		"nobody:x:65534:65534:nobody:/:/bin/sh" >"$root/etc/passwd"
+	printf '%s\n' "root:x:0:" "tests:x:65533:" "nogroup:x:65534:" >"$root/etc/group"
+	printf '%s\n' "passwd: files" "group: files" >"$root/etc/nsswitch.conf"
 	(cd "$root" && find . -print0 | sort -z | cpio --null -o -H newc -R 0:0 --quiet) |
 		gzip -6 >"$tmp/initramfs.cpio.gz"
 }
@@ -175,10 +219,11 @@ build_initramfs() {
 main() {
 	parse_args "$@"
 	ensure_packages
-	local kpkg kver kroot stamp
+	local kpkg kver kroot stamp pjd
 	kpkg=$(kernel_package)
 	kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
-	stamp=$(compute_stamp "$kpkg" "$kver")
+	pjd=$(build_pjdfstest)
+	stamp=$(compute_stamp "$kpkg" "$kver" "$pjd")
 	if [[ $FORCE == 0 && -f $OUT/stamp && $(cat "$OUT/stamp") == "$stamp" &&
 		-f $OUT/vmlinuz && -f $OUT/vmlinux && -f $OUT/initramfs.cpio.gz ]]; then
 		log "up to date ($kpkg $kver)"
@@ -188,7 +233,7 @@ main() {
 		check_kernel_config "$(echo "$kroot"/boot/config-*)"
 		TMP=$(mktemp -d "$OUT/.tmp.XXXXXX")
 		trap 'rm -rf "$TMP"' EXIT
-		build_initramfs "$TMP"
+		build_initramfs "$TMP" "$pjd"
 		# Replace the outputs only once everything succeeded.
 		install -m 0644 "$(echo "$kroot"/boot/vmlinuz-*)" "$OUT/vmlinuz"
 		extract_vmlinux "$OUT/vmlinuz" "$OUT/vmlinux"

@@ -18,6 +18,8 @@ SUITES=(
 	"cloud-hypervisor    --vmm cloud-hypervisor --suite basic --queues 2 --smp 2"
 	"shares-qemu-2q      --vmm qemu --suite shares --queues 2 --smp 2"
 	"control-qemu        --vmm qemu --suite control"
+	"reboot-qemu         --vmm qemu --suite reboot --allow-reboot"
+	"pjdfstest-qemu      --vmm qemu --suite pjdfstest"
 	# Add more suites here, one line each.
 )
 
