@@ -15,7 +15,6 @@ use crate::fs::{resolve_share_path, CacheMode, ShareSpec};
 pub const UNSUPPORTED_VIRTIOFSD_OPTIONS: &[&str] = &[
     "--sandbox",
     "--seccomp",
-    "--socket-group",
     "--announce-submounts",
     "--inode-file-handles",
     "--xattrmap",
@@ -96,6 +95,12 @@ pub struct Args {
     #[arg(long, value_name = "PATH", conflicts_with = "fd")]
     pub socket_path: Option<PathBuf>,
 
+    /// Group of the vhost-user socket, as in virtiofsd: the socket is made mode 0770
+    /// and owned by this group (a name, or a numeric gid), so a VMM running as another
+    /// user in that group can connect. Without it the socket is 0700.
+    #[arg(long, value_name = "GROUP", conflicts_with = "fd")]
+    pub socket_group: Option<String>,
+
     /// An inherited, already listening vhost-user socket (instead of --socket-path).
     #[arg(long, value_name = "N")]
     pub fd: Option<RawFd>,
@@ -170,6 +175,8 @@ pub enum SocketSource {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub socket: SocketSource,
+    /// --socket-group, resolved to a gid.
+    pub socket_group: Option<u32>,
     pub shared_dir: PathBuf,
     /// None: the whole SharedDir; Some: only these shares, under a virtual root.
     pub allowed_dirs: Option<Vec<ShareSpec>>,
@@ -232,6 +239,21 @@ impl Args {
                 ))
             }
         };
+        if let SocketSource::Path(p) = &socket {
+            check_socket_path("--socket-path", p)?;
+        }
+        if let Some(p) = &self.control_socket {
+            check_socket_path("--control-socket", p)?;
+        }
+        let socket_group = match (&self.socket_group, &socket) {
+            (None, _) => None,
+            (Some(g), SocketSource::Path(_)) => Some(resolve_group(g)?),
+            (Some(_), SocketSource::Fd(_)) => {
+                return Err(ConfigError(
+                    "--socket-group applies to --socket-path, not to --fd".to_string(),
+                ))
+            }
+        };
         let shared_dir = self
             .shared_dir
             .ok_or_else(|| ConfigError("--shared-dir is required".to_string()))?;
@@ -255,6 +277,7 @@ impl Args {
         };
         Ok(Config {
             socket,
+            socket_group,
             shared_dir,
             allowed_dirs,
             control_socket: self.control_socket,
@@ -268,6 +291,52 @@ impl Args {
             syslog: self.syslog,
             rlimit_nofile: self.rlimit_nofile,
         })
+    }
+}
+
+/// The longest path a Unix socket can be bound at (`sun_path` is 108 bytes with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A socket path must fit `sun_path` and its parent directory must exist.
+pub fn check_socket_path(flag: &str, path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = path.as_os_str().as_bytes().len();
+    if len == 0 {
+        return Err(ConfigError(format!("{flag}: empty path")));
+    }
+    if len > MAX_SOCKET_PATH {
+        return Err(ConfigError(format!(
+            "{flag} {}: {len} bytes, longer than the {MAX_SOCKET_PATH} a Unix socket path may have",
+            path.display()
+        )));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(ConfigError(format!(
+            "{flag} {}: {} is not a directory",
+            path.display(),
+            parent.display()
+        ))),
+        Err(e) => Err(ConfigError(format!(
+            "{flag} {}: directory {}: {e}",
+            path.display(),
+            parent.display()
+        ))),
+    }
+}
+
+/// A group name (as virtiofsd takes it) or, failing that, a numeric gid.
+fn resolve_group(group: &str) -> Result<u32, ConfigError> {
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => group
+            .parse::<u32>()
+            .map_err(|_| ConfigError(format!("--socket-group {group}: no such group"))),
+        Err(e) => Err(ConfigError(format!("--socket-group {group}: {e}"))),
     }
 }
 
@@ -388,6 +457,68 @@ mod tests {
     fn unknown_options_are_named() {
         let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--bogus"]).unwrap_err();
         assert!(e.contains("--bogus"), "{e}");
+    }
+
+    #[test]
+    fn socket_paths_are_checked() {
+        let long = format!("/tmp/{}", "x".repeat(120));
+        let e = parse(&["--socket-path", &long, "--shared-dir", "/tmp"]).unwrap_err();
+        assert!(
+            e.starts_with("--socket-path /tmp/xxx") && e.contains("107"),
+            "{e}"
+        );
+        let e = parse(&["--socket-path", "/nonexistent/s", "--shared-dir", "/tmp"]).unwrap_err();
+        assert!(
+            e.contains("--socket-path /nonexistent/s: directory /nonexistent"),
+            "{e}"
+        );
+        let e = parse(&[
+            "--socket-path",
+            "/tmp/s",
+            "--shared-dir",
+            "/tmp",
+            "--control-socket",
+            "/etc/hostname/c",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--control-socket /etc/hostname/c: /etc/hostname is not a directory"),
+            "{e}"
+        );
+        assert!(parse(&["--socket-path", "rel.sock", "--shared-dir", "/tmp"]).is_ok());
+    }
+
+    #[test]
+    fn socket_group_by_name_or_gid() {
+        let c = parse(&[
+            "--socket-path",
+            "/tmp/s",
+            "--shared-dir",
+            "/tmp",
+            "--socket-group",
+            "root",
+        ])
+        .unwrap();
+        assert_eq!(c.socket_group, Some(0));
+        let c = parse(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--socket-group=4321",
+        ])
+        .unwrap();
+        assert_eq!(c.socket_group, Some(4321));
+        let e = parse(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--socket-group=no-such-grp",
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("--socket-group no-such-grp: no such group"),
+            "{e}"
+        );
+        let e = parse(&["--fd=3", "--shared-dir=/tmp", "--socket-group=root"]).unwrap_err();
+        assert!(e.contains("--socket-group"), "{e}");
     }
 
     #[test]

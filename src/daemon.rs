@@ -21,9 +21,12 @@ use crate::fs::PassthroughConfig;
 pub fn run(config: Config) -> Result<(), String> {
     crate::logging::init(config.log_level, config.syslog)?;
     set_rlimit_nofile(config.rlimit_nofile)?;
-    // The guest kernel applies the caller's umask itself; ours must not apply twice.
+    // Both sockets are bound under umask 077, whatever umask we were started with: no
+    // other user may connect to them before their final modes are set. Only once they
+    // exist, and before any guest request runs, is the umask cleared for the guest's
+    // files (see below).
     // SAFETY: umask only changes this process's file mode creation mask.
-    unsafe { libc::umask(0) };
+    unsafe { libc::umask(0o077) };
 
     // Block the termination signals in every thread; one thread waits for them.
     let mut term = SigSet::empty();
@@ -59,7 +62,11 @@ pub fn run(config: Config) -> Result<(), String> {
         None => None,
     };
 
-    let mut listener = make_listener(&config.socket)?;
+    let mut listener = make_listener(&config.socket, config.socket_group)?;
+    // The guest kernel applies the caller's umask itself; ours must not apply twice.
+    // No guest request has run yet: the frontend connects in `daemon.start` below.
+    // SAFETY: umask only changes this process's file mode creation mask.
+    unsafe { libc::umask(0) };
     let socket_path = match &config.socket {
         SocketSource::Path(p) => Some(p.clone()),
         SocketSource::Fd(_) => None,
@@ -117,11 +124,15 @@ pub fn run(config: Config) -> Result<(), String> {
     Ok(())
 }
 
-fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
+fn make_listener(socket: &SocketSource, group: Option<u32>) -> Result<Listener, String> {
     match socket {
         SocketSource::Path(path) => {
             remove_stale_socket(path)?;
-            Listener::new(path, false).map_err(|e| format!("--socket-path {}: {e}", path.display()))
+            // Bound under umask 077 (set by `run`): 0700 from the start.
+            let listener = Listener::new(path, false)
+                .map_err(|e| format!("--socket-path {}: {e}", path.display()))?;
+            set_socket_mode(path, group)?;
+            Ok(listener)
         }
         SocketSource::Fd(fd) => {
             check_listening_socket(*fd)?;
@@ -130,6 +141,33 @@ fn make_listener(socket: &SocketSource) -> Result<Listener, String> {
             Ok(unsafe { Listener::from_raw_fd(*fd) })
         }
     }
+}
+
+/// The vhost-user socket's final mode. Without a group: 0700, owner only (as
+/// virtiofsd). With `--socket-group`: the group is set first, then the mode becomes
+/// 0770, the mode virtiofsd gives it (it binds under umask 007 and then chowns; here
+/// the group never has access before it is the right group).
+fn set_socket_mode(path: &Path, group: Option<u32>) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        format!("--socket-path {}: {what}: {e}", path.display())
+    };
+    let mode = match group {
+        Some(gid) => {
+            nix::unistd::fchownat(
+                None,
+                path,
+                None,
+                Some(nix::unistd::Gid::from_raw(gid)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| err(&format!("--socket-group {gid}: chown"), &e))?;
+            0o770
+        }
+        None => 0o700,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| err("chmod", &e))
 }
 
 /// A socket file left by an earlier run is replaced; any other file is an error, so

@@ -1,63 +1,529 @@
-//! Logging to stderr (env_logger) or to syslog (`--syslog`).
+//! Logging to stderr (env_logger) or to syslog (`--syslog`), behind a guard that a
+//! hostile guest cannot use to flood the log:
 //!
-//! The syslog writer is a few lines over `/dev/log` (RFC 3164 framing), which is all a
-//! daemon needs; it avoids a dependency for one datagram send.
+//! - records of the FUSE server and virtqueue crates (`fuse_backend_rs*`,
+//!   `virtio_queue*`), which print guest payloads (a whole bad name, a whole request
+//!   header) at error level, are demoted to debug: shown only with `--log-level debug`
+//!   or `trace`;
+//! - warnings and errors are rate-limited per call site (module and line): a burst of
+//!   [`BURST`], then one per second; what was dropped is reported as
+//!   "suppressed N similar messages", on the next line from that site or by a summary
+//!   at most [`SUMMARY_PERIOD`] later;
+//! - every message is cut at [`MAX_MESSAGE`] bytes while it is formatted, so a 1 MiB
+//!   `Debug` string is never built, and control characters are escaped (a guest name
+//!   cannot forge a log line).
+//!
+//! A record below the level is never formatted. The syslog writer is a few lines over
+//! `/dev/log` (RFC 3164 framing), which is all a daemon needs.
 
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
 use std::os::unix::net::UnixDatagram;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
+/// Longest message written, in bytes (the line prefix and a truncation mark come on top).
+pub const MAX_MESSAGE: usize = 512;
+/// Warnings and errors one call site may log at once before it is rate-limited.
+pub const BURST: u32 = 10;
+/// Then one message per this interval per call site.
+pub const REFILL: Duration = Duration::from_secs(1);
+/// How soon a "suppressed N similar messages" summary follows a quiet site.
+pub const SUMMARY_PERIOD: Duration = Duration::from_secs(2);
+/// Call sites tracked at once (there are a few hundred in the binary; bounded anyway).
+const MAX_SITES: usize = 4096;
+
+/// Crates whose log records can carry guest payloads; demoted to debug.
+const GUEST_PAYLOAD_TARGETS: &[&str] = &["fuse_backend_rs", "virtio_queue"];
+
 pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
-    if syslog {
+    let sink = if syslog {
         let sock = UnixDatagram::unbound().map_err(|e| format!("syslog socket: {e}"))?;
         sock.connect("/dev/log")
             .map_err(|e| format!("--syslog: connect /dev/log: {e}"))?;
-        log::set_boxed_logger(Box::new(SyslogLogger {
+        Sink::Syslog {
             sock: Mutex::new(sock),
             pid: std::process::id(),
-        }))
-        .map_err(|e| e.to_string())?;
-        log::set_max_level(level);
+        }
     } else {
-        env_logger::Builder::new()
-            .filter_level(level)
-            .format_timestamp_millis()
-            .try_init()
-            .map_err(|e| e.to_string())?;
-    }
+        Sink::Stderr(
+            env_logger::Builder::new()
+                .filter_level(LevelFilter::Trace)
+                .format_timestamp_millis()
+                .build(),
+        )
+    };
+    let logger = Arc::new(GuardLogger::new(level, sink));
+    log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
+    log::set_max_level(level);
+    // Summaries of suppressed messages for sites that went quiet.
+    let _ = std::thread::Builder::new()
+        .name("volfsd-log".to_string())
+        .spawn(move || loop {
+            std::thread::sleep(SUMMARY_PERIOD / 2);
+            logger.flush_suppressed(Instant::now());
+        });
     Ok(())
 }
 
-struct SyslogLogger {
-    sock: Mutex<UnixDatagram>,
-    pid: u32,
+/// The level a record is logged at: guest-payload crates are demoted to debug.
+pub fn effective_level(metadata: &Metadata) -> Level {
+    let level = metadata.level();
+    let target = metadata.target();
+    if level < Level::Debug && GUEST_PAYLOAD_TARGETS.iter().any(|t| target.starts_with(t)) {
+        Level::Debug
+    } else {
+        level
+    }
 }
 
-impl Log for SyslogLogger {
+/// Where formatted lines go.
+pub enum Sink {
+    Stderr(env_logger::Logger),
+    Syslog {
+        sock: Mutex<UnixDatagram>,
+        pid: u32,
+    },
+    /// Collected lines (tests).
+    Memory(Mutex<Vec<String>>),
+}
+
+impl Sink {
+    fn write(&self, level: Level, record: &Record, msg: &str) {
+        match self {
+            Sink::Stderr(inner) => inner.log(
+                &Record::builder()
+                    .args(format_args!("{msg}"))
+                    .level(level)
+                    .target(record.target())
+                    .module_path(record.module_path())
+                    .file(record.file())
+                    .line(record.line())
+                    .build(),
+            ),
+            Sink::Syslog { sock, pid } => {
+                // facility daemon (3) * 8 + severity
+                let severity = match level {
+                    Level::Error => 3,
+                    Level::Warn => 4,
+                    Level::Info => 6,
+                    Level::Debug | Level::Trace => 7,
+                };
+                let line = format!("<{}>volfsd[{pid}]: {msg}", 3 * 8 + severity);
+                let _ = sock.lock().unwrap().send(line.as_bytes());
+            }
+            Sink::Memory(lines) => lines.lock().unwrap().push(format!("{level} {msg}")),
+        }
+    }
+}
+
+/// The guard in front of the sink; see the module documentation.
+pub struct GuardLogger {
+    level: LevelFilter,
+    sink: Sink,
+    limiter: Mutex<RateLimiter>,
+}
+
+impl GuardLogger {
+    pub fn new(level: LevelFilter, sink: Sink) -> Self {
+        GuardLogger {
+            level,
+            sink,
+            limiter: Mutex::new(RateLimiter::default()),
+        }
+    }
+
+    /// The lines written so far, for a [`Sink::Memory`] logger.
+    pub fn lines(&self) -> Vec<String> {
+        match &self.sink {
+            Sink::Memory(lines) => lines.lock().unwrap().clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn log_at(&self, record: &Record, now: Instant) {
+        let level = effective_level(record.metadata());
+        if level > self.level {
+            return;
+        }
+        let mut suffix = None;
+        if level <= Level::Warn {
+            let site = Site {
+                module: record.module_path().unwrap_or(record.target()),
+                line: record.line().unwrap_or(0),
+            };
+            match self.limiter.lock().unwrap().admit(&site, now) {
+                Admit::Drop => return,
+                Admit::Emit { suppressed } => suffix = (suppressed > 0).then_some(suppressed),
+            }
+        }
+        let mut msg = Bounded::new();
+        let _ = fmt::write(&mut msg, *record.args());
+        if msg.truncated {
+            msg.push_mark(" [truncated]");
+        }
+        if let Some(n) = suffix {
+            let _ = write!(msg.mark(), " [suppressed {n} similar messages]");
+        }
+        self.sink.write(level, record, msg.as_str());
+    }
+
+    /// Reports sites that dropped messages and have been quiet since.
+    pub fn flush_suppressed(&self, now: Instant) {
+        let pending = self.limiter.lock().unwrap().take_quiet(now);
+        for (module, line, n) in pending {
+            let text = format!("{module}:{line}: suppressed {n} similar messages");
+            self.sink.write(
+                Level::Warn,
+                &Record::builder()
+                    .args(format_args!("{text}"))
+                    .level(Level::Warn)
+                    .target(module_path!())
+                    .module_path(Some(module_path!()))
+                    .build(),
+                &text,
+            );
+        }
+    }
+}
+
+impl Log for GuardLogger {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= log::max_level()
+        effective_level(metadata) <= self.level
     }
 
     fn log(&self, record: &Record) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        // facility daemon (3) * 8 + severity
-        let severity = match record.level() {
-            Level::Error => 3,
-            Level::Warn => 4,
-            Level::Info => 6,
-            Level::Debug | Level::Trace => 7,
-        };
-        let msg = format!(
-            "<{}>volfsd[{}]: {}",
-            3 * 8 + severity,
-            self.pid,
-            record.args()
-        );
-        let _ = self.sock.lock().unwrap().send(msg.as_bytes());
+        self.log_at(record, Instant::now());
     }
 
-    fn flush(&self) {}
+    fn flush(&self) {
+        if let Sink::Stderr(inner) = &self.sink {
+            inner.flush();
+        }
+    }
+}
+
+struct SharedLogger(Arc<GuardLogger>);
+
+impl Log for SharedLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        self.0.enabled(metadata)
+    }
+    fn log(&self, record: &Record) {
+        self.0.log(record)
+    }
+    fn flush(&self) {
+        self.0.flush()
+    }
+}
+
+/// A call site: the module and line of the `log!` macro.
+#[derive(Clone, Copy, Debug)]
+pub struct Site<'a> {
+    pub module: &'a str,
+    pub line: u32,
+}
+
+#[derive(Debug, Eq, PartialEq)]
+pub enum Admit {
+    /// Log it; `suppressed` messages of this site were dropped since the last one.
+    Emit {
+        suppressed: u64,
+    },
+    Drop,
+}
+
+struct SiteState {
+    module: String,
+    line: u32,
+    tokens: f64,
+    last: Instant,
+    suppressed: u64,
+    last_drop: Instant,
+}
+
+/// A token bucket per call site: [`BURST`] at once, refilled at one per [`REFILL`].
+#[derive(Default)]
+pub struct RateLimiter {
+    sites: HashMap<u64, SiteState>,
+}
+
+impl RateLimiter {
+    pub fn admit(&mut self, site: &Site, now: Instant) -> Admit {
+        if self.sites.len() >= MAX_SITES && !self.sites.contains_key(&key_ref(site)) {
+            // Forget sites with nothing pending; a real binary never gets here.
+            self.sites.retain(|_, s| s.suppressed > 0);
+        }
+        let s = self
+            .sites
+            .entry(key_ref(site))
+            .or_insert_with(|| SiteState {
+                module: site.module.to_string(),
+                line: site.line,
+                tokens: f64::from(BURST),
+                last: now,
+                suppressed: 0,
+                last_drop: now,
+            });
+        let refill = now.saturating_duration_since(s.last).as_secs_f64() / REFILL.as_secs_f64();
+        s.tokens = (s.tokens + refill).min(f64::from(BURST));
+        s.last = now;
+        if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            let suppressed = std::mem::take(&mut s.suppressed);
+            Admit::Emit { suppressed }
+        } else {
+            s.suppressed += 1;
+            s.last_drop = now;
+            Admit::Drop
+        }
+    }
+
+    /// Sites that dropped messages and dropped none for [`SUMMARY_PERIOD`]: their
+    /// counts, reset to zero.
+    pub fn take_quiet(&mut self, now: Instant) -> Vec<(String, u32, u64)> {
+        let mut out = Vec::new();
+        for s in self.sites.values_mut() {
+            if s.suppressed > 0 && now.saturating_duration_since(s.last_drop) >= SUMMARY_PERIOD {
+                out.push((s.module.clone(), s.line, std::mem::take(&mut s.suppressed)));
+            }
+        }
+        out
+    }
+}
+
+/// No allocation per record: sites are keyed by a hash of module and line.
+fn key_ref(site: &Site) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    site.module.hash(&mut h);
+    site.line.hash(&mut h);
+    h.finish()
+}
+
+/// A message buffer that keeps at most [`MAX_MESSAGE`] bytes and then makes the
+/// formatter stop (a `fmt::Error` ends `fmt::write` early), escaping control
+/// characters on the way.
+pub struct Bounded {
+    buf: String,
+    limit: usize,
+    pub truncated: bool,
+}
+
+impl Default for Bounded {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Bounded {
+    pub fn new() -> Self {
+        Self::with_limit(MAX_MESSAGE)
+    }
+
+    pub fn with_limit(limit: usize) -> Self {
+        Bounded {
+            buf: String::with_capacity(limit.min(1024)),
+            limit,
+            truncated: false,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.buf
+    }
+
+    fn push_mark(&mut self, s: &str) {
+        self.buf.push_str(s);
+    }
+
+    /// Appends past the limit (for the suffixes the logger adds itself).
+    fn mark(&mut self) -> &mut String {
+        &mut self.buf
+    }
+}
+
+impl fmt::Write for Bounded {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if self.truncated {
+            return Err(fmt::Error);
+        }
+        for c in s.chars() {
+            let escaped;
+            let piece: &str = if c.is_control() && c != '\t' {
+                escaped = c.escape_default().to_string();
+                &escaped
+            } else {
+                let mut tmp = [0u8; 4];
+                let len = c.encode_utf8(&mut tmp).len();
+                if self.buf.len() + len > self.limit {
+                    self.truncated = true;
+                    return Err(fmt::Error);
+                }
+                self.buf.push(c);
+                continue;
+            };
+            if self.buf.len() + piece.len() > self.limit {
+                self.truncated = true;
+                return Err(fmt::Error);
+            }
+            self.buf.push_str(piece);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(line: u32) -> Site<'static> {
+        Site {
+            module: "volfsd::device::queue",
+            line,
+        }
+    }
+
+    #[test]
+    fn burst_then_one_per_second_with_a_suppressed_count() {
+        let mut rl = RateLimiter::default();
+        let t0 = Instant::now();
+        for _ in 0..BURST {
+            assert_eq!(rl.admit(&site(1), t0), Admit::Emit { suppressed: 0 });
+        }
+        for _ in 0..1000 {
+            assert_eq!(rl.admit(&site(1), t0), Admit::Drop);
+        }
+        // Another site has its own bucket.
+        assert_eq!(rl.admit(&site(2), t0), Admit::Emit { suppressed: 0 });
+        // Half a second later: still nothing; one second later: one, with the count.
+        let t = t0 + Duration::from_millis(500);
+        assert_eq!(rl.admit(&site(1), t), Admit::Drop);
+        let t = t0 + Duration::from_millis(1000);
+        assert_eq!(rl.admit(&site(1), t), Admit::Emit { suppressed: 1001 });
+        assert_eq!(rl.admit(&site(1), t), Admit::Drop);
+        // Bounded over a long flood: about one per second.
+        let mut emitted = 0;
+        for ms in 0..10_000u64 {
+            let t = t + Duration::from_millis(ms);
+            if matches!(rl.admit(&site(1), t), Admit::Emit { .. }) {
+                emitted += 1;
+            }
+        }
+        assert!((9..=11).contains(&emitted), "{emitted}");
+    }
+
+    #[test]
+    fn quiet_sites_get_a_summary_once() {
+        let mut rl = RateLimiter::default();
+        let t0 = Instant::now();
+        for _ in 0..BURST + 5 {
+            rl.admit(&site(7), t0);
+        }
+        assert!(rl.take_quiet(t0).is_empty(), "not quiet yet");
+        let later = t0 + SUMMARY_PERIOD;
+        assert_eq!(
+            rl.take_quiet(later),
+            vec![("volfsd::device::queue".to_string(), 7, 5)]
+        );
+        assert!(rl.take_quiet(later).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn a_huge_debug_string_is_cut_without_being_built() {
+        struct Counting<'a>(&'a std::cell::Cell<usize>);
+        impl fmt::Debug for Counting<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for _ in 0..(1 << 20) {
+                    self.0.set(self.0.get() + 1);
+                    f.write_str("97, ")?;
+                }
+                Ok(())
+            }
+        }
+        let calls = std::cell::Cell::new(0);
+        let mut b = Bounded::new();
+        let r = write!(b, "fuse: bytes to cstr error: {:?}", Counting(&calls));
+        assert!(r.is_err());
+        assert!(b.truncated);
+        assert!(b.as_str().len() <= MAX_MESSAGE);
+        assert!(calls.get() < 200, "formatting went on: {}", calls.get());
+        // A whole 1 MiB Vec<u8> Debug stops just as early.
+        let name = vec![b'a'; 1 << 20];
+        let mut b = Bounded::new();
+        let _ = write!(b, "{name:?}");
+        assert!(b.truncated && b.as_str().len() <= MAX_MESSAGE);
+    }
+
+    #[test]
+    fn multibyte_and_control_characters() {
+        let mut b = Bounded::with_limit(5);
+        let _ = write!(b, "ééé");
+        assert_eq!(b.as_str(), "éé");
+        assert!(b.truncated);
+        let mut b = Bounded::new();
+        let _ = write!(b, "a\nforged line\r\x1b[31m\tok");
+        assert_eq!(b.as_str(), "a\\nforged line\\r\\u{1b}[31m\tok");
+        assert!(!b.truncated);
+    }
+
+    #[test]
+    fn guest_payload_crates_are_debug_only_and_others_rate_limited() {
+        let logger = GuardLogger::new(LevelFilter::Info, Sink::Memory(Mutex::new(Vec::new())));
+        let meta =
+            |target: &'static str, level| Metadata::builder().target(target).level(level).build();
+        assert!(!logger.enabled(&meta("fuse_backend_rs::api::server::sync_io", Level::Error)));
+        assert!(!logger.enabled(&meta("virtio_queue::queue", Level::Error)));
+        assert!(logger.enabled(&meta("volfsd::device::queue", Level::Warn)));
+        let now = Instant::now();
+        let big = vec![b'x'; 1 << 20];
+        for _ in 0..100 {
+            logger.log_at(
+                &Record::builder()
+                    .args(format_args!("fuse: bytes to cstr error: {big:?}"))
+                    .level(Level::Error)
+                    .target("fuse_backend_rs::api::server::sync_io")
+                    .build(),
+                now,
+            );
+        }
+        assert!(logger.lines().is_empty(), "{:?}", logger.lines().len());
+        for _ in 0..100 {
+            logger.log_at(
+                &Record::builder()
+                    .args(format_args!("queue 1: bad chain {big:?}"))
+                    .level(Level::Warn)
+                    .target("volfsd::device::queue")
+                    .module_path(Some("volfsd::device::queue"))
+                    .line(Some(161))
+                    .build(),
+                now,
+            );
+        }
+        let lines = logger.lines();
+        assert_eq!(lines.len(), BURST as usize);
+        assert!(
+            lines.iter().all(|l| l.len() < MAX_MESSAGE + 64),
+            "{lines:?}"
+        );
+        logger.flush_suppressed(now + SUMMARY_PERIOD);
+        let last = logger.lines().pop().unwrap();
+        assert!(last.contains("suppressed 90 similar messages"), "{last}");
+        // At debug level the demoted records show, cut to size.
+        let logger = GuardLogger::new(LevelFilter::Debug, Sink::Memory(Mutex::new(Vec::new())));
+        logger.log_at(
+            &Record::builder()
+                .args(format_args!("fuse: bytes to cstr error: {big:?}"))
+                .level(Level::Error)
+                .target("fuse_backend_rs::api::server::sync_io")
+                .build(),
+            now,
+        );
+        let lines = logger.lines();
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].starts_with("DEBUG fuse: bytes"), "{}", lines[0]);
+        assert!(lines[0].ends_with("[truncated]"));
+    }
 }

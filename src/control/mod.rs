@@ -15,7 +15,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 
@@ -33,6 +33,91 @@ pub struct ControlServer {
     api: Arc<Api>,
     allowed_uids: Vec<u32>,
     clients: Arc<AtomicUsize>,
+    /// An fd kept open to be closed when accept fails for lack of fds, so that an
+    /// operator can still be served at the fd limit (see [`ControlServer::accept_loop`]).
+    reserve_fd: Option<std::fs::File>,
+}
+
+/// Back-off of the accept loop when it cannot accept (no fds, no memory): it never spins.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// At most one "cannot accept" warning per this interval.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+fn open_reserve_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// The tags and permission bits of a POSIX ACL in its xattr form
+/// (`<linux/posix_acl_xattr.h>`, `<linux/posix_acl.h>`).
+const ACL_XATTR_VERSION: u32 = 2;
+const ACL_USER_OBJ: u16 = 0x01;
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_MASK: u16 = 0x10;
+const ACL_OTHER: u16 = 0x20;
+const ACL_RW: u16 = 0o6;
+const ACL_UNDEFINED_ID: u32 = u32::MAX;
+
+/// The `system.posix_acl_access` value giving the owner and each of `uids` read and
+/// write (what connect(2) needs) and nobody else anything: `user::rw-`,
+/// `user:UID:rw-`..., `group::---`, `mask::rw-`, `other::---`. `uids` must be sorted
+/// and unique, as the kernel requires.
+pub fn socket_acl(uids: &[u32]) -> Vec<u8> {
+    let mut entries = vec![(ACL_USER_OBJ, ACL_RW, ACL_UNDEFINED_ID)];
+    entries.extend(uids.iter().map(|&u| (ACL_USER, ACL_RW, u)));
+    entries.push((ACL_GROUP_OBJ, 0, ACL_UNDEFINED_ID));
+    entries.push((ACL_MASK, ACL_RW, ACL_UNDEFINED_ID));
+    entries.push((ACL_OTHER, 0, ACL_UNDEFINED_ID));
+    let mut out = ACL_XATTR_VERSION.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// Lets exactly `uids` (besides the owner) connect to the socket at `path`: a POSIX
+/// access ACL entry per uid. Where the file system has no ACLs, the socket is made
+/// 0666 instead, with a warning: then only the SO_PEERCRED check refuses other uids.
+fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let acl = socket_acl(uids);
+    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("--control-socket {}: NUL in path", path.display()))?;
+    // SAFETY: both strings are NUL-terminated and `acl` is valid for its length; the
+    // result is checked. lsetxattr does not follow a symlink put in the socket's place.
+    let r = unsafe {
+        libc::lsetxattr(
+            cpath.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            acl.as_ptr() as *const libc::c_void,
+            acl.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        info!(
+            "control socket {}: uids {uids:?} may connect (POSIX ACL)",
+            path.display()
+        );
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(format!(
+            "--control-socket {}: setting the ACL for --control-allow-uid: {e}",
+            path.display()
+        ));
+    }
+    warn!(
+        "control socket {}: the file system has no POSIX ACLs, so the socket is made \
+         mode 0666 for --control-allow-uid {uids:?}; only the peer-credential check \
+         refuses other uids",
+        path.display()
+    );
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| format!("--control-socket {}: chmod: {e}", path.display()))
 }
 
 impl ControlServer {
@@ -65,16 +150,23 @@ impl ControlServer {
         let listener = bound.map_err(|e| format!("--control-socket {}: {e}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| format!("--control-socket {}: chmod: {e}", path.display()))?;
-        // SAFETY: getuid cannot fail.
-        let own = unsafe { libc::getuid() };
+        // SAFETY: geteuid cannot fail.
+        let own = unsafe { libc::geteuid() };
         let mut allowed_uids = vec![0, own];
         allowed_uids.extend_from_slice(extra_uids);
+        let mut others: Vec<u32> = extra_uids.iter().copied().filter(|&u| u != own).collect();
+        others.sort_unstable();
+        others.dedup();
+        if !others.is_empty() {
+            grant_uids(path, &others)?;
+        }
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),
             api: Arc::new(api),
             allowed_uids,
             clients: Arc::new(AtomicUsize::new(0)),
+            reserve_fd: open_reserve_fd(),
         })
     }
 
@@ -90,17 +182,49 @@ impl ControlServer {
         Ok(())
     }
 
-    fn accept_loop(self) {
+    /// Accepts clients forever. When accept fails for lack of fds (EMFILE, ENFILE) the
+    /// reserve fd is closed and accept retried, so one operator is served even at the
+    /// limit; without a reserve, and on any other failure, the loop sleeps
+    /// [`ACCEPT_BACKOFF`] before retrying (a pending connection makes accept fail at
+    /// once, so retrying at once would spin) and warns at most every 10 s.
+    fn accept_loop(mut self) {
         info!("control socket listening on {}", self.path.display());
-        for stream in self.listener.incoming() {
-            let stream = match stream {
-                Ok(s) => s,
+        let mut failures: u64 = 0;
+        let mut last_warn: Option<Instant> = None;
+        loop {
+            if self.reserve_fd.is_none() {
+                self.reserve_fd = open_reserve_fd();
+            }
+            match self.listener.accept() {
+                Ok((stream, _)) => self.admit(stream),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    warn!("control socket accept: {e}");
-                    continue;
+                    let no_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    if no_fds {
+                        if let Some(reserve) = self.reserve_fd.take() {
+                            drop(reserve);
+                            if let Ok((stream, _)) = self.listener.accept() {
+                                warn!(
+                                    "control socket: out of file descriptors ({e}); \
+                                     serving a client on the reserve fd"
+                                );
+                                self.admit(stream);
+                                continue;
+                            }
+                        }
+                    }
+                    failures += 1;
+                    if last_warn.is_none_or(|t| t.elapsed() >= ACCEPT_WARN_EVERY) {
+                        warn!(
+                            "control socket accept: {e} ({failures} failures so far); \
+                             retrying every {} ms",
+                            ACCEPT_BACKOFF.as_millis()
+                        );
+                        last_warn = Some(Instant::now());
+                    }
+                    std::thread::sleep(ACCEPT_BACKOFF);
                 }
-            };
-            self.admit(stream);
+            }
         }
     }
 
