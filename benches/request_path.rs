@@ -149,10 +149,7 @@ fn name(s: &str) -> Vec<u8> {
 }
 
 fn cfg() -> PassthroughConfig {
-    PassthroughConfig {
-        cache: CacheMode::None,
-        xattr: false,
-    }
+    PassthroughConfig::new(CacheMode::None, false)
 }
 
 fn shared_dir() -> tempdir::Dir {

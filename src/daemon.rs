@@ -34,15 +34,18 @@ pub fn run(config: Config) -> Result<(), String> {
     term.add(Signal::SIGINT);
     term.thread_block()
         .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
+    // The lock-wait wake-up signal only ever interrupts a lock wait: blocked in every
+    // thread but the one waiting (see fs/locks.rs).
+    let mut wake = SigSet::empty();
+    wake.add(Signal::SIGUSR1);
+    wake.thread_block()
+        .map_err(|e| format!("blocking SIGUSR1: {e}"))?;
 
     let fs = crate::fs::build(
         &config.shared_dir,
         config.allowed_dirs.as_deref(),
         config.readonly,
-        PassthroughConfig {
-            cache: config.cache,
-            xattr: config.xattr,
-        },
+        PassthroughConfig::new(config.cache, config.xattr),
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
     let backend = Arc::new(FsBackend::new(fs.clone(), config.num_request_queues));

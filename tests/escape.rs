@@ -22,10 +22,7 @@ use volfsd::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs, Vol
 const ROOT: u64 = 1;
 
 fn cfg() -> PassthroughConfig {
-    PassthroughConfig {
-        cache: CacheMode::None,
-        xattr: true,
-    }
+    PassthroughConfig::new(CacheMode::None, true)
 }
 
 /// SharedDir with `a` (rw), `b` (ro), `c` (rw) and `hidden` holding a secret.

@@ -319,10 +319,7 @@ fn readonly_statfs_reports_st_rdonly() {
     use fuse_backend_rs::api::filesystem::{Context, FileSystem};
     use volfsd::fs::{build, CacheMode, PassthroughConfig};
     let shared = TempDir::new("shared");
-    let cfg = PassthroughConfig {
-        cache: CacheMode::None,
-        xattr: false,
-    };
+    let cfg = PassthroughConfig::new(CacheMode::None, false);
     let ro = build(shared.path(), None, true, cfg.clone()).unwrap();
     let st = ro.statfs(&Context::new(), 1).unwrap();
     assert_ne!(st.f_flag & libc::ST_RDONLY, 0);

@@ -4,7 +4,7 @@
 //! Each request queue has its own worker thread (the hiprio queue shares the first
 //! one), so a multi-queue guest is served in parallel.
 
-mod queue;
+pub mod queue;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,9 +22,11 @@ use vmm_sys_util::event::{
 };
 
 use crate::fs::{FsServer, VolFs};
+use queue::{QueueHealth, QueueStart};
 
-/// virtio device id of virtio-fs.
-pub const VIRTIO_ID_FS: u32 = 26;
+/// The most request queues: vhost-user-backend gives each worker a 64-bit queue
+/// mask, and the hiprio queue takes one bit.
+pub const MAX_REQUEST_QUEUES: usize = 63;
 /// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
 pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The hiprio queue's index.
@@ -50,6 +52,11 @@ pub struct FsBackend {
     num_request_queues: usize,
     stats: Arc<DeviceStats>,
     started: Vec<AtomicBool>,
+    health: Vec<QueueHealth>,
+    /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
+    /// reset the session: one reset per start, whichever queue sees it first.
+    starts: AtomicU64,
+    reset_in_start: AtomicU64,
 }
 
 impl FsBackend {
@@ -66,15 +73,14 @@ impl FsBackend {
             num_request_queues,
             stats: Arc::new(stats),
             started: (0..total).map(|_| AtomicBool::new(false)).collect(),
+            health: (0..total).map(|_| QueueHealth::default()).collect(),
+            starts: AtomicU64::new(0),
+            reset_in_start: AtomicU64::new(0),
         }
     }
 
     pub fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
-    }
-
-    pub fn fs(&self) -> &Arc<VolFs> {
-        self.server.fs()
     }
 }
 
@@ -121,6 +127,17 @@ impl VhostUserBackend for FsBackend {
         VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::RESET_DEVICE
+    }
+
+    fn acked_features(&self, _features: u64) {
+        // SET_FEATURES opens every device start, a resume after a pause included.
+        self.starts.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn reset_device(&self) {
+        debug!("device reset by the frontend: the guest session ends");
+        self.server.start_over();
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -173,6 +190,17 @@ impl VhostUserBackend for FsBackend {
             warn!("queue {index} kicked before the memory table was set");
             return Ok(());
         };
+        let health = &self.health[index];
+        // A queue set up anew from index 0 is a new driver (a reboot): the old
+        // session's node ids, handles and locks go, once per device start. A resume
+        // after a pause keeps its ring position, so it keeps its session.
+        if health.check_restart(vring) == QueueStart::NewDriver {
+            let start = self.starts.load(Ordering::Acquire);
+            if self.reset_in_start.swap(start, Ordering::AcqRel) != start {
+                debug!("queue {index}: a new driver started the device");
+                self.server.start_over();
+            }
+        }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         if let Err(e) = queue::process(
             &self.server,
@@ -181,6 +209,7 @@ impl VhostUserBackend for FsBackend {
             index,
             self.event_idx.load(Ordering::Relaxed),
             &self.stats.requests[index],
+            health,
         ) {
             warn!("queue {index}: {e}");
         }

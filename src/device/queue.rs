@@ -1,13 +1,20 @@
 //! Serving one virtqueue: pop descriptor chains, run each FUSE request, return it.
 //!
-//! Everything here is reached by guest-controlled data, so nothing may panic: a chain
-//! that does not decode is returned to the guest with no reply bytes.
+//! Everything here is reached by guest-controlled data, so nothing may panic, spin or
+//! log without bound:
+//! - each request is copied out of guest memory once, in one walk of its chain, and
+//!   served from that copy (a WRITE's data aside, see `fs/server.rs`);
+//! - a queue whose frontend breaks the ring's rules (an avail index further ahead
+//!   than the queue is long, a chain that loops or points outside guest memory) is
+//!   stopped with one log line, and stays stopped until the frontend sets it up again.
 
+use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::num::Wrapping;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use fuse_backend_rs::abi::fuse_abi::InHeader;
+use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
 use log::{debug, warn};
 use vhost_user_backend::{VringRwLock, VringT};
@@ -17,9 +24,76 @@ use vm_memory::{
 };
 
 use crate::fs::extra_ops::reply_error;
+use crate::fs::server::{parse_header, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 
 type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+
+/// The state a queue keeps across kicks.
+#[derive(Default)]
+pub struct QueueHealth {
+    /// The frontend broke the ring's rules: nothing more is served on this queue
+    /// until the frontend sets it up again.
+    stopped: AtomicBool,
+    /// (descriptor table address, next avail index) when the queue was last drained:
+    /// anything else at the next kick means the frontend set the queue up again.
+    last_seen: Mutex<Option<(u64, u16)>>,
+}
+
+/// What the first look at a kicked queue found.
+#[derive(Debug, Eq, PartialEq)]
+pub enum QueueStart {
+    /// Serving as before.
+    Same,
+    /// The frontend set up the queue again and a new driver starts it from index 0:
+    /// a guest reboot or a driver reset.
+    NewDriver,
+}
+
+impl QueueHealth {
+    /// Compares the queue with how it was left, clears a stop if the frontend set it
+    /// up again, and tells whether a new driver started it.
+    pub fn check_restart(&self, vring: &VringRwLock) -> QueueStart {
+        let now = {
+            let state = vring.get_ref();
+            let q = state.get_queue();
+            (q.desc_table(), q.next_avail())
+        };
+        let last = *self.last_seen.lock().unwrap();
+        match last {
+            Some(seen) if seen != now => {
+                self.stopped.store(false, Ordering::Release);
+                if now.1 == 0 {
+                    QueueStart::NewDriver
+                } else {
+                    QueueStart::Same
+                }
+            }
+            _ => QueueStart::Same,
+        }
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    fn remember(&self, vring: &VringRwLock) {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        *self.last_seen.lock().unwrap() = Some((q.desc_table(), q.next_avail()));
+    }
+
+    fn stop(&self, index: usize, why: &str) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
+            warn!(
+                "queue {index}: stopped: {why}; it serves again once the frontend sets it up anew"
+            );
+        }
+    }
+}
+
+/// A ring rule the frontend broke.
+struct Broken(String);
 
 /// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
 /// a request published in between is not missed.
@@ -30,8 +104,45 @@ pub fn process(
     index: usize,
     event_idx: bool,
     served: &AtomicU64,
+    health: &QueueHealth,
 ) -> io::Result<()> {
+    if health.is_stopped() {
+        return Ok(());
+    }
     let mem = mem.memory();
+    let result = drain(server, &mem, vring, index, event_idx, served);
+    match result {
+        Ok(()) => {
+            health.remember(vring);
+            Ok(())
+        }
+        Err(DrainError::Broken(Broken(why))) => {
+            health.stop(index, &why);
+            Ok(())
+        }
+        Err(DrainError::Io(e)) => Err(e),
+    }
+}
+
+enum DrainError {
+    Broken(Broken),
+    Io(io::Error),
+}
+
+impl From<io::Error> for DrainError {
+    fn from(e: io::Error) -> Self {
+        DrainError::Io(e)
+    }
+}
+
+fn drain(
+    server: &Arc<FsServer>,
+    mem: &Mem,
+    vring: &VringRwLock,
+    index: usize,
+    event_idx: bool,
+    served: &AtomicU64,
+) -> Result<(), DrainError> {
     loop {
         if event_idx {
             vring.disable_notification().map_err(queue_err(index))?;
@@ -39,23 +150,27 @@ pub fn process(
         let mut unsignalled = 0;
         let mut unsignalled_bytes = 0;
         loop {
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(mem.clone());
-            let Some(chain) = chain else { break };
+            let Some(chain) = pop_checked(mem, vring).map_err(DrainError::Broken)? else {
+                break;
+            };
             let head = chain.head_index();
-            if let Some(header) = peek_header(&mem, &chain) {
-                if header.opcode == OPCODE_SETLKW
-                    && wait_off_thread(server, vring, chain.clone(), header, event_idx, index)
-                {
-                    served.fetch_add(1, Ordering::Relaxed);
-                    continue;
+            let len = REQUEST.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let len = serve_one(server, mem, vring, chain, index, event_idx, &mut buf);
+                // A large request (a SETXATTR value, a batch of forgets) must not
+                // keep its buffer in every worker for good.
+                if buf.capacity() > KEPT_REQUEST_CAPACITY {
+                    buf.clear();
+                    buf.shrink_to(KEPT_REQUEST_CAPACITY);
                 }
-            }
-            let len = serve_one(server, &mem, chain, index);
-            vring.add_used(head, len).map_err(queue_err(index))?;
+                len
+            })?;
             served.fetch_add(1, Ordering::Relaxed);
+            let Some(len) = len else {
+                // Handed to a lock-wait thread, which returns it itself.
+                continue;
+            };
+            vring.add_used(head, len).map_err(queue_err(index))?;
             unsignalled += 1;
             unsignalled_bytes += len as usize;
             // One interrupt per batch, not per request: each eventfd write wakes the
@@ -77,51 +192,187 @@ pub fn process(
     }
 }
 
-const OPCODE_SETLKW: u32 = 33;
+/// Pops the next chain after checking the avail index: one further ahead than the
+/// queue is long is a broken frontend (virtio-queue would log and return nothing,
+/// and with EVENT_IDX the worker would spin on it).
+fn pop_checked(mem: &Mem, vring: &VringRwLock) -> Result<Option<DescriptorChain<Mem>>, Broken> {
+    let mut state = vring.get_mut();
+    let q = state.get_queue_mut();
+    let next = Wrapping(q.next_avail());
+    let avail = q
+        .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
+        .map_err(|e| Broken(format!("unreadable avail ring: {e}")))?;
+    let pending = (avail - next).0;
+    if pending > q.size() {
+        return Err(Broken(format!(
+            "avail index {} is {pending} entries ahead of {} on a queue of {}",
+            avail.0,
+            next.0,
+            q.size()
+        )));
+    }
+    if pending == 0 {
+        return Ok(None);
+    }
+    Ok(q.pop_descriptor_chain(mem.clone()))
+}
+
+thread_local! {
+    /// The local copy of the request being served, one per worker thread.
+    static REQUEST: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(4096));
+}
+
+/// Request buffer capacity a worker keeps between requests.
+const KEPT_REQUEST_CAPACITY: usize = 64 * 1024;
+
+/// Copies the readable part of `chain` into `buf` in one walk: the whole request,
+/// or for a WRITE only its header and WriteIn (the data is read in place later).
+/// A chain whose walk ends on a descriptor that still names a next one (a loop, an
+/// index past the table, memory the guest does not have) is broken.
+fn copy_request(mem: &Mem, chain: &DescriptorChain<Mem>, buf: &mut Vec<u8>) -> Result<(), Broken> {
+    buf.clear();
+    let mut limit = MAX_REQUEST;
+    let mut last_has_next = false;
+    for desc in chain.clone() {
+        last_has_next = desc.has_next();
+        if desc.is_write_only() || buf.len() >= limit {
+            continue;
+        }
+        let start = buf.len();
+        let n = (desc.len() as usize).min(limit - start);
+        buf.resize(start + n, 0);
+        mem.read_slice(&mut buf[start..], desc.addr())
+            .map_err(|e| Broken(format!("descriptor at {:#x}: {e}", desc.addr().0)))?;
+        if start < HEADER && buf.len() >= HEADER && parse_header(buf).is_some_and(is_write) {
+            limit = WRITE_PREFIX;
+            buf.truncate(limit.min(buf.len()));
+        }
+    }
+    if last_has_next {
+        return Err(Broken(
+            "a descriptor chain loops or leaves the descriptor table".into(),
+        ));
+    }
+    Ok(())
+}
+
+const HEADER: usize = std::mem::size_of::<InHeader>();
+
+fn is_write(h: InHeader) -> bool {
+    h.opcode == Opcode::Write as u32
+}
+
+/// Runs one request; returns the reply length to put in the used ring, or None when
+/// a lock-wait thread took the chain over.
+fn serve_one(
+    server: &Arc<FsServer>,
+    mem: &Mem,
+    vring: &VringRwLock,
+    chain: DescriptorChain<Mem>,
+    index: usize,
+    event_idx: bool,
+    buf: &mut Vec<u8>,
+) -> Result<Option<u32>, DrainError> {
+    copy_request(mem, &chain, buf).map_err(DrainError::Broken)?;
+    let Some(header) = parse_header(buf) else {
+        debug!("queue {index}: request shorter than a FUSE header");
+        return Ok(Some(0));
+    };
+    if header.opcode == Opcode::Setlkw as u32 {
+        if let Some(len) = wait_off_thread(server, vring, chain.clone(), buf, event_idx, index) {
+            return Ok(len);
+        }
+    }
+    let writer = match VirtioFsWriter::new(&**mem, chain.clone()) {
+        Ok(w) => w,
+        Err(e) => return Err(DrainError::Broken(Broken(format!("reply buffers: {e}")))),
+    };
+    let write_data = if is_write(header) {
+        match Reader::from_descriptor_chain(&**mem, chain.clone()) {
+            // An error here leaves None: the WRITE then fails its size check.
+            Ok(mut r) => r.split_at(WRITE_PREFIX).ok(),
+            Err(e) => return Err(DrainError::Broken(Broken(format!("write data: {e}")))),
+        }
+    } else {
+        None
+    };
+    let result = server.handle_request(buf, write_data, writer.into());
+    Ok(Some(reply_len(result, &**mem, chain, index)))
+}
+
+/// The reply length of a served request: a request that failed without a reply but
+/// whose header was readable is owed one, so it is answered EINVAL.
+fn reply_len(
+    result: Result<usize, RequestError>,
+    mem: &GuestMemoryMmap,
+    chain: DescriptorChain<Mem>,
+    index: usize,
+) -> u32 {
+    match result {
+        Ok(n) => n as u32,
+        Err(RequestError::NoHeader) => 0,
+        Err(RequestError::Failed {
+            opcode,
+            unique,
+            why,
+        }) => {
+            debug!("queue {index}: opcode {opcode} unique {unique}: {why}");
+            if !expects_reply(opcode) {
+                return 0;
+            }
+            // A completion with no bytes would read as a zeroed header, i.e.
+            // success. Rewrite the reply from the start of the chain as EINVAL.
+            match VirtioFsWriter::new(mem, chain) {
+                Ok(w) => reply_error(&mut w.into(), unique, libc::EINVAL)
+                    .map(|n| n as u32)
+                    .unwrap_or(0),
+                Err(_) => 0,
+            }
+        }
+    }
+}
+
 /// Lock waits served at once off the queue threads; more get ENOLCK.
 const MAX_LOCK_WAITERS: usize = 64;
 static LOCK_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs a FUSE_SETLKW on a thread of its own: it may block until another guest
 /// process (or another sandbox) unlocks, and the unlock must not queue behind it.
-/// Returns false (the caller serves it inline) when too many waits are in flight,
-/// in which case the request is answered ENOLCK.
+/// Returns None when the thread took the chain, Some(len) when it was answered here
+/// (ENOLCK: too many waits), and no answer at all (the outer None) when no thread
+/// could be started, in which case the caller serves it inline.
 fn wait_off_thread(
     server: &Arc<FsServer>,
     vring: &VringRwLock,
     chain: DescriptorChain<Mem>,
-    header: InHeader,
+    request: &[u8],
     event_idx: bool,
     index: usize,
-) -> bool {
+) -> Option<Option<u32>> {
+    let unique = parse_header(request).map(|h| h.unique).unwrap_or(0);
     if LOCK_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         warn!("queue {index}: more than {MAX_LOCK_WAITERS} lock waits, refusing one with ENOLCK");
-        let head = chain.head_index();
         let len = VirtioFsWriter::new(chain.memory(), chain.clone())
             .ok()
-            .and_then(|w| reply_error(&mut w.into(), header.unique, libc::ENOLCK).ok())
+            .and_then(|w| reply_error(&mut w.into(), unique, libc::ENOLCK).ok())
             .unwrap_or(0);
-        let _ = vring.add_used(head, len as u32);
-        let _ = notify(vring, event_idx, index);
-        return true;
+        return Some(Some(len as u32));
     }
     let server = server.clone();
     let vring = vring.clone();
+    let mut request = request.to_vec();
     let spawned = std::thread::Builder::new()
         .name("volfsd-lockwait".to_string())
         .spawn(move || {
             let head = chain.head_index();
             let mem = chain.memory();
-            let len = match (
-                Reader::from_descriptor_chain(mem, chain.clone()),
-                VirtioFsWriter::new(mem, chain.clone()),
-            ) {
-                (Ok(r), Ok(w)) => server
-                    .handle_with_header(&header, r, w.into())
-                    .map(|n| n as u32)
-                    .unwrap_or(0),
-                _ => 0,
+            let len = match VirtioFsWriter::new(mem, chain.clone()) {
+                Ok(w) => {
+                    let result = server.handle_request(&mut request, None, w.into());
+                    reply_len(result, mem, chain.clone(), index)
+                }
+                Err(_) => 0,
             };
             if let Err(e) = vring.add_used(head, len) {
                 warn!("queue {index}: returning a lock wait: {e}");
@@ -132,9 +383,9 @@ fn wait_off_thread(
     if spawned.is_err() {
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         warn!("queue {index}: cannot start a lock-wait thread");
-        return false;
+        return None;
     }
-    true
+    Some(None)
 }
 
 /// Completions returned before the guest is interrupted while more are pending.
@@ -153,65 +404,9 @@ fn queue_err(index: usize) -> impl Fn(virtio_queue::Error) -> io::Error {
     move |e| io::Error::other(format!("queue {index}: {e}"))
 }
 
-/// Runs one request; returns the number of reply bytes written into the chain.
-fn serve_one(server: &FsServer, mem: &Mem, chain: DescriptorChain<Mem>, index: usize) -> u32 {
-    let reader = match Reader::from_descriptor_chain(&**mem, chain.clone()) {
-        Ok(r) => r,
-        Err(e) => {
-            warn!("queue {index}: unreadable descriptor chain: {e}");
-            return 0;
-        }
-    };
-    let writer = match VirtioFsWriter::new(&**mem, chain.clone()) {
-        Ok(w) => w,
-        Err(e) => {
-            warn!("queue {index}: unwritable descriptor chain: {e}");
-            return 0;
-        }
-    };
-    let result = match peek_header(mem, &chain) {
-        Some(header) => server.handle_with_header(&header, reader, writer.into()),
-        None => server.handle(reader, writer.into()),
-    };
-    match result {
-        Ok(n) => n as u32,
-        Err(RequestError::NoHeader) => {
-            warn!("queue {index}: request shorter than a FUSE header");
-            0
-        }
-        Err(RequestError::Failed {
-            opcode,
-            unique,
-            why,
-        }) => {
-            debug!("queue {index}: opcode {opcode} unique {unique}: {why}");
-            if !expects_reply(opcode) {
-                return 0;
-            }
-            // The header was readable, so the guest is owed an answer: a completion
-            // with no bytes would read as a zeroed header, i.e. success. Rewrite the
-            // reply from the start of the chain as EINVAL.
-            match VirtioFsWriter::new(&**mem, chain) {
-                Ok(w) => reply_error(&mut w.into(), unique, libc::EINVAL)
-                    .map(|n| n as u32)
-                    .unwrap_or(0),
-                Err(_) => 0,
-            }
-        }
-    }
-}
-
-/// Reads the FUSE header straight from guest memory when the first descriptor holds
-/// all of it (it always does with Linux guests), so routing needs no copy of the reader.
-fn peek_header(mem: &Mem, chain: &DescriptorChain<Mem>) -> Option<InHeader> {
-    let first = chain.clone().next()?;
-    if first.is_write_only() || (first.len() as usize) < std::mem::size_of::<InHeader>() {
-        return None;
-    }
-    mem.read_obj::<InHeader>(first.addr()).ok()
-}
-
 /// FORGET, BATCH_FORGET and INTERRUPT get no reply.
 fn expects_reply(opcode: u32) -> bool {
-    !matches!(opcode, 2 | 42 | 36)
+    opcode != Opcode::Forget as u32
+        && opcode != Opcode::BatchForget as u32
+        && opcode != Opcode::Interrupt as u32
 }

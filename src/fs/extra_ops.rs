@@ -109,7 +109,8 @@ fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }
 
-fn reply<S: BitmapSlice>(
+/// A reply: the header and `body`, written in one piece.
+pub fn reply<S: BitmapSlice>(
     w: &mut Writer<'_, S>,
     unique: u64,
     error: i32,

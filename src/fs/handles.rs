@@ -1,4 +1,8 @@
 //! Open file and directory handles the guest holds (FUSE `fh`).
+//!
+//! A handle is registered only while its node's share is attached and its node
+//! belongs to the current session, within the per-volume handle limit and the fd
+//! budget (see `session.rs`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -7,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::inodes::InodeData;
+use super::session::{reserve, unreserve, FdBudget, Session};
+use super::share::Share;
 use super::sys::errno;
 
 pub struct HandleData {
@@ -19,27 +25,38 @@ pub struct HandleData {
 pub struct HandleStore {
     map: RwLock<HashMap<u64, Arc<HandleData>>>,
     next_id: AtomicU64,
-}
-
-impl Default for HandleStore {
-    fn default() -> Self {
-        HandleStore {
-            map: RwLock::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-        }
-    }
+    session: Arc<Session>,
+    budget: Arc<FdBudget>,
+    max_handles: usize,
 }
 
 impl HandleStore {
-    pub fn insert(&self, inode: Arc<InodeData>, file: File) -> u64 {
+    pub fn new(session: Arc<Session>, budget: Arc<FdBudget>, max_handles: usize) -> Self {
+        HandleStore {
+            map: RwLock::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            session,
+            budget,
+            max_handles,
+        }
+    }
+
+    /// Registers an open file of `inode`. ESTALE when the node's share was detached or
+    /// its session ended meanwhile; ENFILE past the volume's handle limit.
+    pub fn insert(&self, inode: Arc<InodeData>, file: File) -> io::Result<u64> {
+        let mut map = self.map.write().unwrap();
+        if !self.session.admits(&inode.share, inode.epoch) {
+            return Err(errno(libc::ESTALE));
+        }
+        reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let data = Arc::new(HandleData {
             inode,
             file,
             dir_lock: Mutex::new(()),
         });
-        self.map.write().unwrap().insert(id, data);
-        id
+        map.insert(id, data);
+        Ok(id)
     }
 
     /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle
@@ -59,7 +76,8 @@ impl HandleStore {
         let mut map = self.map.write().unwrap();
         match map.get(&fh) {
             Some(h) if h.inode.nodeid == nodeid => {
-                map.remove(&fh);
+                let h = map.remove(&fh).expect("present");
+                unreserve(&h.inode.share.usage.handles, 1, &self.budget);
                 Ok(())
             }
             _ => Err(errno(libc::EBADF)),
@@ -67,18 +85,32 @@ impl HandleStore {
     }
 
     /// Drops every handle into `share` (closing its fds once in-flight requests end).
-    pub fn remove_share(&self, share: &std::sync::Arc<super::share::Share>) -> usize {
+    pub fn remove_share(&self, share: &Arc<Share>) -> usize {
         let mut map = self.map.write().unwrap();
         let before = map.len();
         map.retain(|_, h| !Arc::ptr_eq(&h.inode.share, share));
+        let gone = before - map.len();
+        unreserve(&share.usage.handles, gone, &self.budget);
+        gone
+    }
+
+    /// Drops every handle of an earlier session. Returns how many went.
+    pub fn reset_session(&self) -> usize {
+        let mut map = self.map.write().unwrap();
+        let current = self.session.current();
+        let before = map.len();
+        map.retain(|_, h| {
+            let keep = h.inode.epoch == current;
+            if !keep {
+                unreserve(&h.inode.share.usage.handles, 1, &self.budget);
+            }
+            keep
+        });
         before - map.len()
     }
 
-    pub fn count_share(&self, share: &std::sync::Arc<super::share::Share>) -> usize {
-        let map = self.map.read().unwrap();
-        map.values()
-            .filter(|h| Arc::ptr_eq(&h.inode.share, share))
-            .count()
+    pub fn count_share(&self, share: &Share) -> usize {
+        share.usage.handles.load(Ordering::Relaxed)
     }
 
     pub fn len(&self) -> usize {
@@ -94,28 +126,75 @@ impl HandleStore {
 mod tests {
     use super::*;
     use crate::fs::inodes::{InodeKey, InodeStore};
-    use crate::fs::share::Share;
 
-    #[test]
-    fn released_handles_are_stale_and_unknown_ones_bad() {
-        let store = InodeStore::new(2);
+    fn setup(max_handles: usize) -> (InodeStore, HandleStore, Arc<InodeData>) {
+        let session = Arc::new(Session::default());
+        let budget = Arc::new(FdBudget::new(1000));
+        let store = InodeStore::new(2, session.clone(), budget.clone(), 100);
         let share = Arc::new(Share::for_test("s", false));
         let key = InodeKey {
             dev: 1,
             ino: 1,
             mnt_id: 1,
         };
-        let inode = store.insert_or_ref(File::open("/").unwrap(), key, libc::S_IFDIR, &share);
-        let handles = HandleStore::default();
-        let fh = handles.insert(inode.clone(), File::open("/").unwrap());
+        let inode = store
+            .insert_fixed(1, File::open("/").unwrap(), key, libc::S_IFDIR, share)
+            .unwrap();
+        (store, HandleStore::new(session, budget, max_handles), inode)
+    }
+
+    #[test]
+    fn released_handles_are_stale_and_unknown_ones_bad() {
+        let (_store, handles, inode) = setup(10);
+        let fh = handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .unwrap();
         assert!(handles.get(fh, inode.nodeid).is_ok());
         // Another node's id with this handle: refused.
         let err = handles.get(fh, inode.nodeid + 1).err().unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::EBADF));
-        assert_eq!(handles.remove_share(&share), 1);
+        assert_eq!(handles.remove_share(&inode.share), 1);
         let err = handles.get(fh, inode.nodeid).err().unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
         let err = handles.get(fh + 100, inode.nodeid).err().unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn handle_limit_gives_enfile_and_release_makes_room() {
+        let (_store, handles, inode) = setup(2);
+        let a = handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .unwrap();
+        handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .unwrap();
+        let e = handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENFILE));
+        handles.remove(a, inode.nodeid).unwrap();
+        assert!(handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .is_ok());
+        assert_eq!(handles.count_share(&inode.share), 2);
+    }
+
+    #[test]
+    fn a_reset_drops_old_handles_and_refuses_old_nodes() {
+        let (store, handles, root) = setup(10);
+        let fh = handles
+            .insert(root.clone(), File::open("/").unwrap())
+            .unwrap();
+        store.reset_session();
+        assert_eq!(handles.reset_session(), 1);
+        assert!(handles.get(fh, root.nodeid).is_err());
+        // An open that began before the reset, on the old node: refused.
+        let e = handles
+            .insert(root.clone(), File::open("/").unwrap())
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        let new_root = store.get(1).unwrap();
+        assert!(handles.insert(new_root, File::open("/").unwrap()).is_ok());
     }
 }

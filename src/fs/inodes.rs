@@ -2,7 +2,9 @@
 //! inside one share.
 //!
 //! Node ids come from a 64-bit counter and are never reused, so a stale or forged id
-//! can only miss (ENOENT/ESTALE), never alias a newer inode.
+//! can only miss (ENOENT/ESTALE), never alias a newer inode. A node is registered only
+//! while its share is attached and its parent belongs to the current session (see
+//! `session.rs`), and only within the per-volume limit and the fd budget.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,6 +12,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
 
@@ -29,15 +32,24 @@ pub struct InodeData {
     /// `S_IFMT` bits of the host inode.
     pub file_type: u32,
     pub share: Arc<Share>,
+    /// The session this node was handed out in.
+    pub epoch: u64,
     /// Lookups the guest holds on this node id (FUSE's nlookup).
     refcount: AtomicU64,
-    /// Fixed nodes (the root) are never dropped by FORGET.
+    /// Fixed nodes (share roots) are never dropped by FORGET.
     fixed: bool,
 }
 
 impl InodeData {
     pub fn is_dir(&self) -> bool {
         self.file_type == libc::S_IFDIR
+    }
+
+    /// Regular files and directories are the only inodes the daemon ever opens with
+    /// real access; everything else (FIFOs, sockets, device nodes) is reached only
+    /// through its `O_PATH` fd. The guest kernel serves FIFOs and devices itself.
+    pub fn is_openable(&self) -> bool {
+        matches!(self.file_type, libc::S_IFREG | libc::S_IFDIR)
     }
 
     /// Share roots are the fixed nodes: they live as long as the share is attached.
@@ -55,15 +67,26 @@ struct Maps {
 pub struct InodeStore {
     maps: RwLock<Maps>,
     next_id: AtomicU64,
+    session: Arc<Session>,
+    budget: Arc<FdBudget>,
+    max_nodes: usize,
 }
 
 impl InodeStore {
     /// `first_free` is the first node id handed out by `insert_or_ref`; ids below it
     /// are reserved for fixed nodes (the root).
-    pub fn new(first_free: u64) -> Self {
+    pub fn new(
+        first_free: u64,
+        session: Arc<Session>,
+        budget: Arc<FdBudget>,
+        max_nodes: usize,
+    ) -> Self {
         InodeStore {
             maps: RwLock::new(Maps::default()),
             next_id: AtomicU64::new(first_free),
+            session,
+            budget,
+            max_nodes,
         }
     }
 
@@ -86,7 +109,7 @@ impl InodeStore {
             .cloned()
     }
 
-    /// Inserts a fixed node (the root) that is never forgotten.
+    /// Inserts a fixed node (a share root) that is never forgotten.
     pub fn insert_fixed(
         &self,
         nodeid: u64,
@@ -94,48 +117,63 @@ impl InodeStore {
         key: InodeKey,
         file_type: u32,
         share: Arc<Share>,
-    ) -> Arc<InodeData> {
+    ) -> io::Result<Arc<InodeData>> {
+        let mut maps = self.maps.write().unwrap();
+        if share.is_revoked() {
+            return Err(errno(libc::ENOENT));
+        }
+        reserve(&share.usage.nodes, usize::MAX, &self.budget)?;
         let data = Arc::new(InodeData {
             nodeid,
             file,
             key,
             file_type,
             share,
+            epoch: self.session.current(),
             refcount: AtomicU64::new(1),
             fixed: true,
         });
-        let mut maps = self.maps.write().unwrap();
         maps.by_key.insert(key, nodeid);
         maps.by_id.insert(nodeid, data.clone());
-        data
+        Ok(data)
     }
 
-    /// Finds the node for `key` and takes one lookup reference on it, or inserts a new
-    /// node built from `file`. Returns the node and whether it was newly inserted.
+    /// Finds the node for `key` in `parent`'s share and takes one lookup reference on
+    /// it, or inserts a new node built from `file`. Fails with ENOENT when `parent`
+    /// belongs to a detached share or an earlier session, and with ENFILE past the
+    /// volume's node limit or the fd budget.
     pub fn insert_or_ref(
         &self,
         file: File,
         key: InodeKey,
         file_type: u32,
-        share: &Arc<Share>,
-    ) -> Arc<InodeData> {
+        parent: &InodeData,
+    ) -> io::Result<Arc<InodeData>> {
+        let share = &parent.share;
         // Fast path under the read lock: an existing node only needs its count bumped.
         {
             let maps = self.maps.read().unwrap();
+            if !self.session.admits(share, parent.epoch) {
+                return Err(errno(libc::ENOENT));
+            }
             if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
                 if Arc::ptr_eq(&data.share, share) {
                     data.refcount.fetch_add(1, Ordering::AcqRel);
-                    return data.clone();
+                    return Ok(data.clone());
                 }
             }
         }
         let mut maps = self.maps.write().unwrap();
+        if !self.session.admits(share, parent.epoch) {
+            return Err(errno(libc::ENOENT));
+        }
         if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
             if Arc::ptr_eq(&data.share, share) {
                 data.refcount.fetch_add(1, Ordering::AcqRel);
-                return data.clone();
+                return Ok(data.clone());
             }
         }
+        reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
         let nodeid = self.next_id.fetch_add(1, Ordering::Relaxed);
         let data = Arc::new(InodeData {
             nodeid,
@@ -143,28 +181,29 @@ impl InodeStore {
             key,
             file_type,
             share: share.clone(),
+            epoch: parent.epoch,
             refcount: AtomicU64::new(1),
             fixed: false,
         });
         maps.by_key.insert(key, nodeid);
         maps.by_id.insert(nodeid, data.clone());
-        data
+        Ok(data)
     }
 
     /// Drops `count` lookup references; the node (and its fd) goes when none remain.
     pub fn forget(&self, nodeid: u64, count: u64) {
         let mut maps = self.maps.write().unwrap();
-        Self::forget_locked(&mut maps, nodeid, count);
+        self.forget_locked(&mut maps, nodeid, count);
     }
 
     pub fn forget_many(&self, requests: &[(u64, u64)]) {
         let mut maps = self.maps.write().unwrap();
         for &(nodeid, count) in requests {
-            Self::forget_locked(&mut maps, nodeid, count);
+            self.forget_locked(&mut maps, nodeid, count);
         }
     }
 
-    fn forget_locked(maps: &mut Maps, nodeid: u64, count: u64) {
+    fn forget_locked(&self, maps: &mut Maps, nodeid: u64, count: u64) {
         let Some(data) = maps.by_id.get(&nodeid) else {
             return;
         };
@@ -177,7 +216,9 @@ impl InodeStore {
         data.refcount.store(new, Ordering::Release);
         if new == 0 {
             let key = data.key;
-            maps.by_id.remove(&nodeid);
+            if let Some(gone) = maps.by_id.remove(&nodeid) {
+                unreserve(&gone.share.usage.nodes, 1, &self.budget);
+            }
             if maps.by_key.get(&key) == Some(&nodeid) {
                 maps.by_key.remove(&key);
             }
@@ -190,22 +231,67 @@ impl InodeStore {
     }
 
     /// Drops every node of `share`, share root included, and returns how many went.
+    /// The caller revoked the share first, so nothing can be re-registered under it.
     pub fn remove_share(&self, share: &Arc<Share>) -> usize {
         let mut maps = self.maps.write().unwrap();
         let before = maps.by_id.len();
         maps.by_id.retain(|_, d| !Arc::ptr_eq(&d.share, share));
         let Maps { by_id, by_key } = &mut *maps;
         by_key.retain(|_, id| by_id.contains_key(id));
-        before - maps.by_id.len()
+        let gone = before - maps.by_id.len();
+        unreserve(&share.usage.nodes, gone, &self.budget);
+        gone
+    }
+
+    /// Starts a new session: every node the guest was given is dropped, except the
+    /// share roots, which are carried over as nodes of the new session (same node
+    /// id, a dup of the same fd). Returns how many nodes went.
+    pub fn reset_session(&self) -> usize {
+        let mut maps = self.maps.write().unwrap();
+        let epoch = self.session.advance();
+        let old = std::mem::take(&mut *maps);
+        let mut dropped = 0;
+        for (nodeid, data) in old.by_id {
+            let carried = if data.fixed {
+                match data.file.try_clone() {
+                    Ok(file) => Some(Arc::new(InodeData {
+                        nodeid,
+                        file,
+                        key: data.key,
+                        file_type: data.file_type,
+                        share: data.share.clone(),
+                        epoch,
+                        refcount: AtomicU64::new(1),
+                        fixed: true,
+                    })),
+                    Err(e) => {
+                        log::error!(
+                            "share {}: keeping its root across a reset: {e}",
+                            data.share.name
+                        );
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            match carried {
+                Some(root) => {
+                    maps.by_key.insert(root.key, nodeid);
+                    maps.by_id.insert(nodeid, root);
+                }
+                None => {
+                    unreserve(&data.share.usage.nodes, 1, &self.budget);
+                    dropped += 1;
+                }
+            }
+        }
+        dropped
     }
 
     /// Live node ids of `share`.
-    pub fn count_share(&self, share: &Arc<Share>) -> usize {
-        let maps = self.maps.read().unwrap();
-        maps.by_id
-            .values()
-            .filter(|d| Arc::ptr_eq(&d.share, share))
-            .count()
+    pub fn count_share(&self, share: &Share) -> usize {
+        share.usage.nodes.load(Ordering::Relaxed)
     }
 
     /// Number of live node ids (fixed ones included).
@@ -222,8 +308,13 @@ impl InodeStore {
 mod tests {
     use super::*;
 
-    fn share() -> Arc<Share> {
-        Arc::new(Share::for_test("s", false))
+    fn store(max_nodes: usize) -> InodeStore {
+        InodeStore::new(
+            2,
+            Arc::new(Session::default()),
+            Arc::new(FdBudget::new(1000)),
+            max_nodes,
+        )
     }
 
     fn key(ino: u64) -> InodeKey {
@@ -234,37 +325,87 @@ mod tests {
         }
     }
 
+    fn root(store: &InodeStore) -> Arc<InodeData> {
+        let s = Arc::new(Share::for_test("s", false));
+        store
+            .insert_fixed(1, File::open("/").unwrap(), key(1), libc::S_IFDIR, s)
+            .unwrap()
+    }
+
+    fn child(store: &InodeStore, parent: &InodeData, ino: u64) -> io::Result<Arc<InodeData>> {
+        store.insert_or_ref(File::open("/").unwrap(), key(ino), libc::S_IFDIR, parent)
+    }
+
     #[test]
     fn same_key_same_nodeid_and_forget_releases() {
-        let store = InodeStore::new(2);
-        let s = share();
-        let a = store.insert_or_ref(File::open("/").unwrap(), key(10), libc::S_IFDIR, &s);
-        let b = store.insert_or_ref(File::open("/").unwrap(), key(10), libc::S_IFDIR, &s);
+        let store = store(100);
+        let r = root(&store);
+        let a = child(&store, &r, 10).unwrap();
+        let b = child(&store, &r, 10).unwrap();
         assert_eq!(a.nodeid, b.nodeid);
         store.forget(a.nodeid, 1);
         assert!(store.get(a.nodeid).is_ok());
         store.forget(a.nodeid, 1);
         assert!(store.get(a.nodeid).is_err());
+        assert_eq!(store.count_share(&r.share), 1, "only the root is left");
     }
 
     #[test]
     fn node_ids_are_never_reused() {
-        let store = InodeStore::new(2);
-        let s = share();
-        let a = store.insert_or_ref(File::open("/").unwrap(), key(10), libc::S_IFDIR, &s);
-        let first = a.nodeid;
+        let store = store(100);
+        let r = root(&store);
+        let first = child(&store, &r, 10).unwrap().nodeid;
         store.forget(first, 1);
-        let b = store.insert_or_ref(File::open("/").unwrap(), key(10), libc::S_IFDIR, &s);
-        assert_ne!(first, b.nodeid);
+        let again = child(&store, &r, 10).unwrap();
+        assert_ne!(first, again.nodeid);
         assert!(store.get(first).is_err());
     }
 
     #[test]
     fn fixed_nodes_survive_forget() {
-        let store = InodeStore::new(2);
-        let s = share();
-        store.insert_fixed(1, File::open("/").unwrap(), key(1), libc::S_IFDIR, s);
+        let store = store(100);
+        root(&store);
         store.forget(1, u64::MAX / 2);
         assert!(store.get(1).is_ok());
+    }
+
+    #[test]
+    fn node_limit_gives_enfile_and_forget_makes_room() {
+        let store = store(3); // the root and two more
+        let r = root(&store);
+        let a = child(&store, &r, 10).unwrap();
+        child(&store, &r, 11).unwrap();
+        let e = child(&store, &r, 12).err().unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::ENFILE));
+        // An existing node needs no new fd: still served at the limit.
+        assert!(child(&store, &r, 10).is_ok());
+        store.forget(a.nodeid, 2);
+        assert!(child(&store, &r, 12).is_ok());
+    }
+
+    #[test]
+    fn reset_drops_nodes_keeps_roots_and_refuses_old_parents() {
+        let store = store(100);
+        let r = root(&store);
+        let a = child(&store, &r, 10).unwrap();
+        assert_eq!(store.reset_session(), 1);
+        assert!(store.get(a.nodeid).is_err(), "old node gone");
+        let new_root = store.get(1).unwrap();
+        assert!(new_root.epoch > r.epoch);
+        // A request that began before the reset (holding the old root) cannot insert.
+        let e = child(&store, &r, 11).err().unwrap();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        assert!(child(&store, &new_root, 11).is_ok());
+        assert_eq!(store.count_share(&r.share), 2);
+    }
+
+    #[test]
+    fn revoked_share_admits_nothing() {
+        let store = store(100);
+        let r = root(&store);
+        r.share.revoke();
+        assert_eq!(store.remove_share(&r.share), 1);
+        assert!(child(&store, &r, 10).is_err());
+        assert_eq!(store.count_share(&r.share), 0);
     }
 }

@@ -16,13 +16,16 @@
 pub mod extra_ops;
 pub mod handles;
 pub mod inodes;
+pub mod locks;
 pub mod passthrough;
 pub mod readonly;
 pub mod server;
+pub mod session;
 pub mod share;
 pub mod share_root;
 pub mod sys;
 pub mod volumes;
+pub mod xattrs;
 
 use std::io;
 use std::path::Path;
@@ -35,6 +38,7 @@ use fuse_backend_rs::api::filesystem::{Context, Entry};
 pub use passthrough::{PassthroughConfig, PassthroughFs};
 pub use readonly::ReadOnlyGuard;
 pub use server::{FsServer, RequestError};
+pub use session::Limits;
 pub use share_root::{resolve_share_path, SharePath};
 pub use volumes::{AttachError, ShareInfo, ShareSpec, VolumeFs};
 

@@ -8,17 +8,18 @@
 //! - an `O_PATH` fd is reopened with real access flags through `/proc/self/fd`, which
 //!   resolves to the inode itself, not to a path that a rename could redirect.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
-use fuse_backend_rs::abi::fuse_abi::{SetattrValid, ATTR_SUBMOUNT};
+use fuse_backend_rs::abi::fuse_abi::{
+    SetattrValid, ATTR_SUBMOUNT, FOPEN_IN_KILL_SUIDGID, WRITE_KILL_PRIV,
+};
 use fuse_backend_rs::api::filesystem::{
     Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
     ZeroCopyWriter,
@@ -26,8 +27,11 @@ use fuse_backend_rs::api::filesystem::{
 
 use super::handles::{HandleData, HandleStore};
 use super::inodes::{InodeData, InodeKey, InodeStore};
+use super::locks::{self, LockTable, FUSE_LK_FLOCK};
+use super::session::{FdBudget, Limits, Session};
 use super::share::{Share, ShareStats};
 use super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
+use super::xattrs;
 use super::{CacheMode, ExtraOps};
 
 pub const ROOT_ID: u64 = fuse_backend_rs::api::filesystem::ROOT_ID;
@@ -37,20 +41,34 @@ pub const ROOT_ID: u64 = fuse_backend_rs::api::filesystem::ROOT_ID;
 pub struct PassthroughConfig {
     pub cache: CacheMode,
     pub xattr: bool,
+    /// `--allow-privileged-xattrs`: the guest may set `trusted.*` and `security.*`.
+    pub privileged_xattrs: bool,
+    /// Per-volume bounds on node ids, handles and lock files.
+    pub limits: Limits,
 }
 
-/// (node id, FUSE lock owner) -> the node and the open file holding that owner's locks.
-type LockFiles = HashMap<(u64, u64), (Arc<InodeData>, Arc<File>)>;
+impl PassthroughConfig {
+    /// The defaults the daemon runs with, for a cache mode.
+    pub fn new(cache: CacheMode, xattr: bool) -> Self {
+        PassthroughConfig {
+            cache,
+            xattr,
+            privileged_xattrs: false,
+            limits: Limits::DEFAULT,
+        }
+    }
+}
 
 pub struct PassthroughFs {
     inodes: InodeStore,
     handles: HandleStore,
+    locks: LockTable,
+    session: Arc<Session>,
+    budget: Arc<FdBudget>,
     /// `/proc/self/fd`, opened once, for reopening `O_PATH` fds.
     proc_self_fd: File,
     cfg: PassthroughConfig,
     timeout: Duration,
-    /// Per (node id, lock owner): the open file carrying that owner's POSIX locks.
-    lock_files: Mutex<LockFiles>,
 }
 
 /// Validates a name from the guest as one path component, with Linux's errnos.
@@ -94,14 +112,34 @@ impl PassthroughFs {
         let proc_self_fd = File::open("/proc/self/fd")
             .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
         let timeout = cfg.cache.timeout();
+        let session = Arc::new(Session::default());
+        let budget = Arc::new(FdBudget::from_rlimit());
+        let limits = cfg.limits;
         Ok(PassthroughFs {
-            inodes: InodeStore::new(ROOT_ID + 1),
-            handles: HandleStore::default(),
+            inodes: InodeStore::new(
+                ROOT_ID + 1,
+                session.clone(),
+                budget.clone(),
+                limits.max_nodes,
+            ),
+            handles: HandleStore::new(session.clone(), budget.clone(), limits.max_handles),
+            locks: LockTable::new(session.clone(), budget.clone(), limits.max_lock_files),
+            session,
+            budget,
             proc_self_fd,
             cfg,
             timeout,
-            lock_files: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The fds held for the guest, and the most it may hold (all volumes).
+    pub fn fd_budget(&self) -> (usize, usize) {
+        (self.budget.used(), self.budget.max())
+    }
+
+    /// The current session's epoch (it moves on at each reset).
+    pub fn session_epoch(&self) -> u64 {
+        self.session.current()
     }
 
     /// A node id never handed out before.
@@ -121,7 +159,7 @@ impl PassthroughFs {
             mnt_id: sys::mount_id(&root),
         };
         self.inodes
-            .insert_fixed(nodeid, root, key, libc::S_IFDIR, share);
+            .insert_fixed(nodeid, root, key, libc::S_IFDIR, share)?;
         Ok(())
     }
 
@@ -135,32 +173,33 @@ impl PassthroughFs {
         Ok(entry)
     }
 
-    /// Releases every node and handle of `share`: their fds close as soon as requests
-    /// in flight on them finish. Returns (nodes, handles) released.
+    /// Revokes `share` and releases every node, handle and lock file of it, waking
+    /// lock waits on it. Requests in flight on it can register nothing more; their
+    /// fds close as soon as they finish. Returns (nodes, handles) released.
     pub fn detach_share(&self, share: &Arc<Share>) -> (usize, usize) {
+        share.revoke();
         let handles = self.handles.remove_share(share);
-        self.lock_files
-            .lock()
-            .unwrap()
-            .retain(|_, (inode, _)| !Arc::ptr_eq(&inode.share, share));
+        self.locks.remove_share(share);
         let nodes = self.inodes.remove_share(share);
         (nodes, handles)
     }
 
+    /// Starts a new guest session: every node id (but the share roots), handle and
+    /// lock file of the previous one is dropped, and its lock waits end. Returns
+    /// (nodes, handles, lock files) released.
+    pub fn reset_session(&self) -> (usize, usize, usize) {
+        let nodes = self.inodes.reset_session();
+        let handles = self.handles.reset_session();
+        let lock_files = self.locks.reset_session();
+        (nodes, handles, lock_files)
+    }
+
     /// (live node ids, open handles) of `share`.
-    pub fn share_usage(&self, share: &Arc<Share>) -> (usize, usize) {
+    pub fn share_usage(&self, share: &Share) -> (usize, usize) {
         (
             self.inodes.count_share(share),
             self.handles.count_share(share),
         )
-    }
-
-    pub fn live_inodes(&self) -> usize {
-        self.inodes.len()
-    }
-
-    pub fn open_handles(&self) -> usize {
-        self.handles.len()
     }
 
     /// Whether the node belongs to a read-only share (false for unknown ids: the
@@ -186,9 +225,24 @@ impl PassthroughFs {
         self.handles.get(fh, nodeid)
     }
 
-    /// Reopens the inode's `O_PATH` fd with real open flags.
+    /// Reopens the inode's `O_PATH` fd with real open flags. Only regular files and
+    /// directories are ever opened: a FIFO would block the queue thread, and a device
+    /// node would reach the host's device. A symlink is ELOOP (as O_NOFOLLOW gives),
+    /// anything else EBADF, as in virtiofsd.
     fn reopen(&self, inode: &InodeData, flags: libc::c_int) -> io::Result<File> {
-        let name = ProcFdName::new(inode.file.as_raw_fd());
+        if !inode.is_openable() {
+            return Err(errno(if inode.file_type == libc::S_IFLNK {
+                libc::ELOOP
+            } else {
+                libc::EBADF
+            }));
+        }
+        self.reopen_fd(&inode.file, flags)
+    }
+
+    /// Reopens an `O_PATH` fd whose type the caller checked.
+    fn reopen_fd(&self, fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
+        let name = ProcFdName::new(fd.as_raw_fd());
         // O_NOFOLLOW must not be set: the magic link is what we follow, and it only
         // ever resolves to the inode itself.
         sys::openat(
@@ -258,7 +312,7 @@ impl PassthroughFs {
         let dup = data.file.try_clone()?;
         let node = self
             .inodes
-            .insert_or_ref(dup, data.key, data.file_type, &data.share);
+            .insert_or_ref(dup, data.key, data.file_type, data)?;
         Ok(self.entry_from(&node, st, None))
     }
 
@@ -271,8 +325,26 @@ impl PassthroughFs {
         };
         let node = self
             .inodes
-            .insert_or_ref(file, key, st.st_mode & libc::S_IFMT, &parent.share);
+            .insert_or_ref(file, key, st.st_mode & libc::S_IFMT, parent)?;
         Ok(self.entry_from(&node, st, Some(parent)))
+    }
+
+    /// Registers the file `opened` (just created or opened in `dir`) as a node, and
+    /// its open file as a handle. The node's `O_PATH` fd comes from the open file
+    /// itself, so a rename racing the create cannot swap in another inode.
+    fn register_open(&self, dir: &Arc<InodeData>, opened: File) -> io::Result<(Entry, u64)> {
+        let name = ProcFdName::new(opened.as_raw_fd());
+        let path_fd = sys::openat(&self.proc_self_fd, name.as_cstr(), libc::O_PATH, 0)?;
+        let entry = self.register(path_fd, dir)?;
+        let node = self.inode(entry.inode)?;
+        match self.handles.insert(node, opened) {
+            Ok(fh) => Ok((entry, fh)),
+            Err(e) => {
+                // No reply carries the entry: give back the lookup it took.
+                self.inodes.forget(entry.inode, 1);
+                Err(e)
+            }
+        }
     }
 
     fn open_options(&self, is_dir: bool) -> OpenOptions {
@@ -291,6 +363,81 @@ impl PassthroughFs {
         let flags = flags as libc::c_int;
         (flags & !(libc::O_DIRECT | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
             | libc::O_CLOEXEC
+    }
+
+    /// CREATE: a new file (O_CREAT|O_EXCL, as the caller), or, where the name exists
+    /// and the guest did not ask for O_EXCL, the existing file, if it is a regular
+    /// file: an existing FIFO or device node is never opened. The guest's O_TRUNC
+    /// applies to an existing file, with the setuid bits cleared when it asks.
+    fn create_or_open(
+        &self,
+        ctx: &Context,
+        dir: &InodeData,
+        name: &CStr,
+        args: &CreateIn,
+    ) -> io::Result<File> {
+        let flags = Self::host_open_flags(args.flags);
+        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        let exclusive = flags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        // A name that disappears between EEXIST and the lookup is created anew; a few
+        // rounds settle any race with another writer of the directory.
+        for _ in 0..4 {
+            match sys::openat(&dir.file, name, exclusive, args.mode & !args.umask) {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EEXIST)
+                        && args.flags as libc::c_int & libc::O_EXCL == 0 => {}
+                other => return other,
+            }
+            let path_fd = match sys::openat(&dir.file, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                other => other?,
+            };
+            let st = sys::stat_fd(&path_fd)?;
+            return match st.st_mode & libc::S_IFMT {
+                libc::S_IFREG => {
+                    let file = self.reopen_fd(&path_fd, flags)?;
+                    if flags & libc::O_TRUNC != 0 && args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 {
+                        kill_suidgid_fd(file.as_raw_fd(), &st)?;
+                    }
+                    Ok(file)
+                }
+                libc::S_IFDIR => Err(errno(libc::EISDIR)),
+                // open(O_CREAT) on a symlink we never follow, as O_NOFOLLOW would.
+                libc::S_IFLNK => Err(errno(libc::ELOOP)),
+                _ => Err(errno(libc::EBADF)),
+            };
+        }
+        Err(errno(libc::EAGAIN))
+    }
+
+    /// Clears setuid, and setgid where group-execute is set, as Linux does when a
+    /// process without CAP_FSETID writes, truncates or chowns a regular file (the
+    /// daemon has it, so it must do this itself). `fd` is an open fd of the file,
+    /// else the node's `O_PATH` fd is used through `/proc/self/fd`.
+    fn kill_suidgid(&self, inode: &InodeData, fd: Option<libc::c_int>) -> io::Result<()> {
+        if inode.file_type != libc::S_IFREG {
+            return Ok(());
+        }
+        let st = sys::stat_fd(&inode.file)?;
+        match fd {
+            Some(fd) => kill_suidgid_fd(fd, &st),
+            None => match suidgid_cleared(st.st_mode) {
+                Some(mode) => {
+                    let name = ProcFdName::new(inode.file.as_raw_fd());
+                    // SAFETY: fchmodat through the magic link of our own fd.
+                    cvt(unsafe {
+                        libc::fchmodat(
+                            self.proc_self_fd.as_raw_fd(),
+                            name.as_cstr().as_ptr(),
+                            mode,
+                            0,
+                        )
+                    })
+                    .map(|_| ())
+                }
+                None => Ok(()),
+            },
+        }
     }
 
     fn count(&self, share: &Share) {
@@ -383,61 +530,10 @@ impl PassthroughFs {
     }
 }
 
-/// FUSE_LK_FLOCK in `lk_flags`: the request is a flock(2), not a POSIX lock.
-const FUSE_LK_FLOCK: u32 = 1;
-/// The kernel's OFFSET_MAX, "to the end of the file" in a FUSE lock.
-const LOCK_TO_EOF: u64 = i64::MAX as u64;
-
-/// A FUSE lock range as a `struct flock` for open-file-description locks. OFD locks
-/// belong to the handle's open file, which matches a guest open() closely; the FUSE
-/// lock owner (the guest process) cannot be expressed on the host.
-fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
-    let len = if lock.end >= LOCK_TO_EOF {
-        0
-    } else if lock.end < lock.start {
-        return Err(errno(libc::EINVAL));
-    } else {
-        (lock.end - lock.start + 1) as i64
-    };
-    // SAFETY: flock is plain data; zero is a valid value for every field.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = match lock.lock_type as i32 {
-        libc::F_RDLCK => libc::F_RDLCK as i16,
-        libc::F_WRLCK => libc::F_WRLCK as i16,
-        libc::F_UNLCK => libc::F_UNLCK as i16,
-        _ => return Err(errno(libc::EINVAL)),
-    };
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
-    fl.l_len = len;
-    Ok(fl)
-}
-
 impl PassthroughFs {
-    /// The open file that carries `owner`'s POSIX locks on `inode`. POSIX locks
-    /// belong to a process (the FUSE lock owner), not to an open file: giving each
-    /// owner its own open file description makes OFD locks behave that way: owners
-    /// conflict with each other (in this guest, other guests, or the host), never
-    /// with themselves. Closing it (on FLUSH) releases the owner's locks.
-    fn owner_lock_file(&self, h: &HandleData, owner: u64) -> io::Result<Arc<File>> {
-        let key = (h.inode.nodeid, owner);
-        if let Some((_, f)) = self.lock_files.lock().unwrap().get(&key) {
-            return Ok(f.clone());
-        }
-        let file = match self.reopen(&h.inode, libc::O_RDWR) {
-            Ok(f) => f,
-            Err(_) => self.reopen(&h.inode, libc::O_RDONLY)?,
-        };
-        let mut files = self.lock_files.lock().unwrap();
-        let (_, f) = files
-            .entry(key)
-            .or_insert_with(|| (h.inode.clone(), Arc::new(file)));
-        Ok(f.clone())
-    }
-
     /// Releases `owner`'s POSIX locks on `inode` (the guest process closed a file).
     fn release_owner_locks(&self, inode: u64, owner: u64) {
-        self.lock_files.lock().unwrap().remove(&(inode, owner));
+        self.locks.release_owner(inode, owner);
     }
 
     fn lock(
@@ -452,27 +548,59 @@ impl PassthroughFs {
         let h = self.handle(fh, inode)?;
         self.count(&h.inode.share);
         if lk_flags & FUSE_LK_FLOCK != 0 {
-            // flock locks belong to the open file: the handle's own fd.
-            let op = match lock.lock_type as i32 {
-                libc::F_RDLCK => libc::LOCK_SH,
-                libc::F_WRLCK => libc::LOCK_EX,
-                libc::F_UNLCK => libc::LOCK_UN,
-                _ => return Err(errno(libc::EINVAL)),
-            };
-            let op = if wait { op } else { op | libc::LOCK_NB };
+            let op = locks::flock_op(lock.lock_type, wait)?;
             // SAFETY: flock on an fd we own.
-            return cvt(unsafe { libc::flock(h.file.as_raw_fd(), op) }).map(|_| ());
+            let flock = || cvt(unsafe { libc::flock(h.file.as_raw_fd(), op) }).map(|_| ());
+            return if wait {
+                self.locks.wait(&h.inode, flock)
+            } else {
+                flock()
+            };
         }
-        let mut fl = to_flock(lock)?;
-        let owner_file = self.owner_lock_file(&h, owner)?;
+        let fl = locks::to_flock(lock)?;
+        let owner_file = self
+            .locks
+            .owner_file(&h, owner, |mode| self.reopen(&h.inode, mode))?;
         let cmd = if wait {
             libc::F_OFD_SETLKW
         } else {
             libc::F_OFD_SETLK
         };
-        // SAFETY: fcntl with a valid flock struct on an fd we own.
-        cvt(unsafe { libc::fcntl(owner_file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) })
-            .map(|_| ())
+        let set = || {
+            let mut fl = fl;
+            // SAFETY: fcntl with a valid flock struct on an fd we own.
+            cvt(unsafe { libc::fcntl(owner_file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) })
+                .map(|_| ())
+        };
+        if wait {
+            self.locks.wait(&h.inode, set)
+        } else {
+            set()
+        }
+    }
+}
+
+/// The mode with setuid (and setgid, if group-executable) cleared, or None when
+/// nothing needs clearing.
+fn suidgid_cleared(mode: u32) -> Option<u32> {
+    let mut new = mode & 0o7777;
+    if mode & libc::S_ISUID != 0 {
+        new &= !libc::S_ISUID;
+    }
+    if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+        new &= !libc::S_ISGID;
+    }
+    (new != mode & 0o7777).then_some(new)
+}
+
+fn kill_suidgid_fd(fd: libc::c_int, st: &stat64) -> io::Result<()> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(());
+    }
+    match suidgid_cleared(st.st_mode) {
+        // SAFETY: fchmod on an fd we own.
+        Some(mode) => cvt(unsafe { libc::fchmod(fd, mode) }).map(|_| ()),
+        None => Ok(()),
     }
 }
 
@@ -495,11 +623,7 @@ impl ExtraOps for PassthroughFs {
                 args.mode & !args.umask,
             )?
         };
-        let name = ProcFdName::new(file.as_raw_fd());
-        let path_fd = sys::openat(&self.proc_self_fd, name.as_cstr(), libc::O_PATH, 0)?;
-        let entry = self.register(path_fd, &dir)?;
-        let node = self.inode(entry.inode)?;
-        let fh = self.handles.insert(node, file);
+        let (entry, fh) = self.register_open(&dir, file)?;
         Ok((entry, fh, self.open_options(false)))
     }
 
@@ -542,6 +666,7 @@ impl ExtraOps for PassthroughFs {
 
     fn syncfs(&self, _ctx: &Context, nodeid: u64) -> io::Result<()> {
         let inode = self.inode(nodeid)?;
+        // EBADF on a FIFO, socket or device node: those are never opened.
         let f = self.reopen(&inode, libc::O_RDONLY | libc::O_NONBLOCK)?;
         // SAFETY: syncfs on an fd we own.
         cvt(unsafe { libc::syncfs(f.as_raw_fd()) }).map(|_| ())
@@ -566,6 +691,9 @@ impl FileSystem for PassthroughFs {
             // Without it the guest completes async direct I/O one request at a time:
             // with cache=none every guest I/O is direct, so iodepth would be lost.
             | FsOptions::ASYNC_DIO
+            // The guest tells us when a write, truncate or chown by a non-owner must
+            // clear the setuid/setgid bits; the daemon's own root would keep them.
+            | FsOptions::HANDLE_KILLPRIV_V2
             | FsOptions::INIT_EXT;
         if self.cfg.cache != CacheMode::None {
             want |= FsOptions::AUTO_INVAL_DATA;
@@ -646,8 +774,17 @@ impl FileSystem for PassthroughFs {
                     libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
                 )
             })?;
+            if valid.contains(SetattrValid::KILL_SUIDGID) {
+                self.kill_suidgid(&data, None)?;
+            }
         }
         if valid.contains(SetattrValid::SIZE) {
+            match data.file_type {
+                libc::S_IFREG => {}
+                libc::S_IFDIR => return Err(errno(libc::EISDIR)),
+                // truncate(2) of a FIFO, socket or device: never opened here.
+                _ => return Err(errno(libc::EINVAL)),
+            }
             let owned;
             let fd = match &h {
                 Some(h) => h.file.as_raw_fd(),
@@ -656,6 +793,9 @@ impl FileSystem for PassthroughFs {
                     owned.as_raw_fd()
                 }
             };
+            if valid.contains(SetattrValid::KILL_SUIDGID) {
+                self.kill_suidgid(&data, Some(fd))?;
+            }
             // SAFETY: ftruncate on an fd we own.
             cvt(unsafe { libc::ftruncate64(fd, attr.st_size) })?;
         }
@@ -873,16 +1013,20 @@ impl FileSystem for PassthroughFs {
         _ctx: &Context,
         inode: u64,
         flags: u32,
-        _fuse_flags: u32,
+        fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
         let data = self.inode(inode)?;
         self.count(&data.share);
         if data.is_dir() && (flags as libc::c_int & libc::O_ACCMODE) != libc::O_RDONLY {
             return Err(errno(libc::EISDIR));
         }
+        // EBADF for FIFOs, sockets and device nodes (see `reopen`).
         let file = self.reopen(&data, Self::host_open_flags(flags))?;
+        if flags as libc::c_int & libc::O_TRUNC != 0 && fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 {
+            self.kill_suidgid(&data, Some(file.as_raw_fd()))?;
+        }
         let is_dir = data.is_dir();
-        let fh = self.handles.insert(data, file);
+        let fh = self.handles.insert(data, file)?;
         Ok((Some(fh), self.open_options(is_dir), None))
     }
 
@@ -896,18 +1040,8 @@ impl FileSystem for PassthroughFs {
         let dir = self.inode(parent)?;
         self.count(&dir.share);
         check_entry_name(name, libc::EISDIR)?;
-        let flags = Self::host_open_flags(args.flags)
-            | libc::O_CREAT
-            | (args.flags as libc::c_int & libc::O_EXCL)
-            | libc::O_NOFOLLOW;
-        let file = {
-            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
-            sys::openat(&dir.file, name, flags, args.mode & !args.umask)?
-        };
-        let path_fd = sys::openat(&dir.file, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
-        let entry = self.register(path_fd, &dir)?;
-        let node = self.inode(entry.inode)?;
-        let fh = self.handles.insert(node, file);
+        let file = self.create_or_open(ctx, &dir, name, &args)?;
+        let (entry, fh) = self.register_open(&dir, file)?;
         Ok((entry, Some(fh), self.open_options(false), None))
     }
 
@@ -943,11 +1077,14 @@ impl FileSystem for PassthroughFs {
         _lock_owner: Option<u64>,
         _delayed_write: bool,
         _flags: u32,
-        _fuse_flags: u32,
+        fuse_flags: u32,
     ) -> io::Result<usize> {
         let h = self.handle(handle, inode)?;
         let share = &h.inode.share;
         self.count(share);
+        if fuse_flags & WRITE_KILL_PRIV != 0 {
+            self.kill_suidgid(&h.inode, Some(h.file.as_raw_fd()))?;
+        }
         let mut f = borrow_file(&h.file);
         // Writes go straight from the guest's buffers into the file (pwritev).
         let n = r.read_to(&mut *f, size as usize, offset)?;
@@ -1034,7 +1171,7 @@ impl FileSystem for PassthroughFs {
 
     fn setxattr(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         name: &CStr,
         value: &[u8],
@@ -1042,7 +1179,11 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<()> {
         let data = self.inode(inode)?;
         self.count(&data.share);
+        xattrs::check_write(name, self.cfg.privileged_xattrs)?;
         let f = self.xattr_file(&data)?;
+        // As the caller: only the owner may change a POSIX ACL, and only a writer a
+        // user.* attribute (the switch drops the daemon's CAP_FOWNER for the call).
+        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
         // SAFETY: valid name and value buffer.
         cvt(unsafe {
             libc::fsetxattr(
@@ -1065,9 +1206,14 @@ impl FileSystem for PassthroughFs {
     ) -> io::Result<GetxattrReply> {
         let data = self.inode(inode)?;
         self.count(&data.share);
+        if xattrs::is_hidden(name.to_bytes(), self.cfg.privileged_xattrs) {
+            return Err(errno(libc::ENODATA));
+        }
         let f = self.xattr_file(&data)?;
-        let mut buf = vec![0u8; size as usize];
-        // SAFETY: `buf` is valid for `size` bytes (a null pointer with size 0 asks the size).
+        // The size comes from the guest: no value is larger than XATTR_SIZE_MAX, so a
+        // larger buffer is never needed (Linux clamps the same way).
+        let mut buf = vec![0u8; xattrs::clamp_size(size)];
+        // SAFETY: `buf` is valid for its length (an empty one asks the size).
         let n = unsafe {
             libc::fgetxattr(
                 f.as_raw_fd(),
@@ -1089,7 +1235,9 @@ impl FileSystem for PassthroughFs {
         let data = self.inode(inode)?;
         self.count(&data.share);
         let f = self.xattr_file(&data)?;
-        let mut buf = vec![0u8; size as usize];
+        // The host list is read whole (bounded by XATTR_LIST_MAX), hidden names are
+        // taken out, and the guest's size is checked against what is left.
+        let mut buf = vec![0u8; xattrs::LIST_MAX];
         // SAFETY: `buf` is valid for its length.
         let n = unsafe {
             libc::flistxattr(
@@ -1099,18 +1247,23 @@ impl FileSystem for PassthroughFs {
             )
         };
         let n = cvt64(n as i64)? as usize;
+        buf.truncate(n);
+        let names = xattrs::visible_names(&buf, self.cfg.privileged_xattrs);
         if size == 0 {
-            Ok(ListxattrReply::Count(n as u32))
+            Ok(ListxattrReply::Count(names.len() as u32))
+        } else if names.len() > size as usize {
+            Err(errno(libc::ERANGE))
         } else {
-            buf.truncate(n);
-            Ok(ListxattrReply::Names(buf))
+            Ok(ListxattrReply::Names(names))
         }
     }
 
-    fn removexattr(&self, _ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+    fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
         let data = self.inode(inode)?;
         self.count(&data.share);
+        xattrs::check_write(name, self.cfg.privileged_xattrs)?;
         let f = self.xattr_file(&data)?;
+        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
         // SAFETY: valid NUL-terminated name.
         cvt(unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) }).map(|_| ())
     }
@@ -1130,7 +1283,7 @@ impl FileSystem for PassthroughFs {
             &data,
             (Self::host_open_flags(flags) & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY,
         )?;
-        let fh = self.handles.insert(data, file);
+        let fh = self.handles.insert(data, file)?;
         Ok((Some(fh), self.open_options(true)))
     }
 
@@ -1191,13 +1344,16 @@ impl FileSystem for PassthroughFs {
         self.count(&data.share);
         let proc_name = ProcFdName::new(data.file.as_raw_fd());
         let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
-        // SAFETY: faccessat through the magic link of our own fd.
-        cvt(unsafe {
-            libc::faccessat(
+        // faccessat2 with AT_EACCESS checks as the fs ids just switched to; plain
+        // faccessat would check the daemon's real ids (root) and allow everything.
+        // SAFETY: faccessat2 through the magic link of our own fd.
+        cvt64(unsafe {
+            libc::syscall(
+                libc::SYS_faccessat2,
                 self.proc_self_fd.as_raw_fd(),
                 proc_name.as_cstr().as_ptr(),
                 mask as libc::c_int,
-                0,
+                libc::AT_EACCESS,
             )
         })
         .map(|_| ())
@@ -1226,7 +1382,7 @@ impl FileSystem for PassthroughFs {
         _ctx: &Context,
         inode: u64,
         handle: u64,
-        _owner: u64,
+        owner: u64,
         lock: FileLock,
         lk_flags: u32,
     ) -> io::Result<FileLock> {
@@ -1236,33 +1392,17 @@ impl FileSystem for PassthroughFs {
             // flock has no "test": the kernel never asks.
             return Err(errno(libc::EINVAL));
         }
-        let mut fl = to_flock(&lock)?;
+        let mut fl = locks::to_flock(&lock)?;
+        // Test on the owner's own lock file when it has one, so that its own locks
+        // never show as conflicts (they are OFD locks of that file, not the handle's).
+        let owner_file = self.locks.existing(inode, owner);
+        let fd = owner_file
+            .as_ref()
+            .map(|f| f.as_raw_fd())
+            .unwrap_or(h.file.as_raw_fd());
         // SAFETY: fcntl with a valid flock struct on an fd we own.
-        cvt(unsafe {
-            libc::fcntl(
-                h.file.as_raw_fd(),
-                libc::F_OFD_GETLK,
-                &mut fl as *mut libc::flock,
-            )
-        })?;
-        if fl.l_type == libc::F_UNLCK as i16 {
-            return Ok(FileLock {
-                lock_type: libc::F_UNLCK as u32,
-                ..lock
-            });
-        }
-        let start = fl.l_start as u64;
-        Ok(FileLock {
-            start,
-            end: if fl.l_len == 0 {
-                LOCK_TO_EOF
-            } else {
-                start + fl.l_len as u64 - 1
-            },
-            lock_type: fl.l_type as u32,
-            // The holder is another open file, maybe another sandbox: no guest pid.
-            pid: 0,
-        })
+        cvt(unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl as *mut libc::flock) })?;
+        Ok(locks::from_flock(&fl, &lock))
     }
 
     fn setlk(

@@ -1,16 +1,44 @@
 //! The request entry point shared by every transport (virtio queues, `/dev/fuse` in
-//! tests): routes the opcodes fuse-backend-rs does not decode to [`extra_ops`], and
-//! everything else to fuse-backend-rs's `Server`.
+//! tests).
+//!
+//! A request reaches this file as bytes in the daemon's own memory: the transport has
+//! copied it out of guest memory once (`device/queue.rs`). Routing, the size checks
+//! and fuse-backend-rs's decoder all read that one copy, so a guest that rewrites the
+//! request while it is served changes nothing. Only a WRITE's data stays in guest
+//! memory: it goes from there straight into the file.
+//!
+//! Routing:
+//! - INIT, DESTROY: session bookkeeping here (a second INIT or a DESTROY starts a new
+//!   session), then fuse-backend-rs's `Server`;
+//! - WRITE: decoded here, with the data read in place;
+//! - IOCTL: ENOTTY here, without decoding its sizes;
+//! - COPY_FILE_RANGE, SYNCFS, TMPFILE, SETLKW: [`extra_ops`];
+//! - everything else: fuse-backend-rs's `Server`.
 
+use std::io::{self, Read};
+use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fuse_backend_rs::abi::fuse_abi::InHeader;
-use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{Reader, Writer};
+use fuse_backend_rs::abi::fuse_abi::{
+    InHeader, Opcode, ReadIn, WriteIn, WriteOut, WRITE_CACHE, WRITE_LOCKOWNER,
+};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyReader};
+use fuse_backend_rs::api::server::{Server, MAX_BUFFER_SIZE};
+use fuse_backend_rs::common::file_traits::FileReadWriteVolatile;
+use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
+use vm_memory::ByteValued;
 
 use super::{extra_ops, VolFs};
+
+/// The largest request accepted, WRITE data aside: a FUSE message of at most
+/// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
+pub const MAX_REQUEST: usize = MAX_BUFFER_SIZE as usize + 0x1000;
+/// The largest READ, READDIR or WRITE payload: the MAX_PAGES the guest negotiates.
+pub const MAX_PAYLOAD: u32 = MAX_BUFFER_SIZE;
+/// Bytes of a WRITE request kept in local memory: its header and WriteIn.
+pub const WRITE_PREFIX: usize = size_of::<InHeader>() + size_of::<WriteIn>();
 
 pub struct FsServer {
     server: Server<Arc<VolFs>>,
@@ -18,9 +46,6 @@ pub struct FsServer {
     /// Set by a successful INIT: until then every other request gets EIO, as in libfuse.
     initialized: AtomicBool,
 }
-
-const OPCODE_INIT: u32 = 26;
-const OPCODE_DESTROY: u32 = 38;
 
 /// Why a request produced no reply.
 #[derive(Debug)]
@@ -35,6 +60,36 @@ pub enum RequestError {
     },
 }
 
+/// The header of a request held in local memory.
+pub fn parse_header(request: &[u8]) -> Option<InHeader> {
+    InHeader::from_slice(request.get(..size_of::<InHeader>())?).copied()
+}
+
+/// A WRITE's data: a reader over the guest's buffers, consumed straight into the file.
+struct WriteData<'a, S: BitmapSlice>(Reader<'a, S>);
+
+impl<S: BitmapSlice> ZeroCopyReader for WriteData<'_, S> {
+    fn read_to(
+        &mut self,
+        f: &mut dyn FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        self.0.read_to_at(f, count, off)
+    }
+}
+
+impl<S: BitmapSlice> io::Read for WriteData<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+fn local_reader<S: BitmapSlice + Default>(bytes: &mut [u8]) -> Reader<'_, S> {
+    // from_fuse_buffer cannot fail: it wraps the slice as one buffer.
+    Reader::from_fuse_buffer(FuseBuf::new(bytes)).unwrap_or_default()
+}
+
 impl FsServer {
     pub fn new(fs: Arc<VolFs>) -> Self {
         FsServer {
@@ -44,68 +99,179 @@ impl FsServer {
         }
     }
 
-    pub fn fs(&self) -> &Arc<VolFs> {
-        &self.fs
+    /// The device was reset, or a new driver started its queues (a guest reboot):
+    /// the session ends as with DESTROY, and the next request must be an INIT.
+    pub fn start_over(&self) {
+        self.initialized.store(false, Ordering::Release);
+        self.fs.inner().reset_session();
     }
 
-    /// Serves one request; returns the number of reply bytes written.
-    pub fn handle<S: BitmapSlice>(
+    /// Serves one request from a transport that hands over a reader of local memory
+    /// (`/dev/fuse`): the bytes are taken out once, then as [`Self::handle_local`].
+    pub fn handle<S: BitmapSlice + Default>(
         &self,
-        reader: Reader<'_, S>,
+        mut reader: Reader<'_, S>,
         writer: Writer<'_, S>,
     ) -> Result<usize, RequestError> {
-        // Peek at the header (on a copy of the reader) to route the request.
-        let mut peek = reader.clone();
-        let header: InHeader = peek.read_obj().map_err(|_| RequestError::NoHeader)?;
-        self.handle_with_header(&header, reader, writer)
+        let mut bytes = vec![
+            0u8;
+            reader
+                .available_bytes()
+                .min(MAX_REQUEST + MAX_PAYLOAD as usize)
+        ];
+        reader
+            .read_exact(&mut bytes)
+            .map_err(|_| RequestError::NoHeader)?;
+        self.handle_local(&mut bytes, writer)
     }
 
-    /// Serves one request whose header the transport already read from guest memory,
-    /// sparing the copy of the reader that [`Self::handle`] needs to peek.
-    pub fn handle_with_header<S: BitmapSlice>(
+    /// Serves one request held whole in local memory, header included; returns the
+    /// number of reply bytes written.
+    pub fn handle_local<S: BitmapSlice + Default>(
+        &self,
+        request: &mut [u8],
+        writer: Writer<'_, S>,
+    ) -> Result<usize, RequestError> {
+        self.handle_request(request, None, writer)
+    }
+
+    /// Serves one request: `request` is its local copy (header included); for a
+    /// WRITE, `write_data` is its data left in guest memory (None: the data follows
+    /// the WriteIn in `request`).
+    pub fn handle_request<'a, S: BitmapSlice + Default>(
+        &self,
+        request: &'a mut [u8],
+        write_data: Option<Reader<'a, S>>,
+        writer: Writer<'a, S>,
+    ) -> Result<usize, RequestError> {
+        let header = parse_header(request).ok_or(RequestError::NoHeader)?;
+        let failed = |why: String| RequestError::Failed {
+            opcode: header.opcode,
+            unique: header.unique,
+            why,
+        };
+        let mut writer = writer;
+        let reply_errno = |w: &mut Writer<'a, S>, errno: i32| {
+            extra_ops::reply_error(w, header.unique, errno).map_err(|e| failed(e.to_string()))
+        };
+        if header.opcode == Opcode::Init as u32 {
+            // Marked before the reply goes out: the kernel sends its next requests as
+            // soon as it reads the reply, possibly to another worker thread.
+            let was = self.initialized.swap(true, Ordering::AcqRel);
+            if was {
+                // A rebooted guest (or a hostile one) starts over on the same
+                // connection: nothing of the old session may survive into the new.
+                self.fs.inner().reset_session();
+            }
+            return self
+                .server
+                .handle_message(local_reader(request), writer, None, None)
+                .map_err(|e| {
+                    if !was {
+                        self.initialized.store(false, Ordering::Release);
+                    }
+                    failed(e.to_string())
+                });
+        }
+        if !self.initialized.load(Ordering::Acquire) {
+            return reply_errno(&mut writer, libc::EIO);
+        }
+        match header.opcode {
+            op if op == Opcode::Destroy as u32 => {
+                self.initialized.store(false, Ordering::Release);
+                self.fs.inner().reset_session();
+            }
+            // The daemon serves no ioctl; its sizes are never looked at.
+            op if op == Opcode::Ioctl as u32 => return reply_errno(&mut writer, libc::ENOTTY),
+            op if op == Opcode::Read as u32
+                || op == Opcode::Readdir as u32
+                || op == Opcode::Readdirplus as u32 =>
+            {
+                let size = ReadIn::from_slice(
+                    request
+                        .get(size_of::<InHeader>()..size_of::<InHeader>() + size_of::<ReadIn>())
+                        .unwrap_or(&[]),
+                )
+                .map(|r| r.size);
+                if size.is_some_and(|s| s > MAX_PAYLOAD) {
+                    return reply_errno(&mut writer, libc::EINVAL);
+                }
+            }
+            op if op == Opcode::Write as u32 => {
+                return self.write(&header, request, write_data, writer);
+            }
+            _ => {}
+        }
+        if extra_ops::handles(header.opcode) {
+            let body = &mut request[size_of::<InHeader>()..];
+            let mut reader = local_reader(body);
+            extra_ops::dispatch(&*self.fs, &header, &mut reader, &mut writer)
+                .map_err(|e| failed(e.to_string()))
+        } else {
+            self.server
+                .handle_message(local_reader(request), writer, None, None)
+                .map_err(|e| failed(e.to_string()))
+        }
+    }
+
+    fn write<'a, S: BitmapSlice + Default>(
         &self,
         header: &InHeader,
-        reader: Reader<'_, S>,
-        writer: Writer<'_, S>,
+        request: &'a mut [u8],
+        write_data: Option<Reader<'a, S>>,
+        mut writer: Writer<'a, S>,
     ) -> Result<usize, RequestError> {
         let failed = |why: String| RequestError::Failed {
             opcode: header.opcode,
             unique: header.unique,
             why,
         };
-        if header.opcode == OPCODE_INIT {
-            // Marked before the reply goes out: the kernel sends its next requests as
-            // soon as it reads the reply, possibly to another worker thread.
-            let was = self.initialized.swap(true, Ordering::AcqRel);
-            return self
-                .server
-                .handle_message(reader, writer, None, None)
-                .map_err(|e| {
-                    // A bad INIT does not end a session that an earlier one began.
-                    self.initialized.store(was, Ordering::Release);
-                    failed(e.to_string())
-                });
-        }
-        if !self.initialized.load(Ordering::Acquire) {
-            let mut writer = writer;
-            return extra_ops::reply_error(&mut writer, header.unique, libc::EIO)
+        let Some(args) = request
+            .get(size_of::<InHeader>()..WRITE_PREFIX)
+            .and_then(WriteIn::from_slice)
+            .copied()
+        else {
+            return extra_ops::reply_error(&mut writer, header.unique, libc::EINVAL)
+                .map_err(|e| failed(e.to_string()));
+        };
+        let data = match write_data {
+            Some(r) => r,
+            None => local_reader(&mut request[WRITE_PREFIX..]),
+        };
+        if args.size > MAX_PAYLOAD || args.size as usize > data.available_bytes() {
+            return extra_ops::reply_error(&mut writer, header.unique, libc::EINVAL)
                 .map_err(|e| failed(e.to_string()));
         }
-        if header.opcode == OPCODE_DESTROY {
-            self.initialized.store(false, Ordering::Release);
+        let owner = (args.fuse_flags & WRITE_LOCKOWNER != 0).then_some(args.lock_owner);
+        let delayed = args.fuse_flags & WRITE_CACHE != 0;
+        let ctx = Context::from(header);
+        let mut data = WriteData(data);
+        let result = self.fs.write(
+            &ctx,
+            header.nodeid,
+            args.fh,
+            &mut data,
+            args.size,
+            args.offset,
+            owner,
+            delayed,
+            args.flags,
+            args.fuse_flags,
+        );
+        match result {
+            Ok(n) => {
+                let out = WriteOut {
+                    size: n as u32,
+                    padding: 0,
+                };
+                extra_ops::reply(&mut writer, header.unique, 0, out.as_slice())
+            }
+            Err(e) => extra_ops::reply_error(
+                &mut writer,
+                header.unique,
+                e.raw_os_error().unwrap_or(libc::EIO),
+            ),
         }
-        if extra_ops::handles(header.opcode) {
-            let (mut reader, mut writer) = (reader, writer);
-            // Step over the header: the decoder reads the body.
-            reader
-                .read_obj::<InHeader>()
-                .map_err(|_| RequestError::NoHeader)?;
-            extra_ops::dispatch(&*self.fs, header, &mut reader, &mut writer)
-                .map_err(|e| failed(e.to_string()))
-        } else {
-            self.server
-                .handle_message(reader, writer, None, None)
-                .map_err(|e| failed(e.to_string()))
-        }
+        .map_err(|e| failed(e.to_string()))
     }
 }

@@ -1,7 +1,8 @@
-//! A share: one host directory the guest sees, with its read-only flag and counters.
+//! A share: one host directory the guest sees, with its read-only flag, counters, and
+//! what it holds open for the guest.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::SystemTime;
 
 /// Per-share counters, bumped on the hot path with relaxed atomics and read on demand.
@@ -19,6 +20,15 @@ impl ShareStats {
     }
 }
 
+/// What the guest holds in a share: each of these keeps one host fd open. Changed
+/// only under the lock of the table that holds the object, read lock-free.
+#[derive(Default)]
+pub struct ShareUsage {
+    pub nodes: AtomicUsize,
+    pub handles: AtomicUsize,
+    pub lock_files: AtomicUsize,
+}
+
 pub struct Share {
     /// The path the guest sees it at, relative to the mount root (empty for a share
     /// that is the whole mount).
@@ -30,6 +40,10 @@ pub struct Share {
     pub volume_id: Option<String>,
     pub attached_at: SystemTime,
     pub stats: ShareStats,
+    pub usage: ShareUsage,
+    /// Set once, when the share is detached: from then on nothing may be registered
+    /// under it, so a request in flight during the detach leaves nothing behind.
+    revoked: AtomicBool,
 }
 
 impl Share {
@@ -41,7 +55,19 @@ impl Share {
             volume_id: None,
             attached_at: SystemTime::now(),
             stats: ShareStats::default(),
+            usage: ShareUsage::default(),
+            revoked: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the share detached. The tables check this under their locks before
+    /// inserting, and the detach takes those locks after setting it.
+    pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     #[cfg(test)]

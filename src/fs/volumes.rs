@@ -19,7 +19,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
@@ -43,6 +43,9 @@ pub const VIRTUAL_DIR_ERRNO: libc::c_int = libc::EACCES;
 /// a virtual node from a share's node needs no lock on the hot path. The shared
 /// 64-bit counter never reaches it.
 const VIRTUAL_BIT: u64 = 1 << 63;
+
+/// How long a detach waits for requests in flight on the volume to finish.
+const DETACH_DRAIN: Duration = Duration::from_secs(1);
 
 /// A share to attach.
 #[derive(Clone, Debug)]
@@ -347,9 +350,34 @@ impl VolumeFs {
             }
             a
         };
-        let (nodes, handles) = self.inner.detach_share(&attached.share);
+        let share = attached.share;
+        let (nodes, handles) = self.inner.detach_share(&share);
+        // Requests in flight on the share hold it (through their node or handle)
+        // until they finish; none can register anything more. Wait for them, so
+        // that when the caller hears "detached", no fd into the volume is left.
+        let deadline = Instant::now() + DETACH_DRAIN;
+        while Arc::strong_count(&share) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let in_flight = Arc::strong_count(&share) - 1;
+        if in_flight > 0 {
+            warn!(
+                "detached {name}: {in_flight} requests still in flight after {DETACH_DRAIN:?}; \
+                 their fds close when they finish"
+            );
+        }
         info!("detached {name}: released {nodes} node ids and {handles} handles");
-        Some(attached.share)
+        Some(share)
+    }
+
+    /// Starts a new guest session (a second INIT, DESTROY, a device reset): see
+    /// `PassthroughFs::reset_session`. Attached volumes stay attached.
+    pub fn reset_session(&self) {
+        let (nodes, handles, lock_files) = self.inner.reset_session();
+        info!(
+            "new guest session: released {nodes} node ids, {handles} handles and \
+             {lock_files} lock files of the previous one"
+        );
     }
 
     pub fn shares(&self) -> Vec<ShareInfo> {

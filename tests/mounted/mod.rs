@@ -92,10 +92,7 @@ impl Mounted {
             &shared,
             specs.as_deref(),
             opts.readonly,
-            PassthroughConfig {
-                cache: opts.cache,
-                xattr: opts.xattr,
-            },
+            PassthroughConfig::new(opts.cache, opts.xattr),
         )
         .expect("building the file system stack");
         let server = Arc::new(FsServer::new(fs));
