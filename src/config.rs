@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, ValueEnum};
 
+use crate::device::MAX_REQUEST_QUEUES;
 use crate::fs::volumes::valid_volume_name;
-use crate::fs::{resolve_share_path, CacheMode, ShareSpec};
+use crate::fs::{resolve_share_path, CacheMode, Limits, ShareSpec};
 
 /// virtiofsd options that volfsd does not implement. They are refused by name, so a
 /// launcher that relies on one learns it at once instead of getting other behaviour.
@@ -134,10 +135,33 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub thread_pool_size: usize,
 
-    /// Request queues offered to the frontend (the VMM may use fewer).
+    /// Request queues offered to the frontend (the VMM may use fewer), 1 to 63.
     #[arg(long, value_name = "N", default_value_t = 4,
-          value_parser = clap::value_parser!(u16).range(1..=64))]
+          value_parser = clap::value_parser!(u16).range(1..=MAX_REQUEST_QUEUES as i64))]
     pub num_request_queues: u16,
+
+    /// Most node ids the guest may hold in one volume (each keeps a host fd open);
+    /// past it, lookups of new files get ENFILE.
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_nodes,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_inodes: usize,
+
+    /// Most open files and directories the guest may hold in one volume; past it,
+    /// opens get ENFILE.
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_handles,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_handles: usize,
+
+    /// Most lock files (one per file and guest process holding POSIX locks) in one
+    /// volume; past it, lock requests get ENFILE.
+    #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_lock_files,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_lock_files: usize,
+
+    /// With --xattr, let the guest set trusted.* and security.* attributes (as root
+    /// on the host). Without it they are refused with EPERM and hidden.
+    #[arg(long, requires = "xattr")]
+    pub allow_privileged_xattrs: bool,
 
     /// Serve the whole share read-only.
     #[arg(long)]
@@ -185,8 +209,10 @@ pub struct Config {
     pub cache: CacheMode,
     pub thread_pool_size: usize,
     pub num_request_queues: usize,
+    pub limits: Limits,
     pub readonly: bool,
     pub xattr: bool,
+    pub privileged_xattrs: bool,
     pub log_level: log::LevelFilter,
     pub syslog: bool,
     pub rlimit_nofile: Option<u64>,
@@ -285,8 +311,14 @@ impl Args {
             cache: self.cache.into(),
             thread_pool_size: self.thread_pool_size,
             num_request_queues: self.num_request_queues as usize,
+            limits: Limits {
+                max_nodes: self.max_inodes,
+                max_handles: self.max_handles,
+                max_lock_files: self.max_lock_files,
+            },
             readonly: self.readonly,
             xattr: self.xattr,
+            privileged_xattrs: self.allow_privileged_xattrs,
             log_level: self.log_level.into(),
             syslog: self.syslog,
             rlimit_nofile: self.rlimit_nofile,

@@ -45,7 +45,11 @@ pub fn run(config: Config) -> Result<(), String> {
         &config.shared_dir,
         config.allowed_dirs.as_deref(),
         config.readonly,
-        PassthroughConfig::new(config.cache, config.xattr),
+        PassthroughConfig {
+            privileged_xattrs: config.privileged_xattrs,
+            limits: config.limits,
+            ..PassthroughConfig::new(config.cache, config.xattr)
+        },
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
     let backend = Arc::new(FsBackend::new(fs.clone(), config.num_request_queues));

@@ -312,12 +312,20 @@ impl Rollback {
             ));
         }
         self.mounted = Some(target.to_path_buf());
+        // nodev and nosuid always: a device node or setuid file a guest plants in its
+        // volume stays inert on the host, whatever opens it.
+        let mut flags =
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
         if read_only {
-            let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
-            if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
-                self.run();
-                return Err(format!("remounting {} read-only: {e}", target.display()));
-            }
+            flags |= MsFlags::MS_RDONLY;
+        }
+        if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+            self.run();
+            return Err(format!(
+                "remounting {} nodev,nosuid{}: {e}",
+                target.display(),
+                if read_only { ",ro" } else { "" }
+            ));
         }
         Ok(())
     }

@@ -297,7 +297,7 @@ fn serve_one(
         None
     };
     let result = server.handle_request(buf, write_data, writer.into());
-    Ok(Some(reply_len(result, &**mem, chain, index)))
+    Ok(Some(reply_len(result, mem, chain, index)))
 }
 
 /// The reply length of a served request: a request that failed without a reply but

@@ -2,10 +2,12 @@
 //! private mount of it.
 //!
 //! Each share is reached only through a detached clone of its directory
-//! (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`), and a read-only share's clone is
-//! marked read-only by `mount_setattr(MOUNT_ATTR_RDONLY)`. So:
+//! (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`), marked `nodev,nosuid` by
+//! `mount_setattr`, and read-only for a read-only share. So:
 //! - the kernel refuses writes to a read-only share even if the daemon's own check
 //!   (`readonly.rs`) had a bug;
+//! - a device node in a share cannot be opened through the daemon even if its own
+//!   check (only regular files and directories are opened) had a bug;
 //! - `..` at the clone's root stays at the root, whatever a request says;
 //! - rename and link between shares fail with EXDEV from the kernel too.
 
@@ -18,7 +20,9 @@ use std::path::{Component, Path, PathBuf};
 use super::sys::cvt64;
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOUNT_ATTR_RDONLY: u64 = 1;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
@@ -116,7 +120,7 @@ pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, S
 }
 
 /// Opens the share directory beneath SharedDir without following any symlink, then
-/// gives the daemon its own detached mount of it, read-only when asked.
+/// gives the daemon its own detached `nodev,nosuid` mount of it, read-only when asked.
 pub fn open_share_root(shared_dir: &File, rel: &[String], read_only: bool) -> io::Result<File> {
     let dir = open_beneath(shared_dir, rel)?;
     let clone = clone_mount(&dir).map_err(|e| {
@@ -125,11 +129,19 @@ pub fn open_share_root(shared_dir: &File, rel: &[String], read_only: bool) -> io
             format!("open_tree(OPEN_TREE_CLONE) of the share (needs CAP_SYS_ADMIN): {e}"),
         )
     })?;
+    let mut attrs = MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
     if read_only {
-        set_mount_read_only(&clone).map_err(|e| {
-            io::Error::new(e.kind(), format!("mount_setattr(MOUNT_ATTR_RDONLY): {e}"))
-        })?;
+        attrs |= MOUNT_ATTR_RDONLY;
     }
+    set_mount_attrs(&clone, attrs).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "mount_setattr(nodev,nosuid{}): {e}",
+                if read_only { ",ro" } else { "" }
+            ),
+        )
+    })?;
     Ok(clone)
 }
 
@@ -192,9 +204,9 @@ fn clone_mount(dir: &File) -> io::Result<File> {
     Ok(unsafe { File::from_raw_fd(fd as i32) })
 }
 
-fn set_mount_read_only(mount: &File) -> io::Result<()> {
+fn set_mount_attrs(mount: &File, attrs: u64) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
+        attr_set: attrs,
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
@@ -269,6 +281,22 @@ mod tests {
         };
         assert!(a.overlaps(&b) && b.overlaps(&a) && a.overlaps(&a));
         assert!(!a.overlaps(&c));
+    }
+
+    #[test]
+    fn clone_is_nodev_even_for_a_read_write_share() {
+        let sd = tmp("nodev");
+        std::fs::create_dir(sd.join("v")).unwrap();
+        let node = std::ffi::CString::new(sd.join("v/null").to_str().unwrap()).unwrap();
+        // SAFETY: mknod of /dev/null's numbers at a valid path.
+        let made =
+            unsafe { libc::mknod(node.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(made, 0, "mknod: {}", io::Error::last_os_error());
+        let root = File::open(&sd).unwrap();
+        let clone = open_share_root(&root, &["v".to_string()], false).unwrap();
+        let err = super::super::sys::openat(&clone, c"null", libc::O_RDWR, 0).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        std::fs::remove_dir_all(&sd).unwrap();
     }
 
     #[test]
