@@ -58,13 +58,26 @@ pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
     let logger = Arc::new(GuardLogger::new(level, sink));
     log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
     log::set_max_level(level);
-    // Summaries of suppressed messages for sites that went quiet.
-    let _ = std::thread::Builder::new()
+    // Summaries of suppressed messages for sites that went quiet. The thread starts
+    // with every signal blocked (it inherits the mask), so that SIGTERM/SIGINT reach
+    // the daemon's signal thread, never this one.
+    let all = nix::sys::signal::SigSet::all();
+    let mut old = nix::sys::signal::SigSet::empty();
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&all),
+        Some(&mut old),
+    )
+    .map_err(|e| format!("blocking signals: {e}"))?;
+    let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
         .spawn(move || loop {
             std::thread::sleep(SUMMARY_PERIOD / 2);
             logger.flush_suppressed(Instant::now());
         });
+    nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
+        .map_err(|e| format!("restoring the signal mask: {e}"))?;
+    spawned.map_err(|e| format!("starting the log thread: {e}"))?;
     Ok(())
 }
 

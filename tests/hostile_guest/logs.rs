@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
-use volfsd::frontend::fuse::{ChainPart, FuseClient, FuseOps, RawChain, Request};
+use volfsd::frontend::fuse::{FuseClient, FuseOps, Request};
 use volfsd::frontend::Error;
 
 use crate::common::{is_virtiofsd, Daemon, ROOT};
@@ -86,36 +86,73 @@ fn guest_payloads_are_logged_only_at_debug_level_and_cut() {
     assert!(grown < 4096, "{grown} bytes of log at debug level");
 }
 
+fn lock_request(opcode: Opcode, node: u64, fh: u64, owner: u64, lock_type: i32) -> Request {
+    use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
+    let lk = LkIn {
+        fh,
+        owner,
+        lk: FileLock {
+            start: 0,
+            end: i64::MAX as u64,
+            type_: lock_type as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    Request::new(opcode, node).arg(&lk)
+}
+
 #[test]
 fn guest_triggered_warnings_are_rate_limited() {
     let d = Daemon::start("log-flood", &[]);
-    let mut c = d.client();
-    c.set_timeout(Duration::from_secs(2));
+    let mut cfg = d.config();
+    cfg.queue_size = 1024;
+    let mut c = d.client_with(&cfg);
+    c.set_timeout(Duration::from_secs(5));
     let before = settle(&d);
     let lines_before = d.log().lines().count();
-    // Requests shorter than a FUSE header: a warning each, without rate limiting.
-    let garbage = RawChain {
-        readable: vec![ChainPart::Data(vec![0xff; 7])],
-        writable: vec![ChainPart::Space(64)],
-    };
+    let rdwr = libc::O_RDWR as u32;
+    let (entry, open_a) = c.create(ROOT, "locked", rdwr, 0o644).expect("create");
+    let node = entry.nodeid;
+    let fh_b = c.open(node, rdwr).expect("open").fh;
+    let q = c.request_queue(0).unwrap();
+    // Owner A holds a write lock (virtiofsd answers ENOSYS: nothing waits there).
+    let _ = q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        open_a.fh,
+        0xa,
+        libc::F_WRLCK,
+    ));
+    // The guest floods SETLKW for owner B: past the daemon's cap on lock waits each
+    // is refused, with a warning each time, without rate limiting.
     let t0 = Instant::now();
-    for _ in 0..500 {
-        let queue = c.request_queue(0).unwrap();
-        match queue.call_chain(&garbage) {
-            Ok(_) => {}
-            Err(e) if e.is_timeout() => {}
-            Err(e) => panic!("garbage chain: {e}"),
+    for _ in 0..400 {
+        while q.free_descriptors() < 8 {
+            q.wait_completions(Duration::from_secs(5)).unwrap();
         }
+        q.submit(&lock_request(
+            Opcode::Setlkw,
+            node,
+            fh_b,
+            0xb,
+            libc::F_WRLCK,
+        ))
+        .unwrap();
+        q.kick().unwrap();
     }
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = q.poll_completions();
     let flood = t0.elapsed();
     let grown = settle(&d) - before;
     let log = d.log();
     let new: Vec<&str> = log.lines().skip(lines_before).collect();
     eprintln!(
-        "500 bad requests in {flood:?}: {} lines, {grown} bytes of log",
+        "400 lock waits in {flood:?}: {} lines, {grown} bytes of log",
         new.len()
     );
-    // A burst and about one a second, not 500.
+    // A burst and about one a second, not hundreds.
     let allowed = 10 + flood.as_secs() as usize + 2;
     assert!(
         new.len() <= allowed + 1,
@@ -123,26 +160,33 @@ fn guest_triggered_warnings_are_rate_limited() {
         new.len(),
         new.join("\n")
     );
-    assert!(
-        grown < 8 * 1024,
-        "{grown} bytes of log for 500 bad requests"
-    );
-    if is_virtiofsd() || new.len() < 10 {
-        // virtiofsd has no summary; a daemon that does not warn about these
-        // requests at the default level has nothing to suppress.
+    assert!(grown < 8 * 1024, "{grown} bytes of log for 400 lock waits");
+    if is_virtiofsd() {
         return;
     }
+    assert!(
+        new.len() >= 10,
+        "the flood no longer makes warnings; pick another:\n{log}"
+    );
     // What was dropped is counted, at the latest by a summary a few seconds later.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let log = d.log();
-        if log.contains("suppressed") {
-            let line = log.lines().find(|l| l.contains("suppressed")).unwrap();
+        if let Some(line) = log.lines().find(|l| l.contains("suppressed")) {
             assert!(line.contains("similar messages"), "{line}");
             break;
         }
         assert!(Instant::now() < deadline, "no 'suppressed' summary:\n{log}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A unlocks: the waits that were admitted end; the daemon still serves.
+    let q = c.request_queue(0).unwrap();
+    let _ = q.call(&lock_request(
+        Opcode::Setlk,
+        node,
+        open_a.fh,
+        0xa,
+        libc::F_UNLCK,
+    ));
     c.getattr(ROOT).expect("daemon still serves");
 }
