@@ -316,6 +316,7 @@ fn control_accept_loop_does_not_spin_at_the_fd_limit() {
     let used = cpu_ticks(d.pid()) - before;
     let log_lines = d.log().lines().count() - log_before;
     drop(idle);
+    eprintln!("at the fd limit: {used} ticks of CPU and {log_lines} log lines in 2 s");
     // 2 s of one spinning thread is ~200 ticks; a sleeping loop uses ~0.
     assert!(used < 30, "daemon used {used} ticks in 2 s at the fd limit");
     assert!(log_lines < 10, "{log_lines} log lines in 2 s:\n{}", d.log());
@@ -336,21 +337,38 @@ fn start_at_fd_limit(test: &str) -> Option<Daemon> {
     ))
 }
 
-/// Makes the guest use up the daemon's fds: it looks up files in volume `v` until
-/// the daemon answers EMFILE/ENFILE. Returns the client, which must stay connected
-/// (the daemon exits when its frontend goes).
+/// Puts the daemon at its fd limit: the guest looks up files in volume `v` until the
+/// daemon refuses (its fd budget, ENFILE, or the process limit, EMFILE), then the
+/// soft RLIMIT_NOFILE is lowered (prlimit) to the fds the daemon has open, so its
+/// next fd fails with EMFILE whatever headroom it kept. Returns the client, which
+/// must stay connected (the daemon exits when its frontend goes).
 fn exhaust_fds_in_volume(d: &Daemon) -> FuseClient {
     for i in 0..200 {
         std::fs::write(d.host(&format!("v/f{i}")), b"").unwrap();
     }
     let mut c = d.client();
     let v = c.lookup(ROOT, "v").expect("lookup v").nodeid;
+    let mut refused = false;
     for i in 0..200 {
         match c.lookup(v, &format!("f{i}")) {
             Ok(_) => {}
-            Err(e) if matches!(e.errno(), Some(libc::EMFILE | libc::ENFILE)) => return c,
+            Err(e) if matches!(e.errno(), Some(libc::EMFILE | libc::ENFILE)) => {
+                refused = true;
+                break;
+            }
             Err(e) => panic!("lookup f{i}: {e}\n{}", d.log()),
         }
     }
-    panic!("200 lookups did not reach the fd limit\n{}", d.log());
+    assert!(refused, "200 lookups were all served at --rlimit-nofile=64");
+    let open = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+        .unwrap()
+        .count() as u64;
+    let limit = libc::rlimit64 {
+        rlim_cur: open,
+        rlim_max: 64,
+    };
+    // SAFETY: sets the limit of our own child; the result is checked.
+    let r = unsafe { libc::prlimit64(d.pid(), libc::RLIMIT_NOFILE, &limit, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "prlimit: {}", std::io::Error::last_os_error());
+    c
 }
