@@ -232,8 +232,21 @@ fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), String> {
     let (new_soft, new_hard) = match requested {
         Some(0) => return Ok(()),
         Some(n) => (n, n.max(hard)),
-        // Default: as many fds as the hard limit allows; one fd per guest inode.
-        None => (hard, hard),
+        // Default: as many fds as the kernel allows a process (fs.nr_open), as
+        // virtiofsd does: each guest inode holds one. The guest's share of them is
+        // bounded by the per-volume limits and the fd budget (fs/session.rs).
+        None => {
+            let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(hard);
+            let want = nr_open.max(hard);
+            if want > hard && setrlimit(Resource::RLIMIT_NOFILE, want, want).is_ok() {
+                return Ok(());
+            }
+            // Without CAP_SYS_RESOURCE the hard limit stays.
+            (hard, hard)
+        }
     };
     if new_soft == soft && new_hard == hard {
         return Ok(());

@@ -8,7 +8,25 @@
 
 mod common;
 
+#[path = "hostile_guest/credentials.rs"]
+mod credentials;
+#[path = "hostile_guest/detach.rs"]
+mod detach;
+#[path = "hostile_guest/limits.rs"]
+mod limits;
 #[path = "hostile_guest/logs.rs"]
 mod logs;
+#[path = "hostile_guest/queues.rs"]
+mod queues;
+#[path = "hostile_guest/readonly.rs"]
+mod readonly;
+#[path = "hostile_guest/requests.rs"]
+mod requests;
+#[path = "hostile_guest/sessions.rs"]
+mod sessions;
 #[path = "hostile_guest/sockets.rs"]
 mod sockets;
+#[path = "hostile_guest/special_files.rs"]
+mod special_files;
+#[path = "hostile_guest/support.rs"]
+mod support;

@@ -247,6 +247,54 @@ impl SplitQueue {
         Ok(head)
     }
 
+    /// Hostile driver: publishes an avail index `ahead` entries past the last real
+    /// one (further than the queue is long, for a broken ring) and kicks.
+    pub fn publish_bogus_avail_idx(&mut self, ahead: u16) -> Result<()> {
+        let bogus = self.next_avail + Wrapping(ahead);
+        self.memory
+            .mmap()
+            .store(bogus.0, self.avail_ring.unchecked_add(2), Ordering::Release)
+            .map_err(|e| Error::memory(self.context("publishing a bogus avail idx"), e))?;
+        self.kick_eventfd()
+            .write(1)
+            .map_err(|e| Error::io(self.context("kick"), e))
+    }
+
+    /// Hostile driver: publishes a chain of two descriptors that point at each other
+    /// (a loop), the first one holding `readable`, and kicks.
+    pub fn add_looping_chain(&mut self, readable: &Segment) -> Result<u16> {
+        if self.free_descriptors.len() < 2 {
+            return Err(Error::QueueFull {
+                queue: self.queue_index,
+                needed: 2,
+                free: self.free_descriptors.len(),
+            });
+        }
+        let a = self.free_descriptors.pop().expect("two free");
+        let b = self.free_descriptors.pop().expect("two free");
+        self.write_descriptor(a, readable, VIRTQ_DESC_F_NEXT, b)?;
+        self.write_descriptor(b, readable, VIRTQ_DESC_F_NEXT, a)?;
+        let slot = u64::from(self.next_avail.0 % self.size);
+        self.write(
+            a,
+            self.avail_ring.unchecked_add(4 + 2 * slot),
+            "avail ring entry",
+        )?;
+        self.next_avail += 1;
+        self.memory
+            .mmap()
+            .store(
+                self.next_avail.0,
+                self.avail_ring.unchecked_add(2),
+                Ordering::Release,
+            )
+            .map_err(|e| Error::memory(self.context("publishing avail idx"), e))?;
+        self.kick_eventfd()
+            .write(1)
+            .map_err(|e| Error::io(self.context("kick"), e))?;
+        Ok(a)
+    }
+
     /// Kicks the device if it asked for it (always, unless EVENT_IDX is on).
     /// Returns whether a kick was sent.
     pub fn notify(&mut self) -> Result<bool> {

@@ -178,8 +178,12 @@ impl FsServer {
         }
         match header.opcode {
             op if op == Opcode::Destroy as u32 => {
+                // Answered here: fuse-backend-rs writes the reply but reports no
+                // length, so the guest would never see it.
                 self.initialized.store(false, Ordering::Release);
                 self.fs.inner().reset_session();
+                return extra_ops::reply(&mut writer, header.unique, 0, &[])
+                    .map_err(|e| failed(e.to_string()));
             }
             // The daemon serves no ioctl; its sizes are never looked at.
             op if op == Opcode::Ioctl as u32 => return reply_errno(&mut writer, libc::ENOTTY),

@@ -61,6 +61,11 @@ impl FuseQueue {
         }
     }
 
+    /// The ring itself, for tests that play a driver breaking the rules.
+    pub fn ring_mut(&mut self) -> &mut SplitQueue {
+        &mut self.queue
+    }
+
     /// vhost-user queue index (0 = hiprio).
     pub fn index(&self) -> u16 {
         self.queue.index()
