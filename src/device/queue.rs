@@ -20,7 +20,7 @@ use log::{debug, warn};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{
-    Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
+    Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
 };
 
 use crate::fs::extra_ops::reply_error;
@@ -229,7 +229,12 @@ const KEPT_REQUEST_CAPACITY: usize = 64 * 1024;
 /// or for a WRITE only its header and WriteIn (the data is read in place later).
 /// A chain whose walk ends on a descriptor that still names a next one (a loop, an
 /// index past the table, memory the guest does not have) is broken.
-fn copy_request(mem: &Mem, chain: &DescriptorChain<Mem>, buf: &mut Vec<u8>) -> Result<(), Broken> {
+fn copy_request<M>(chain: &DescriptorChain<M>, buf: &mut Vec<u8>) -> Result<(), Broken>
+where
+    M: std::ops::Deref + Clone,
+    M::Target: GuestMemory,
+{
+    let mem = chain.memory();
     buf.clear();
     let mut limit = MAX_REQUEST;
     let mut last_has_next = false;
@@ -273,7 +278,7 @@ fn serve_one(
     event_idx: bool,
     buf: &mut Vec<u8>,
 ) -> Result<Option<u32>, DrainError> {
-    copy_request(mem, &chain, buf).map_err(DrainError::Broken)?;
+    copy_request(&chain, buf).map_err(DrainError::Broken)?;
     let Some(header) = parse_header(buf) else {
         debug!("queue {index}: request shorter than a FUSE header");
         return Ok(Some(0));
@@ -409,4 +414,103 @@ fn expects_reply(opcode: u32) -> bool {
     opcode != Opcode::Forget as u32
         && opcode != Opcode::BatchForget as u32
         && opcode != Opcode::Interrupt as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fuse_backend_rs::abi::fuse_abi::WriteIn;
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{ByteValued, GuestAddress};
+
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+    }
+
+    fn header(opcode: Opcode, len: usize) -> Vec<u8> {
+        InHeader {
+            len: len as u32,
+            opcode: opcode as u32,
+            unique: 7,
+            nodeid: 1,
+            ..Default::default()
+        }
+        .as_slice()
+        .to_vec()
+    }
+
+    fn desc(addr: u64, len: usize, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(Descriptor::new(addr, len as u32, flags, next))
+    }
+
+    #[test]
+    fn a_request_is_copied_whole_in_one_walk_and_a_write_only_to_its_args() {
+        let mem = memory();
+        let q = MockSplitQueue::new(&mem, 16);
+        // A GETXATTR split over two readable descriptors, then a reply buffer.
+        let mut req = header(Opcode::Getxattr, 40 + 8 + 6);
+        req.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        req.extend_from_slice(b"user.a");
+        mem.write_slice(&req[..30], GuestAddress(0x10_0000))
+            .unwrap();
+        mem.write_slice(&req[30..], GuestAddress(0x20_0000))
+            .unwrap();
+        let chain = q
+            .build_desc_chain(&[
+                desc(0x10_0000, 30, 0, 0),
+                desc(0x20_0000, req.len() - 30, 0, 0),
+                desc(0x30_0000, 4096, WRITE, 0),
+            ])
+            .unwrap();
+        let mut buf = Vec::new();
+        assert!(copy_request(&chain, &mut buf).is_ok());
+        assert_eq!(buf, req);
+        // Guest memory rewritten after the copy changes nothing the server reads.
+        mem.write_slice(&[0xff; 30], GuestAddress(0x10_0000))
+            .unwrap();
+        assert_eq!(parse_header(&buf).unwrap().opcode, Opcode::Getxattr as u32);
+
+        // A WRITE keeps only its header and WriteIn locally; the data stays behind.
+        let mut w = header(Opcode::Write, 80 + 4096);
+        w.extend_from_slice(
+            WriteIn {
+                size: 4096,
+                ..Default::default()
+            }
+            .as_slice(),
+        );
+        mem.write_slice(&w, GuestAddress(0x10_0000)).unwrap();
+        let q = MockSplitQueue::new(&mem, 16);
+        let chain = q
+            .build_desc_chain(&[
+                desc(0x10_0000, 80, 0, 0),
+                desc(0x20_0000, 4096, 0, 0),
+                desc(0x30_0000, 64, WRITE, 0),
+            ])
+            .unwrap();
+        assert!(copy_request(&chain, &mut buf).is_ok());
+        assert_eq!(buf.len(), WRITE_PREFIX);
+        assert_eq!(buf, w);
+    }
+
+    #[test]
+    fn a_looping_chain_is_broken() {
+        let mem = memory();
+        mem.write_slice(&header(Opcode::Getattr, 56), GuestAddress(0x10_0000))
+            .unwrap();
+        let q = MockSplitQueue::new(&mem, 16);
+        // Descriptors 0 and 1 point at each other.
+        let chain = q
+            .build_multiple_desc_chains(&[
+                desc(0x10_0000, 40, NEXT, 1),
+                desc(0x10_0000, 40, NEXT, 0),
+            ])
+            .unwrap();
+        let mut buf = Vec::new();
+        assert!(copy_request(&chain, &mut buf).is_err());
+    }
 }
