@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 
 use crate::device::MAX_REQUEST_QUEUES;
-use crate::fs::volumes::valid_volume_name;
+use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, CacheMode, Limits, ShareSpec};
 
 /// virtiofsd options that volfsd does not implement. They are refused by name, so a
@@ -207,7 +207,6 @@ pub struct Config {
     pub control_socket: Option<PathBuf>,
     pub control_allow_uids: Vec<u32>,
     pub cache: CacheMode,
-    pub thread_pool_size: usize,
     pub num_request_queues: usize,
     pub limits: Limits,
     pub readonly: bool,
@@ -309,7 +308,6 @@ impl Args {
             control_socket: self.control_socket,
             control_allow_uids: self.control_allow_uid,
             cache: self.cache.into(),
-            thread_pool_size: self.thread_pool_size,
             num_request_queues: self.num_request_queues as usize,
             limits: Limits {
                 max_nodes: self.max_inodes,
@@ -394,7 +392,7 @@ pub fn parse_allowed_dirs(
             .map_err(|why| ConfigError(format!("--allowed-dir {arg}: {why}")))?;
         if let Some(bad) = resolved.rel.iter().find(|c| !valid_volume_name(c)) {
             return Err(ConfigError(format!(
-                "--allowed-dir {arg}: '{bad}' does not match the volume-name rule ^[a-zA-Z0-9_-]{{1,128}}$"
+                "--allowed-dir {arg}: '{bad}' does not match the volume-name rule {VOLUME_NAME_RULE}"
             )));
         }
         if let Some(other) = specs.iter().find(|s| s.path.overlaps(&resolved)) {

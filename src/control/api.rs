@@ -14,7 +14,7 @@ use std::time::UNIX_EPOCH;
 use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceStats;
-use crate::fs::volumes::valid_volume_name;
+use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, AttachError, ShareInfo, ShareSpec, VolFs};
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
@@ -142,7 +142,7 @@ impl Api {
         if !valid_volume_name(name) {
             return Reply::error(
                 400,
-                format!("volume name {name:?} must match ^[a-zA-Z0-9_-]{{1,128}}$"),
+                format!("volume name {name:?} must match {VOLUME_NAME_RULE}"),
             );
         }
         let req: AttachRequest = match serde_json::from_slice(body) {

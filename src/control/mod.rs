@@ -170,10 +170,6 @@ impl ControlServer {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Serves clients on a thread of its own until the process exits.
     pub fn spawn(self) -> io::Result<()> {
         std::thread::Builder::new()

@@ -23,7 +23,7 @@ use vm_memory::{
     Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
 };
 
-use crate::fs::extra_ops::reply_error;
+use crate::fs::reply::reply_error;
 use crate::fs::server::{parse_header, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 

@@ -1,26 +1,29 @@
-//! Decoding and replies for the FUSE requests that fuse-backend-rs 0.14's `Server`
-//! answers with ENOSYS: COPY_FILE_RANGE (47), SYNCFS (50) and TMPFILE (51).
+//! Decoding of the FUSE requests fuse-backend-rs 0.14's `Server` does not serve as
+//! volfsd needs: COPY_FILE_RANGE, SYNCFS and TMPFILE (answered ENOSYS there) and
+//! SETLKW (served there without waiting).
 //!
-//! The Linux client sends all three; serving them keeps `cp --reflink=auto`,
-//! `syncfs(2)` and `O_TMPFILE` working in the guest.
+//! The Linux client sends all four; serving them keeps `cp --reflink=auto`,
+//! `syncfs(2)`, `O_TMPFILE` and blocking `fcntl(F_SETLKW)` working in the guest.
 
-use std::io::{self, Write};
+use std::io;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, OpenOut, OutHeader, WriteOut,
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, Opcode, OpenOut, WriteOut,
 };
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
+use super::reply::reply;
 use super::ExtraOps;
 
-pub const OPCODE_COPY_FILE_RANGE: u32 = 47;
+/// Opcodes fuse-backend-rs 0.14's `Opcode` enum lacks.
 pub const OPCODE_SYNCFS: u32 = 50;
 pub const OPCODE_TMPFILE: u32 = 51;
+const OPCODE_COPY_FILE_RANGE: u32 = Opcode::CopyFileRange as u32;
 /// fuse-backend-rs 0.14 decodes SETLKW but calls the non-blocking `setlk`, so a
 /// guest's `fcntl(F_SETLKW)` would get EAGAIN instead of waiting: decoded here.
-pub const OPCODE_SETLKW: u32 = 33;
+const OPCODE_SETLKW: u32 = Opcode::Setlkw as u32;
 
 /// Whether `opcode` is served here rather than by fuse-backend-rs's server.
 pub fn handles(opcode: u32) -> bool {
@@ -96,37 +99,6 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
     }
 }
 
-/// An error reply with no body.
-pub fn reply_error<S: BitmapSlice>(
-    w: &mut Writer<'_, S>,
-    unique: u64,
-    errno: i32,
-) -> io::Result<usize> {
-    reply(w, unique, -errno, &[])
-}
-
 fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
-}
-
-/// A reply: the header and `body`, written in one piece.
-pub fn reply<S: BitmapSlice>(
-    w: &mut Writer<'_, S>,
-    unique: u64,
-    error: i32,
-    body: &[u8],
-) -> io::Result<usize> {
-    let len = std::mem::size_of::<OutHeader>() + body.len();
-    let header = OutHeader {
-        len: len as u32,
-        error,
-        unique,
-    };
-    // One write of the whole reply: /dev/fuse takes a reply in a single write.
-    let mut msg = Vec::with_capacity(len);
-    msg.extend_from_slice(header.as_slice());
-    msg.extend_from_slice(body);
-    w.write_all(&msg)?;
-    w.commit(None)?;
-    Ok(len)
 }

@@ -28,6 +28,7 @@ use fuse_backend_rs::api::filesystem::{
 use super::handles::{HandleData, HandleStore};
 use super::inodes::{InodeData, InodeKey, InodeStore};
 use super::locks::{self, LockTable, FUSE_LK_FLOCK};
+use super::names::{check_entry_name, check_name, is_dot_or_dotdot};
 use super::session::{FdBudget, Limits, Session};
 use super::share::{Share, ShareStats};
 use super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
@@ -69,34 +70,6 @@ pub struct PassthroughFs {
     proc_self_fd: File,
     cfg: PassthroughConfig,
     timeout: Duration,
-}
-
-/// Validates a name from the guest as one path component, with Linux's errnos.
-pub fn check_name(name: &CStr) -> io::Result<()> {
-    let bytes = name.to_bytes();
-    if bytes.is_empty() {
-        return Err(errno(libc::ENOENT));
-    }
-    if bytes.len() > libc::NAME_MAX as usize {
-        return Err(errno(libc::ENAMETOOLONG));
-    }
-    if bytes.contains(&b'/') {
-        return Err(errno(libc::EINVAL));
-    }
-    Ok(())
-}
-
-fn is_dot_or_dotdot(name: &CStr) -> bool {
-    matches!(name.to_bytes(), b"." | b"..")
-}
-
-/// Validates a name that will create or remove an entry: `.` and `..` cannot be one.
-fn check_entry_name(name: &CStr, err_for_dots: libc::c_int) -> io::Result<()> {
-    check_name(name)?;
-    if is_dot_or_dotdot(name) {
-        return Err(errno(err_for_dots));
-    }
-    Ok(())
 }
 
 /// Borrows a raw fd as a `File` without taking ownership.

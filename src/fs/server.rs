@@ -30,7 +30,7 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::{extra_ops, VolFs};
+use super::{extra_ops, reply, VolFs};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -152,7 +152,7 @@ impl FsServer {
         };
         let mut writer = writer;
         let reply_errno = |w: &mut Writer<'a, S>, errno: i32| {
-            extra_ops::reply_error(w, header.unique, errno).map_err(|e| failed(e.to_string()))
+            reply::reply_error(w, header.unique, errno).map_err(|e| failed(e.to_string()))
         };
         if header.opcode == Opcode::Init as u32 {
             // Marked before the reply goes out: the kernel sends its next requests as
@@ -182,7 +182,7 @@ impl FsServer {
                 // length, so the guest would never see it.
                 self.initialized.store(false, Ordering::Release);
                 self.fs.inner().reset_session();
-                return extra_ops::reply(&mut writer, header.unique, 0, &[])
+                return reply::reply(&mut writer, header.unique, 0, &[])
                     .map_err(|e| failed(e.to_string()));
             }
             // The daemon serves no ioctl; its sizes are never looked at.
@@ -235,7 +235,7 @@ impl FsServer {
             .and_then(WriteIn::from_slice)
             .copied()
         else {
-            return extra_ops::reply_error(&mut writer, header.unique, libc::EINVAL)
+            return reply::reply_error(&mut writer, header.unique, libc::EINVAL)
                 .map_err(|e| failed(e.to_string()));
         };
         let data = match write_data {
@@ -243,7 +243,7 @@ impl FsServer {
             None => local_reader(&mut request[WRITE_PREFIX..]),
         };
         if args.size > MAX_PAYLOAD || args.size as usize > data.available_bytes() {
-            return extra_ops::reply_error(&mut writer, header.unique, libc::EINVAL)
+            return reply::reply_error(&mut writer, header.unique, libc::EINVAL)
                 .map_err(|e| failed(e.to_string()));
         }
         let owner = (args.fuse_flags & WRITE_LOCKOWNER != 0).then_some(args.lock_owner);
@@ -268,9 +268,9 @@ impl FsServer {
                     size: n as u32,
                     padding: 0,
                 };
-                extra_ops::reply(&mut writer, header.unique, 0, out.as_slice())
+                reply::reply(&mut writer, header.unique, 0, out.as_slice())
             }
-            Err(e) => extra_ops::reply_error(
+            Err(e) => reply::reply_error(
                 &mut writer,
                 header.unique,
                 e.raw_os_error().unwrap_or(libc::EIO),

@@ -29,7 +29,8 @@ use fuse_backend_rs::api::filesystem::{
 };
 use log::{info, warn};
 
-use super::passthrough::{check_name, PassthroughConfig, PassthroughFs, ROOT_ID};
+use super::names::{check_name, valid_volume_name, VOLUME_NAME_RULE};
+use super::passthrough::{PassthroughConfig, PassthroughFs, ROOT_ID};
 use super::share::Share;
 use super::share_root::{open_share_root, SharePath};
 use super::sys::{self, errno};
@@ -56,15 +57,6 @@ pub struct ShareSpec {
     pub path: SharePath,
     pub read_only: bool,
     pub volume_id: Option<String>,
-}
-
-/// The platform's volume-name rule, `^[a-zA-Z0-9_-]{1,128}$`, which every component
-/// of a guest path follows.
-pub fn valid_volume_name(name: &str) -> bool {
-    (1..=128).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// What a caller can read about an attached share.
@@ -271,7 +263,7 @@ impl VolumeFs {
         let key = spec.guest.join("/");
         if spec.guest.is_empty() || !spec.guest.iter().all(|c| valid_volume_name(c)) {
             return Err(AttachError::Conflict(format!(
-                "{key}: a volume name must match ^[a-zA-Z0-9_-]{{1,128}}$"
+                "{key}: a volume name must match {VOLUME_NAME_RULE}"
             )));
         }
         // Check under the read lock first: opening the share root touches the disk
