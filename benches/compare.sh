@@ -79,7 +79,7 @@ fi
 
 if [[ $BUILD == 1 ]]; then
 	say "building release binaries"
-	(cd "$REPO" && cargo build --release --bins --quiet)
+	(cd "$REPO" && cargo build --release --workspace --bins --quiet)
 fi
 for b in "$VOLFSD" "$LOADGEN" "$VIRTIOFSD"; do
 	[[ -x $b ]] || die "$b is not an executable (virtiofsd: cargo install virtiofsd --locked)"

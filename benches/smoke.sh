@@ -48,7 +48,7 @@ LOADGEN=$REPO/target/release/volfsd-loadgen
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 
 if [[ $BUILD == 1 ]]; then
-	if (cd "$REPO" && cargo build --release --bins --quiet) >"$WORK/build.log" 2>&1; then
+	if (cd "$REPO" && cargo build --release --workspace --bins --quiet) >"$WORK/build.log" 2>&1; then
 		pass build
 	else
 		fail build "cargo build --release failed: $(tail -n 3 "$WORK/build.log" | tr '\n' ' ')"
@@ -89,7 +89,7 @@ if [[ -x $VOLFSD && -x $LOADGEN ]]; then
 		echo "SMOKE INFO virtiofsd not installed: loadgen not checked against it"
 	fi
 else
-	fail loadgen "$VOLFSD or $LOADGEN missing (build with cargo build --release)"
+	fail loadgen "$VOLFSD or $LOADGEN missing (build with cargo build --release --workspace)"
 fi
 
 # A loadgen that finds bad data must fail: prepare the read file with a
@@ -126,7 +126,7 @@ with open(sys.argv[1], "r+b") as f:
 fi
 
 if [[ $CRITERION == 1 ]]; then
-	if (cd "$REPO" && timeout 600 cargo bench --quiet --bench request_path -- --test) >"$WORK/bench.log" 2>&1; then
+	if (cd "$REPO" && timeout 600 cargo bench --quiet -p volfsd-harness --bench request_path -- --test) >"$WORK/bench.log" 2>&1; then
 		pass criterion-benches
 	else
 		fail criterion-benches "$(grep -m1 -iE 'panicked|error' "$WORK/bench.log" || tail -n 2 "$WORK/bench.log" | tr '\n' ' ')"

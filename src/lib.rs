@@ -4,7 +4,5 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod device;
-pub mod frontend;
 pub mod fs;
-pub mod loadgen;
 pub mod logging;

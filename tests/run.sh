@@ -38,18 +38,20 @@ stage "cargo fmt --check"
 cargo fmt --all -- --check
 record "cargo fmt" $?
 
-stage "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+stage "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 record "cargo clippy" $?
 
-stage "cargo build --release"
-cargo build --release --locked
+stage "cargo build --release --workspace"
+cargo build --release --locked --workspace
 rc=$?
 record "cargo build --release" $rc
 
-stage "cargo test"
+stage "cargo test --workspace"
 log=$(mktemp)
-cargo test --locked 2>&1 | tee "$log"
+# The harness's tests run target/debug/volfsd (see harness/src/fixtures/mod.rs): build
+# the binaries first, cargo test only builds those of a package with tests/.
+{ cargo build --locked --workspace --bins && cargo test --locked --workspace; } 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 p=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^passed/) s += $i } END { print s + 0 }' "$log")
 f=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($(i+1) ~ /^failed/) s += $i } END { print s + 0 }' "$log")

@@ -5,17 +5,18 @@
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
-use volfsd::frontend::fuse::{InitParams, Request};
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::fuse::{InitParams, Request};
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{assert_errno, Daemon, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{self, assert_errno, Daemon, RDWR, ROOT};
 
 /// The errnos a request on a node id or handle of an ended session may get.
 const STALE: [i32; 3] = [libc::ENOENT, libc::ESTALE, libc::EBADF];
 
 #[track_caller]
-fn assert_stale<T: std::fmt::Debug>(what: &str, r: volfsd::frontend::Result<T>) {
+fn assert_stale<T: std::fmt::Debug>(what: &str, r: volfsd_harness::frontend::Result<T>) {
     match r {
         Err(e) if e.errno().is_some_and(|n| STALE.contains(&n)) => {}
         other => panic!("{what}: expected ENOENT/ESTALE/EBADF, got {other:?}"),
@@ -162,7 +163,7 @@ fn lock_wait_of_an_ended_session_is_woken_and_gives_back_its_fds() {
             })
             .count()
     };
-    let ours = !super::common::is_virtiofsd();
+    let ours = !fixtures::is_virtiofsd();
     if ours {
         assert_eq!(waiters(), 1, "one lock-wait thread");
     }

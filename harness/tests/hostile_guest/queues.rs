@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use volfsd::frontend::fuse::{FuseClient, Request};
-use volfsd::frontend::{FuseOps, Segment};
+use volfsd_harness::frontend::fuse::{FuseClient, Request};
+use volfsd_harness::frontend::{FuseOps, Segment};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 
-use super::common::{self, Daemon, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::{self, Daemon, ROOT};
 
 fn two_queue_client(d: &Daemon) -> FuseClient {
     let mut cfg = d.config();
@@ -32,7 +32,7 @@ fn assert_queue_stopped_quietly(d: &Daemon, c: &mut FuseClient) {
     c.use_request_queue(1).unwrap();
     c.getattr(ROOT).expect("the other queue serves");
     let log = d.log();
-    if !common::is_virtiofsd() {
+    if !fixtures::is_virtiofsd() {
         let stops = log.matches("stopped").count();
         assert_eq!(stops, 1, "one log line for the stopped queue:\n{log}");
     }
@@ -64,7 +64,7 @@ fn descriptor_loop_stops_the_queue_without_spinning() {
         .to_chain(999);
     let mut bytes = Vec::new();
     for part in chain.readable {
-        if let volfsd::frontend::fuse::ChainPart::Data(b) = part {
+        if let volfsd_harness::frontend::fuse::ChainPart::Data(b) = part {
             bytes.extend(b);
         }
     }

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use volfsd::frontend::fuse::{FuseClient, FuseOps};
+use volfsd_harness::frontend::fuse::{FuseClient, FuseOps};
 
-use crate::common::{daemon_binary, is_virtiofsd, Daemon, TestDir, ROOT};
+use volfsd_harness::fixtures::{daemon_binary, is_virtiofsd, Daemon, TestDir, ROOT};
 
 const NOBODY: u32 = 65534;
 /// A uid and gid no one is given anything for.

@@ -18,6 +18,7 @@ use fuse_backend_rs::abi::fuse_abi::{CreateIn, ATTR_SUBMOUNT};
 use fuse_backend_rs::api::filesystem::{Context, Entry, FileSystem};
 use mounted::{Mounted, TempDir};
 use volfsd::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs, VolumeFs};
+use volfsd_harness::fixtures;
 
 const ROOT: u64 = 1;
 
@@ -97,7 +98,7 @@ fn allowed_dir_validation_names_path_and_reason() {
 #[test]
 fn daemon_exits_1_on_a_bad_allowed_dir() {
     let sd = platform_layout();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_volfsd"))
+    let out = std::process::Command::new(fixtures::volfsd_binary())
         .args(["--socket-path", "/tmp/volfsd-never.sock", "--shared-dir"])
         .arg(sd.path())
         .args(["--allowed-dir", "nope:ro"])

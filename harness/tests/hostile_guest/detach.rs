@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::mount::{mount, umount, umount2, MntFlags, MsFlags};
-use volfsd::frontend::fuse::FuseQueue;
-use volfsd::frontend::{FuseClient, FuseOps};
+use volfsd_harness::frontend::fuse::FuseQueue;
+use volfsd_harness::frontend::{FuseClient, FuseOps};
 
-use super::common::{self, Daemon, TestDir, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::control::{request, Resp};
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::{self, Daemon, TestDir, RDONLY, ROOT};
 
 /// Unmounts what it holds when dropped (a failed test must not leave mounts).
 struct Mounted(PathBuf);
@@ -41,12 +42,12 @@ fn hammer(mut q: FuseQueue, stop: Arc<AtomicBool>, unexpected: Arc<AtomicU64>) {
     q.set_timeout(Duration::from_secs(10));
     let mut old: Vec<(u64, u64)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let ok_errno = |e: &volfsd::frontend::Error| {
+        let ok_errno = |e: &volfsd_harness::frontend::Error| {
             e.errno().is_some_and(|n| {
                 [libc::ENOENT, libc::ESTALE, libc::EBADF, libc::ENFILE].contains(&n)
             })
         };
-        let check = |r: Result<(), volfsd::frontend::Error>| {
+        let check = |r: Result<(), volfsd_harness::frontend::Error>| {
             if let Err(e) = r {
                 if !ok_errno(&e) {
                     eprintln!("unexpected: {e}");
@@ -66,7 +67,7 @@ fn hammer(mut q: FuseQueue, stop: Arc<AtomicBool>, unexpected: Arc<AtomicU64>) {
                 continue;
             }
         };
-        let step: Result<(), volfsd::frontend::Error> = (|| {
+        let step: Result<(), volfsd_harness::frontend::Error> = (|| {
             let f = q.lookup(vol, "f")?;
             let open = q.open(f.nodeid, RDONLY)?;
             q.read(f.nodeid, open.fh, 0, 64)?;
@@ -85,7 +86,7 @@ fn hammer(mut q: FuseQueue, stop: Arc<AtomicBool>, unexpected: Arc<AtomicU64>) {
 
 #[test]
 fn detach_during_requests_leaves_no_fd_and_the_volume_unmounts() {
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         eprintln!("skipped: virtiofsd has no control socket to detach volumes with");
         return;
     }
@@ -121,20 +122,21 @@ fn detach_during_requests_leaves_no_fd_and_the_volume_unmounts() {
     for round in 0..100 {
         bind(&src, &target);
         let guard = Mounted(target.clone());
-        let (status, body) = control(&ctl, "PUT", "/volumes/vol", Some(r#"{"path":"vol"}"#));
+        let Resp { status, body, .. } =
+            request(&ctl, "PUT", "/volumes/vol", Some(r#"{"path":"vol"}"#));
         assert_eq!(status, 201, "round {round}: attach: {body}");
         std::thread::sleep(Duration::from_millis(5 + (round % 4) * 5));
-        let (status, body) = control(&ctl, "DELETE", "/volumes/vol", None);
+        let Resp { status, body, .. } = request(&ctl, "DELETE", "/volumes/vol", None);
         assert_eq!(status, 204, "round {round}: detach: {body}");
         let t = std::time::Instant::now();
         let clean = poll(Duration::from_secs(1), || {
-            fds_into(d.pid(), &inodes).is_empty()
+            fds_into(d.pid(), None, &inodes).is_empty()
         });
         worst = worst.max(t.elapsed());
         assert!(
             clean,
             "round {round}: fds into the detached volume 1 s after DELETE: {:?}",
-            fds_into(d.pid(), &inodes)
+            fds_into(d.pid(), None, &inodes)
         );
         // The host unmounts it, without MNT_DETACH.
         umount(&target).unwrap_or_else(|e| panic!("round {round}: umount: {e}"));

@@ -6,18 +6,19 @@
 //! `VOLFSD_TEST_DAEMON=~/.cargo/bin/virtiofsd cargo test --test vhost_user`;
 //! tests that depend on volfsd-specific behaviour say so where they branch.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{GetattrIn, Opcode, SetattrIn, SetattrValid};
 use vm_memory::GuestAddress;
-use volfsd::frontend::fuse::{ChainPart, FuseOps, InitParams, RawChain, Request, XattrReply};
-use volfsd::frontend::{Error, FuseClient, Segment};
+use volfsd_harness::frontend::fuse::{
+    ChainPart, FuseOps, InitParams, RawChain, Request, XattrReply,
+};
+use volfsd_harness::frontend::{Error, FuseClient, Segment};
 
-use common::{assert_errno, host_read, Daemon, ROOT};
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{self, assert_errno, host_read, Daemon, ROOT};
 
 const RDWR: u32 = libc::O_RDWR as u32;
 const S_IFREG: u32 = libc::S_IFREG;
@@ -426,7 +427,7 @@ fn two_request_queues_are_both_served() {
     let d = Daemon::start("mq", &[]);
     let mut cfg = d.config();
     cfg.request_queues = 2;
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         // virtiofsd 1.x offers a single request queue (GET_QUEUE_NUM = 2).
         let err = FuseClient::connect(&cfg)
             .err()
@@ -477,7 +478,7 @@ fn two_request_queues_are_both_served() {
 fn request_queues_driven_from_parallel_threads() {
     let d = Daemon::start("threads", &[]);
     let mut cfg = d.config();
-    cfg.request_queues = if common::is_virtiofsd() { 1 } else { 3 };
+    cfg.request_queues = if fixtures::is_virtiofsd() { 1 } else { 3 };
     let mut c = d.client_with(&cfg);
     let (node, fh) = create_with(&mut c, ROOT, "shared", &[0u8; 64 * 1024]);
     let (_device, _hiprio, queues) = c.into_parts();
@@ -594,7 +595,7 @@ macro_rules! assert_alive {
 
 #[track_caller]
 fn still_serving(d: &mut Daemon, c: &mut FuseClient, what: &str) -> bool {
-    if common::is_virtiofsd() && !d.is_running() {
+    if fixtures::is_virtiofsd() && !d.is_running() {
         let status = d.wait_exit(Duration::from_secs(5)).expect("exited");
         assert_eq!(status.code(), Some(1), "virtiofsd after {what}");
         eprintln!("virtiofsd exited (status 1) after {what}; rest of test skipped");
@@ -602,7 +603,7 @@ fn still_serving(d: &mut Daemon, c: &mut FuseClient, what: &str) -> bool {
     }
     assert!(d.is_running(), "daemon died after {what}:\n{}", d.log());
     let attr = c.getattr(ROOT);
-    if common::is_virtiofsd() && !d.is_running() {
+    if fixtures::is_virtiofsd() && !d.is_running() {
         return still_serving(d, c, what);
     }
     assert!(
@@ -619,7 +620,7 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
     let mut c = d.client();
     c.set_timeout(Duration::from_secs(2));
     create_with(&mut c, ROOT, "victim", b"x");
-    let body = |r: &volfsd::frontend::fuse::Reply| r.body.len();
+    let body = |r: &volfsd_harness::frontend::fuse::Reply| r.body.len();
 
     let o = outcome(c.send(9999, ROOT, &[], 64), body);
     assert!(
@@ -739,7 +740,7 @@ fn malformed_fuse_messages_are_rejected_and_daemon_survives() {
         .bytes(b"only this".to_vec())
         .reply_size(8);
     // An error, or at most a truthful short write of the 9 bytes carried.
-    let written = |r: &volfsd::frontend::fuse::Reply| {
+    let written = |r: &volfsd_harness::frontend::fuse::Reply| {
         r.parse::<fuse_backend_rs::abi::fuse_abi::WriteOut>()
             .expect("WRITE reply is a fuse_write_out")
             .size as usize
@@ -891,7 +892,7 @@ fn frontend_disconnect_exits_cleanly() {
     c.disconnect();
     let status = d.wait_exit(Duration::from_secs(10));
     assert_eq!(status.map(|s| s.code()), Some(Some(0)), "log:\n{}", d.log());
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         // virtiofsd leaves its socket file behind.
         return;
     }
@@ -911,7 +912,7 @@ fn sigterm_exits_cleanly() {
             .wait_exit(Duration::from_secs(10))
             .expect("exited after SIGTERM");
         drop(client);
-        if common::is_virtiofsd() {
+        if fixtures::is_virtiofsd() {
             // virtiofsd has no SIGTERM handler: killed by the signal.
             assert!(!status.success() || status.code() == Some(0));
             continue;
@@ -929,29 +930,12 @@ fn sigterm_exits_cleanly() {
     }
 }
 
-fn lock_request(opcode: Opcode, node: u64, fh: u64, owner: u64, lock_type: i32) -> Request {
-    use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
-    let lk = LkIn {
-        fh,
-        owner,
-        lk: FileLock {
-            start: 0,
-            end: i64::MAX as u64,
-            type_: lock_type as u32,
-            pid: 1,
-        },
-        lk_flags: 0,
-        padding: 0,
-    };
-    Request::new(opcode, node).arg(&lk)
-}
-
 /// POSIX locks between two lock owners, and SETLKW waiting off the queue thread: while
 /// owner B waits for owner A's lock, the same queue keeps answering, and A's unlock
 /// (sent on that queue, after B's wait) completes B's wait.
 #[test]
 fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         return; // virtiofsd 1.14 does not serve remote POSIX locks.
     }
     let d = Daemon::start("locks", &[]);
@@ -966,6 +950,7 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
         fh_a,
         owner_a,
         libc::F_WRLCK,
+        false,
     ))
     .expect("A locks")
     .expect_empty()
@@ -977,6 +962,7 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
         fh_b,
         owner_b,
         libc::F_WRLCK,
+        false,
     ));
     assert_errno(r.and_then(|r| r.expect_empty()), libc::EAGAIN);
     q.call(&lock_request(
@@ -985,6 +971,7 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
         fh_a,
         owner_a,
         libc::F_RDLCK,
+        false,
     ))
     .expect("A converts its own lock")
     .expect_empty()
@@ -1016,6 +1003,7 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
             fh_b,
             owner_b,
             libc::F_WRLCK,
+            false,
         ))
         .unwrap();
     q.kick().unwrap();
@@ -1034,6 +1022,7 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
         fh_a,
         owner_a,
         libc::F_UNLCK,
+        false,
     ))
     .expect("A unlocks")
     .expect_empty()
@@ -1053,13 +1042,13 @@ fn posix_locks_conflict_between_owners_and_setlkw_does_not_stall_the_queue() {
 fn serves_an_inherited_listening_socket() {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         return;
     }
-    let dir = common::TestDir::new("fd");
+    let dir = fixtures::TestDir::new("fd");
     let listener = std::os::unix::net::UnixListener::bind(dir.socket()).unwrap();
     let raw = listener.as_raw_fd();
-    let mut cmd = std::process::Command::new(common::daemon_binary());
+    let mut cmd = std::process::Command::new(fixtures::daemon_binary());
     cmd.arg("--fd=3")
         .arg(format!("--shared-dir={}", dir.shared().display()))
         .stdin(std::process::Stdio::null());
@@ -1081,8 +1070,9 @@ fn serves_an_inherited_listening_socket() {
     // Only the daemon holds the listener now: if it died, connecting fails at once.
     drop(listener);
     std::fs::write(dir.shared().join("hello"), b"over fd 3").unwrap();
-    let mut c = FuseClient::connect_and_init(&volfsd::frontend::DeviceConfig::new(dir.socket()))
-        .expect("connect through the inherited socket");
+    let mut c =
+        FuseClient::connect_and_init(&volfsd_harness::frontend::DeviceConfig::new(dir.socket()))
+            .expect("connect through the inherited socket");
     let e = c.lookup(ROOT, "hello").expect("lookup");
     assert_eq!(e.attr.size, 9);
     c.disconnect();

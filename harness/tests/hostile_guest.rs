@@ -6,8 +6,6 @@
 //! `VOLFSD_TEST_DAEMON=~/.cargo/bin/virtiofsd cargo test --test hostile_guest`:
 //! tests that need volfsd-only features (allowed dirs, the control socket) say so.
 
-mod common;
-
 #[path = "hostile_guest/credentials.rs"]
 mod credentials;
 #[path = "hostile_guest/detach.rs"]
@@ -28,5 +26,3 @@ mod sessions;
 mod sockets;
 #[path = "hostile_guest/special_files.rs"]
 mod special_files;
-#[path = "hostile_guest/support.rs"]
-mod support;

@@ -3,11 +3,11 @@
 use std::process::Command;
 
 use fuse_backend_rs::abi::fuse_abi::{GetxattrIn, IoctlIn, Opcode, ReadIn};
-use volfsd::frontend::fuse::Request;
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::fuse::Request;
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{self, daemon_binary, Daemon, TestDir, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::{self, daemon_binary, Daemon, TestDir, RDWR, ROOT};
 
 /// Growth of the daemon's peak virtual size allowed while it serves one request: a
 /// buffer sized by the guest (up to 4 GiB) would show here even if never touched.
@@ -80,7 +80,7 @@ fn guest_sizes_of_four_gib_allocate_nothing() {
 
 #[test]
 fn request_queue_count_out_of_range_is_refused_by_name() {
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         eprintln!("skipped: virtiofsd has no --num-request-queues");
         return;
     }

@@ -4,10 +4,11 @@
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
-use volfsd::frontend::fuse::{FuseClient, FuseOps, Request};
-use volfsd::frontend::Error;
+use volfsd_harness::frontend::fuse::{FuseClient, FuseOps, Request};
+use volfsd_harness::frontend::Error;
 
-use crate::common::{is_virtiofsd, Daemon, ROOT};
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{is_virtiofsd, Daemon, ROOT};
 
 const MIB: usize = 1 << 20;
 
@@ -91,23 +92,6 @@ fn guest_payloads_are_logged_only_at_debug_level_and_cut() {
     assert!(grown < 4096, "{grown} bytes of log at debug level");
 }
 
-fn lock_request(opcode: Opcode, node: u64, fh: u64, owner: u64, lock_type: i32) -> Request {
-    use fuse_backend_rs::abi::fuse_abi::{FileLock, LkIn};
-    let lk = LkIn {
-        fh,
-        owner,
-        lk: FileLock {
-            start: 0,
-            end: i64::MAX as u64,
-            type_: lock_type as u32,
-            pid: 1,
-        },
-        lk_flags: 0,
-        padding: 0,
-    };
-    Request::new(opcode, node).arg(&lk)
-}
-
 #[test]
 fn guest_triggered_warnings_are_rate_limited() {
     let d = Daemon::start("log-flood", &[]);
@@ -129,6 +113,7 @@ fn guest_triggered_warnings_are_rate_limited() {
         open_a.fh,
         0xa,
         libc::F_WRLCK,
+        false,
     ));
     // The guest floods SETLKW for owner B: past the daemon's cap on lock waits each
     // is refused, with a warning each time, without rate limiting.
@@ -143,6 +128,7 @@ fn guest_triggered_warnings_are_rate_limited() {
             fh_b,
             0xb,
             libc::F_WRLCK,
+            false,
         ))
         .unwrap();
         q.kick().unwrap();
@@ -192,6 +178,7 @@ fn guest_triggered_warnings_are_rate_limited() {
         open_a.fh,
         0xa,
         libc::F_UNLCK,
+        false,
     ));
     c.getattr(ROOT).expect("daemon still serves");
 }

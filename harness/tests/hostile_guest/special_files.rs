@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, Opcode, SetattrIn, SetattrValid};
-use volfsd::frontend::fuse::Request;
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::fuse::Request;
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{self, assert_errno, Daemon, TestDir, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::{self, assert_errno, Daemon, TestDir, RDONLY, RDWR, ROOT};
 
 /// /dev/kmsg's numbers: reading it gives the host kernel log.
 const KMSG: (u32, u32) = (1, 11);
@@ -59,7 +59,7 @@ fn device_node_planted_in_a_read_only_volume_is_never_opened() {
     let dir = TestDir::new("ro-dev");
     std::fs::create_dir(dir.shared().join("ro")).unwrap();
     mknod_char(&dir.shared().join("ro/kmsg"), KMSG.0, KMSG.1);
-    let args: &[&str] = if common::is_virtiofsd() {
+    let args: &[&str] = if fixtures::is_virtiofsd() {
         &["--readonly"]
     } else {
         &["--allowed-dir=ro:ro"]

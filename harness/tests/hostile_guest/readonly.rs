@@ -2,17 +2,18 @@
 //! POSIX lock.
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{self, assert_errno, Daemon, TestDir, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{self, assert_errno, Daemon, TestDir, RDONLY, RDWR, ROOT};
 
 #[test]
 fn read_only_volume_never_opens_a_writable_fd_even_for_locks() {
     let dir = TestDir::new("ro-locks");
     std::fs::create_dir(dir.shared().join("ro")).unwrap();
     std::fs::write(dir.shared().join("ro/f"), b"read-only data").unwrap();
-    let args: &[&str] = if common::is_virtiofsd() {
+    let args: &[&str] = if fixtures::is_virtiofsd() {
         &["--readonly"]
     } else {
         &["--allowed-dir=ro:ro"]

@@ -6,11 +6,10 @@ use fuse_backend_rs::abi::fuse_abi::{
     FOPEN_IN_KILL_SUIDGID, WRITE_KILL_PRIV,
 };
 use std::os::unix::fs::PermissionsExt;
-use volfsd::frontend::fuse::Request;
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::fuse::Request;
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{assert_errno, Daemon, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::{assert_errno, Daemon, RDWR, ROOT};
 
 const NOBODY: u32 = 65534;
 

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{Opcode, OpenIn, OpenOut};
-use volfsd::frontend::fuse::Request;
-use volfsd::frontend::FuseOps;
+use volfsd_harness::frontend::fuse::Request;
+use volfsd_harness::frontend::FuseOps;
 
-use super::common::{self, Daemon, TestDir, ROOT};
-use super::support::*;
+use volfsd_harness::fixtures::control::{request, Resp};
+use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::{self, Daemon, TestDir, RDONLY, ROOT};
 
 const OPENS: usize = 1_000_000;
 /// Below the daemon-wide fd budget on any machine this runs on (the default, 65,536,
@@ -20,7 +21,7 @@ const MAX_HANDLES: usize = 8_192;
 
 #[test]
 fn a_million_opens_of_one_file_get_enfile_at_the_limit() {
-    if common::is_virtiofsd() {
+    if fixtures::is_virtiofsd() {
         eprintln!("skipped: virtiofsd has no per-volume limits");
         return;
     }
@@ -83,7 +84,7 @@ fn a_million_opens_of_one_file_get_enfile_at_the_limit() {
     let fh = c.open(fb, RDONLY).expect("open in volume b").fh;
     assert_eq!(c.read(fb, fh, 0, 16).unwrap(), b"data");
     // The control API answers and counts the handles.
-    let (status, body) = control(&ctl, "GET", "/volumes/a", None);
+    let Resp { status, body, .. } = request(&ctl, "GET", "/volumes/a", None);
     assert_eq!(status, 200, "{body}");
     assert!(
         body.contains(&format!("\"open_handles\":{MAX_HANDLES}")),

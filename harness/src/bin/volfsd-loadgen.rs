@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use volfsd::loadgen::{self, Options, Workload};
+use volfsd_harness::loadgen::{self, Options, Workload};
 
 #[derive(Parser, Debug)]
 #[command(name = "volfsd-loadgen", version, about)]

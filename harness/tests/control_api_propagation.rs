@@ -1,0 +1,103 @@
+//! The control socket, end to end (a bind mount made after start reaches a daemon in a slave mount namespace): the daemon binary with
+//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
+//! while the frontend plays the VMM and the guest kernel.
+//!
+//! This file: a bind mount made after start reaches a daemon in a slave mount namespace.
+//!
+//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use nix::mount::{mount, umount, MsFlags};
+use volfsd_harness::fixtures::control::*;
+use volfsd_harness::fixtures::guest::*;
+use volfsd_harness::fixtures::host::{fds_into, inodes_under, poll};
+use volfsd_harness::fixtures::mounts::*;
+use volfsd_harness::fixtures::{TestDir, RDONLY, RDWR, ROOT};
+use volfsd_harness::frontend::FuseOps;
+
+// ---------------------------------------------------------------------------------
+// 7. A bind mount made after start reaches a daemon in a slave mount namespace
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn bind_mount_after_start_propagates_into_slave_namespace() {
+    let dir = TestDir::new("slave-ns");
+    let d = dir.shared().canonicalize().unwrap();
+    let host = dir.root.join("host-vol");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("hello.txt"), b"from the bind mount").unwrap();
+    let mut mounts = MountGuard::default();
+    mounts.bind(&d, &d);
+    mount(
+        None::<&str>,
+        &d,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .expect("mount --make-shared");
+    let mut c = Ctl::start_with(
+        dir,
+        mounts,
+        &["unshare", "-m", "--propagation", "slave", "--"],
+        &[],
+    );
+    let pid = c.d.pid();
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "the daemon runs in its own mount namespace"
+    );
+    let mut fc = c.client();
+    assert_eq!(guest_names(&mut fc, ROOT), set(&[]));
+
+    // After start: a bind mount on the host, under the shared SharedDir.
+    let vol = d.join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    c.mounts.bind(&host, &vol);
+    assert!(
+        poll(Duration::from_secs(2), || !mounts_at(Some(pid), &vol)
+            .is_empty()),
+        "the bind mount did not propagate into the daemon's namespace"
+    );
+    let inodes = inodes_under(&vol);
+    c.attach("vol", "vol");
+    let root = fc.lookup(ROOT, "vol").unwrap();
+    assert_eq!(
+        root.attr.ino,
+        std::fs::metadata(&host).unwrap().ino(),
+        "the guest sees the bind-mounted dir, not the empty mountpoint"
+    );
+    assert_eq!(guest_names(&mut fc, root.nodeid), set(&["hello.txt"]));
+    let f = fc.lookup(root.nodeid, "hello.txt").unwrap();
+    let fh = fc.open(f.nodeid, RDONLY).unwrap().fh;
+    assert_eq!(
+        fc.read(f.nodeid, fh, 0, 100).unwrap(),
+        b"from the bind mount"
+    );
+    let (n, nh) = fc.create(root.nodeid, "from-guest", RDWR, 0o644).unwrap();
+    fc.write(n.nodeid, nh.fh, 0, b"guest").unwrap();
+    assert_eq!(std::fs::read(host.join("from-guest")).unwrap(), b"guest");
+
+    c.detach("vol");
+    let mut left = Vec::new();
+    assert!(
+        poll(Duration::from_secs(1), || {
+            left = fds_into(pid, Some(&vol), &inodes);
+            left.is_empty()
+        }),
+        "fds into the volume after detach: {left:?}"
+    );
+    umount(&vol).unwrap_or_else(|e| panic!("umount {}: {e}", vol.display()));
+    assert!(!is_mount_point(&vol));
+    assert!(
+        poll(Duration::from_secs(2), || mounts_at(Some(pid), &vol)
+            .is_empty()),
+        "the umount did not propagate into the daemon's namespace"
+    );
+    std::fs::remove_dir(&vol).unwrap();
+    assert_eq!(guest_names(&mut fc, ROOT), set(&[]));
+}
