@@ -41,7 +41,7 @@ pub fn run(config: Config) -> Result<(), String> {
     wake.thread_block()
         .map_err(|e| format!("blocking SIGUSR1: {e}"))?;
 
-    let fs = crate::fs::build(
+    let stack = crate::fs::build(
         &config.shared_dir,
         config.allowed_dirs.as_deref(),
         config.readonly,
@@ -52,14 +52,18 @@ pub fn run(config: Config) -> Result<(), String> {
         },
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
-    let backend = Arc::new(FsBackend::new(fs.clone(), config.num_request_queues));
+    let backend = Arc::new(FsBackend::new(&stack, config.num_request_queues));
     let stats = backend.stats();
 
     // The control socket is up before the frontend connects: an agent may attach
     // volumes before the VM boots.
     let control_path = match &config.control_socket {
         Some(path) => {
-            let api = Api::new(fs.clone(), config.shared_dir.clone(), stats.clone());
+            let api = Api::new(
+                stack.volumes.clone(),
+                config.shared_dir.clone(),
+                stats.clone(),
+            );
             let server = ControlServer::bind(path, api, &config.control_allow_uids)?;
             server
                 .spawn()

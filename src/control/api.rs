@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceStats;
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
-use crate::fs::{resolve_share_path, AttachError, ShareInfo, ShareSpec, VolFs};
+use crate::fs::{resolve_share_path, AttachError, ShareInfo, ShareSpec, Volumes};
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
 #[derive(Debug, Deserialize)]
@@ -83,15 +83,15 @@ impl Reply {
 }
 
 pub struct Api {
-    fs: Arc<VolFs>,
+    volumes: Arc<Volumes>,
     shared_dir: PathBuf,
     device: Arc<DeviceStats>,
 }
 
 impl Api {
-    pub fn new(fs: Arc<VolFs>, shared_dir: PathBuf, device: Arc<DeviceStats>) -> Self {
+    pub fn new(volumes: Arc<Volumes>, shared_dir: PathBuf, device: Arc<DeviceStats>) -> Self {
         Api {
-            fs,
+            volumes,
             shared_dir,
             device,
         }
@@ -121,18 +121,18 @@ impl Api {
                 active_queues: self.device.active_queues.load(Ordering::Relaxed),
                 request_queues: self.device.requests.len().saturating_sub(1),
                 shared_dir: self.shared_dir.display().to_string(),
-                volumes: self.fs.inner().shares().len(),
+                volumes: self.volumes.list().len(),
             },
         )
     }
 
     fn list(&self) -> Reply {
-        let v: Vec<VolumeInfo> = self.fs.inner().shares().iter().map(info).collect();
+        let v: Vec<VolumeInfo> = self.volumes.list().iter().map(info).collect();
         Reply::json(200, &v)
     }
 
     fn get(&self, name: &str) -> Reply {
-        match self.fs.inner().share(name) {
+        match self.volumes.get(name) {
             Some(s) => Reply::json(200, &info(&s)),
             None => Reply::error(404, format!("no volume named {name}")),
         }
@@ -159,7 +159,7 @@ impl Api {
             read_only: req.read_only,
             volume_id: req.volume_id,
         };
-        match self.fs.inner().attach(&spec) {
+        match self.volumes.attach(&spec) {
             Ok(_) => self.reply_volume(201, name),
             Err(AttachError::AlreadyAttached(_)) => self.reply_volume(200, name),
             Err(AttachError::Conflict(msg)) => Reply::error(409, msg),
@@ -173,14 +173,14 @@ impl Api {
     }
 
     fn reply_volume(&self, status: u16, name: &str) -> Reply {
-        match self.fs.inner().share(name) {
+        match self.volumes.get(name) {
             Some(s) => Reply::json(status, &info(&s)),
             None => Reply::error(500, format!("{name} vanished during attach")),
         }
     }
 
     fn detach(&self, name: &str) -> Reply {
-        match self.fs.inner().detach(name) {
+        match self.volumes.detach(name) {
             Some(_) => Reply {
                 status: 204,
                 body: String::new(),

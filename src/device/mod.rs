@@ -21,7 +21,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::fs::{FsServer, VolFs};
+use crate::fs::{FsServer, Stack};
 use queue::{QueueHealth, QueueStart};
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
@@ -60,14 +60,14 @@ pub struct FsBackend {
 }
 
 impl FsBackend {
-    pub fn new(fs: Arc<VolFs>, num_request_queues: usize) -> Self {
+    pub fn new(stack: &Stack, num_request_queues: usize) -> Self {
         let total = num_request_queues + 1;
         let stats = DeviceStats {
             requests: (0..total).map(|_| AtomicU64::new(0)).collect(),
             ..Default::default()
         };
         FsBackend {
-            server: Arc::new(FsServer::new(fs)),
+            server: Arc::new(FsServer::new(stack)),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             num_request_queues,

@@ -1,25 +1,29 @@
-//! The filesystem stack served to the guest, assembled from small layers:
+//! The file system stack served to the guest, assembled from small layers:
 //!
 //! ```text
-//! ReadOnlyGuard    refuses mutations on read-only shares with EROFS      (readonly.rs)
-//!   VolumeFs       the virtual root listing only the attached shares   (volumes.rs)
-//!     PassthroughFs  fd-relative host syscalls inside each share       (passthrough.rs)
-//!       InodeStore / HandleStore  node ids and open handles            (inodes.rs, handles.rs)
+//! FsServer         one local copy of each request; routing, sizes, sessions (server.rs)
+//!   ReadOnlyGuard  EROFS on read-only volumes; counts each request        (readonly.rs)
+//!     VolumeFs     virtual directories, else down to the volume          (volumes.rs)
+//!       PassthroughFs  fd-relative host syscalls inside each volume      (passthrough.rs)
+//!         InodeStore / HandleStore / LockTable   what the guest holds    (inodes.rs,
+//!                                                 handles.rs, locks.rs, session.rs)
 //! ```
-//! Each share is reached through a private mount of its directory, read-only for a
-//! read-only share (share_root.rs).
-//! ```text
-//! ```
-//! Requests that fuse-backend-rs's server does not decode (COPY_FILE_RANGE, SYNCFS,
-//! TMPFILE) reach the stack through [`ExtraOps`] (see `extra_ops.rs`).
+//! The policy layers are tables of one line per operation (`layer.rs`). Beside the
+//! data path, [`Volumes`] is the control API's door to the [`registry::Registry`] of
+//! attached volumes. Each volume is reached through a private `nodev,nosuid` mount of
+//! its directory, read-only for a read-only volume (`share_root.rs`). Requests that
+//! fuse-backend-rs's server does not serve as volfsd needs (COPY_FILE_RANGE, SYNCFS,
+//! TMPFILE, SETLKW) reach the stack through [`ExtraOps`] (`extra_ops.rs`).
 
 pub mod extra_ops;
 pub mod handles;
 pub mod inodes;
+pub mod layer;
 pub mod locks;
 pub mod names;
 pub mod passthrough;
 pub mod readonly;
+pub mod registry;
 pub mod reply;
 pub mod server;
 pub mod session;
@@ -39,10 +43,11 @@ use fuse_backend_rs::api::filesystem::{Context, Entry};
 
 pub use passthrough::{PassthroughConfig, PassthroughFs};
 pub use readonly::ReadOnlyGuard;
+pub use registry::{AttachError, ShareSpec};
 pub use server::{FsServer, RequestError};
 pub use session::Limits;
 pub use share_root::{resolve_share_path, SharePath};
-pub use volumes::{AttachError, ShareInfo, ShareSpec, VolumeFs};
+pub use volumes::{ShareInfo, VolumeFs, Volumes};
 
 /// The guest cache policy (`--cache`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -94,25 +99,16 @@ pub trait ExtraOps {
     fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()>;
 }
 
-/// Tells a policy layer which share a node id belongs to.
-pub trait ShareOf {
-    fn is_read_only(&self, nodeid: u64) -> bool;
-    /// Counts a request on `nodeid` that failed (for the per-volume error counter).
-    fn note_error(&self, nodeid: u64);
+/// The stack volfsd serves: the data path, outermost layer first.
+pub type VolFs = ReadOnlyGuard;
+
+/// The file system stack, and the door to its volumes for the control API.
+pub struct Stack {
+    /// The data path: read-only guard -> volumes -> passthrough.
+    pub fs: Arc<VolFs>,
+    /// Attach, detach, list; the guest session's reset.
+    pub volumes: Arc<Volumes>,
 }
-
-impl ShareOf for PassthroughFs {
-    fn is_read_only(&self, nodeid: u64) -> bool {
-        PassthroughFs::is_read_only(self, nodeid)
-    }
-
-    fn note_error(&self, nodeid: u64) {
-        PassthroughFs::note_error(self, nodeid)
-    }
-}
-
-/// The stack volfsd serves.
-pub type VolFs = ReadOnlyGuard<VolumeFs>;
 
 /// Builds the stack for `shared_dir`: the whole directory when `shares` is None, else a
 /// virtual root with these shares attached (`--readonly` makes every share read-only).
@@ -121,14 +117,13 @@ pub fn build(
     shares: Option<&[ShareSpec]>,
     readonly: bool,
     cfg: PassthroughConfig,
-) -> io::Result<Arc<VolFs>> {
+) -> io::Result<Stack> {
+    let timeout = cfg.cache.timeout();
+    let inner = Arc::new(PassthroughFs::new(cfg)?);
     let volumes = match shares {
-        None => VolumeFs::whole(shared_dir, readonly, cfg)?,
+        None => Volumes::whole(inner, shared_dir, readonly)?,
         Some(specs) => {
-            let v = VolumeFs::volumes(shared_dir, cfg)?;
-            if readonly {
-                v.force_read_only();
-            }
+            let v = Volumes::empty(inner, shared_dir, readonly)?;
             for spec in specs {
                 v.attach(spec).map_err(|e| match e {
                     AttachError::Io(e) => e,
@@ -138,5 +133,9 @@ pub fn build(
             v
         }
     };
-    Ok(Arc::new(ReadOnlyGuard::new(volumes)))
+    let fs = Arc::new(ReadOnlyGuard::new(volumes.data_path(timeout)?));
+    Ok(Stack {
+        fs,
+        volumes: Arc::new(volumes),
+    })
 }

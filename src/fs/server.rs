@@ -30,7 +30,7 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::{extra_ops, reply, VolFs};
+use super::{extra_ops, reply, Stack, VolFs, Volumes};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -43,6 +43,8 @@ pub const WRITE_PREFIX: usize = size_of::<InHeader>() + size_of::<WriteIn>();
 pub struct FsServer {
     server: Server<Arc<VolFs>>,
     fs: Arc<VolFs>,
+    /// Where a new guest session resets what the old one held.
+    volumes: Arc<Volumes>,
     /// Set by a successful INIT: until then every other request gets EIO, as in libfuse.
     initialized: AtomicBool,
 }
@@ -91,10 +93,11 @@ fn local_reader<S: BitmapSlice + Default>(bytes: &mut [u8]) -> Reader<'_, S> {
 }
 
 impl FsServer {
-    pub fn new(fs: Arc<VolFs>) -> Self {
+    pub fn new(stack: &Stack) -> Self {
         FsServer {
-            server: Server::new(fs.clone()),
-            fs,
+            server: Server::new(stack.fs.clone()),
+            fs: stack.fs.clone(),
+            volumes: stack.volumes.clone(),
             initialized: AtomicBool::new(false),
         }
     }
@@ -103,7 +106,7 @@ impl FsServer {
     /// the session ends as with DESTROY, and the next request must be an INIT.
     pub fn start_over(&self) {
         self.initialized.store(false, Ordering::Release);
-        self.fs.inner().reset_session();
+        self.volumes.reset_session();
     }
 
     /// Serves one request from a transport that hands over a reader of local memory
@@ -161,7 +164,7 @@ impl FsServer {
             if was {
                 // A rebooted guest (or a hostile one) starts over on the same
                 // connection: nothing of the old session may survive into the new.
-                self.fs.inner().reset_session();
+                self.volumes.reset_session();
             }
             return self
                 .server
@@ -181,7 +184,7 @@ impl FsServer {
                 // Answered here: fuse-backend-rs writes the reply but reports no
                 // length, so the guest would never see it.
                 self.initialized.store(false, Ordering::Release);
-                self.fs.inner().reset_session();
+                self.volumes.reset_session();
                 return reply::reply(&mut writer, header.unique, 0, &[])
                     .map_err(|e| failed(e.to_string()));
             }

@@ -1,0 +1,152 @@
+//! Directories: open, list (getdents64, READDIRPLUS lookups), sync, release.
+
+use super::prelude::*;
+
+impl PassthroughFs {
+    pub(super) fn do_readdir(
+        &self,
+        nodeid: u64,
+        fh: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, &HandleData) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
+        let h = self.handle(fh, nodeid)?;
+        let _guard = h.dir_lock.lock().unwrap();
+        // SAFETY: lseek on an fd we own; the result is checked.
+        cvt64(unsafe { libc::lseek64(h.file.as_raw_fd(), offset as i64, libc::SEEK_SET) })?;
+        let mut buf = vec![0u8; (size as usize).clamp(1024, 64 * 1024)];
+        loop {
+            // SAFETY: `buf` is a valid writable buffer of the given length.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    h.file.as_raw_fd(),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+            let n = cvt64(n)? as usize;
+            if n == 0 {
+                return Ok(());
+            }
+            let mut pos = 0;
+            while pos < n {
+                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name...
+                let rec = &buf[pos..n];
+                if rec.len() < 19 {
+                    return Err(errno(libc::EIO));
+                }
+                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap());
+                let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap());
+                let reclen = u16::from_ne_bytes(rec[16..18].try_into().unwrap()) as usize;
+                let dtype = rec[18];
+                if reclen < 19 || reclen > rec.len() {
+                    return Err(errno(libc::EIO));
+                }
+                let name_field = &rec[19..reclen];
+                let name_len = name_field
+                    .iter()
+                    .position(|&b| b == 0)
+                    .unwrap_or(name_field.len());
+                let name = &name_field[..name_len];
+                pos += reclen;
+                let entry = DirEntry {
+                    ino,
+                    offset: off as u64,
+                    type_: dtype as u32,
+                    name,
+                };
+                if add_entry(entry, &h)? == 0 {
+                    // The reply buffer is full; the guest continues from `offset` later.
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    pub(super) fn opendir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions)> {
+        let data = self.inode(inode)?;
+        if !data.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let file = self.reopen(
+            &data,
+            (Self::host_open_flags(flags) & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY,
+        )?;
+        let fh = self.handles.insert(data, file)?;
+        Ok((Some(fh), self.open_options(true)))
+    }
+
+    pub(super) fn readdir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.do_readdir(inode, handle, size, offset, &mut |e, _| add_entry(e))
+    }
+
+    pub(super) fn readdirplus(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.do_readdir(inode, handle, size, offset, &mut |e, h| {
+            let name = e.name;
+            if name == b"." || name == b".." {
+                // The kernel links no dentry for these; a zero node id takes no reference.
+                return add_entry(e, Entry::default());
+            }
+            let cname = CString::new(name).map_err(|_| errno(libc::EIO))?;
+            let entry = match self.do_lookup(&h.inode, &cname) {
+                Ok(entry) => entry,
+                // Gone since getdents: skip it, as if it had not been listed.
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(1),
+                Err(err) => return Err(err),
+            };
+            let nodeid = entry.inode;
+            let n = add_entry(e, entry)?;
+            if n == 0 {
+                // Not sent: give back the reference the lookup took.
+                self.inodes.forget(nodeid, 1);
+            }
+            Ok(n)
+        })
+    }
+
+    pub(super) fn fsyncdir(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        datasync: bool,
+        handle: u64,
+    ) -> io::Result<()> {
+        self.fsync(ctx, inode, datasync, handle)
+    }
+
+    pub(super) fn releasedir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        handle: u64,
+    ) -> io::Result<()> {
+        self.handles.remove(handle, inode)
+    }
+}

@@ -1,0 +1,422 @@
+//! The passthrough layer: executes FUSE requests on the host, fd-relative, inside a share.
+//!
+//! Confinement rules, enforced here for every request:
+//! - a name from the guest is one path component: no `/`, no NUL, not empty, at most
+//!   NAME_MAX bytes; `.` and `..` never create or reach a new inode;
+//! - every open is `openat(dir_fd, name, O_NOFOLLOW | ..)`, so a symlink on the host is
+//!   never followed: it reaches the guest as a symlink;
+//! - an `O_PATH` fd is reopened with real access flags through `/proc/self/fd`, which
+//!   resolves to the inode itself, not to a path that a rename could redirect.
+
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
+
+use super::handles::HandleStore;
+use super::inodes::InodeStore;
+use super::layer::fs_layer;
+use super::locks::LockTable;
+use super::session::{FdBudget, Limits, Session};
+use super::share::Share;
+use super::ExtraOps;
+use prelude::*;
+
+pub const ROOT_ID: u64 = fuse_backend_rs::api::filesystem::ROOT_ID;
+
+/// Options of the passthrough layer, derived from the command line.
+#[derive(Clone, Debug)]
+pub struct PassthroughConfig {
+    pub cache: CacheMode,
+    pub xattr: bool,
+    /// `--allow-privileged-xattrs`: the guest may set `trusted.*` and `security.*`.
+    pub privileged_xattrs: bool,
+    /// Per-volume bounds on node ids, handles and lock files.
+    pub limits: Limits,
+}
+
+impl PassthroughConfig {
+    /// The defaults the daemon runs with, for a cache mode.
+    pub fn new(cache: CacheMode, xattr: bool) -> Self {
+        PassthroughConfig {
+            cache,
+            xattr,
+            privileged_xattrs: false,
+            limits: Limits::DEFAULT,
+        }
+    }
+}
+
+pub struct PassthroughFs {
+    inodes: InodeStore,
+    handles: HandleStore,
+    locks: LockTable,
+    session: Arc<Session>,
+    budget: Arc<FdBudget>,
+    /// `/proc/self/fd`, opened once, for reopening `O_PATH` fds.
+    proc_self_fd: File,
+    cfg: PassthroughConfig,
+    timeout: Duration,
+}
+
+/// Borrows a raw fd as a `File` without taking ownership.
+fn borrow_file(f: &impl AsRawFd) -> ManuallyDrop<File> {
+    // SAFETY: the ManuallyDrop wrapper never closes the fd, and the caller keeps the
+    // owner alive for as long as the borrowed File is used.
+    ManuallyDrop::new(unsafe { File::from_raw_fd(f.as_raw_fd()) })
+}
+
+/// What the files of this layer share.
+mod prelude {
+    pub(super) use std::ffi::{CStr, CString};
+    pub(super) use std::fs::File;
+    pub(super) use std::io;
+    pub(super) use std::mem::MaybeUninit;
+    pub(super) use std::os::fd::AsRawFd;
+    pub(super) use std::sync::Arc;
+    pub(super) use std::time::Duration;
+
+    pub(super) use fuse_backend_rs::abi::fuse_abi::{
+        stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, ATTR_SUBMOUNT,
+        FOPEN_IN_KILL_SUIDGID, WRITE_KILL_PRIV,
+    };
+    pub(super) use fuse_backend_rs::api::filesystem::{
+        Context, DirEntry, Entry, FileLock, GetxattrReply, ListxattrReply, ZeroCopyReader,
+        ZeroCopyWriter,
+    };
+
+    pub(super) use super::super::handles::HandleData;
+    pub(super) use super::super::inodes::{InodeData, InodeKey};
+    pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
+    pub(super) use super::super::names::{check_entry_name, check_name, is_dot_or_dotdot};
+    pub(super) use super::super::share::ShareStats;
+    pub(super) use super::super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
+    pub(super) use super::super::xattrs;
+    pub(super) use super::super::CacheMode;
+    pub(super) use super::{borrow_file, PassthroughFs};
+}
+
+mod dirs;
+mod files;
+mod locking;
+mod nodes;
+mod xattr_ops;
+
+impl PassthroughFs {
+    /// An empty passthrough layer; shares are added with [`Self::attach_root`].
+    pub fn new(cfg: PassthroughConfig) -> io::Result<Self> {
+        let proc_self_fd = File::open("/proc/self/fd")
+            .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
+        let timeout = cfg.cache.timeout();
+        let session = Arc::new(Session::default());
+        let budget = Arc::new(FdBudget::from_rlimit());
+        let limits = cfg.limits;
+        Ok(PassthroughFs {
+            inodes: InodeStore::new(
+                ROOT_ID + 1,
+                session.clone(),
+                budget.clone(),
+                limits.max_nodes,
+            ),
+            handles: HandleStore::new(session.clone(), budget.clone(), limits.max_handles),
+            locks: LockTable::new(session.clone(), budget.clone(), limits.max_lock_files),
+            session,
+            budget,
+            proc_self_fd,
+            cfg,
+            timeout,
+        })
+    }
+
+    /// The fds held for the guest, and the most it may hold (all volumes).
+    pub fn fd_budget(&self) -> (usize, usize) {
+        (self.budget.used(), self.budget.max())
+    }
+
+    /// The current session's epoch (it moves on at each reset).
+    pub fn session_epoch(&self) -> u64 {
+        self.session.current()
+    }
+
+    /// A node id never handed out before.
+    pub fn alloc_nodeid(&self) -> u64 {
+        self.inodes.alloc_id()
+    }
+
+    /// Registers `root` (a directory fd) as the root of `share`, at node id `nodeid`.
+    pub fn attach_root(&self, nodeid: u64, root: File, share: Arc<Share>) -> io::Result<()> {
+        let st = sys::stat_fd(&root)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: sys::mount_id(&root),
+        };
+        self.inodes
+            .insert_fixed(nodeid, root, key, libc::S_IFDIR, share)?;
+        Ok(())
+    }
+
+    /// The entry of a share root as seen from the virtual directory above it: announced
+    /// as a submount, so each share has its own st_dev in the guest.
+    pub fn share_root_entry(&self, nodeid: u64) -> io::Result<Entry> {
+        let data = self.inode(nodeid)?;
+        let st = sys::stat_fd(&data.file)?;
+        let mut entry = self.entry_from(&data, st, None);
+        entry.attr_flags |= ATTR_SUBMOUNT;
+        Ok(entry)
+    }
+
+    /// Revokes `share` and releases every node, handle and lock file of it, waking
+    /// lock waits on it. Requests in flight on it can register nothing more; their
+    /// fds close as soon as they finish. Returns (nodes, handles) released.
+    pub fn detach_share(&self, share: &Arc<Share>) -> (usize, usize) {
+        share.revoke();
+        let handles = self.handles.remove_share(share);
+        self.locks.remove_share(share);
+        let nodes = self.inodes.remove_share(share);
+        (nodes, handles)
+    }
+
+    /// Starts a new guest session: every node id (but the share roots), handle and
+    /// lock file of the previous one is dropped, and its lock waits end. Returns
+    /// (nodes, handles, lock files) released.
+    pub fn reset_session(&self) -> (usize, usize, usize) {
+        let nodes = self.inodes.reset_session();
+        let handles = self.handles.reset_session();
+        let lock_files = self.locks.reset_session();
+        (nodes, handles, lock_files)
+    }
+
+    /// (live node ids, open handles) of `share`.
+    pub fn share_usage(&self, share: &Share) -> (usize, usize) {
+        (
+            self.inodes.count_share(share),
+            self.handles.count_share(share),
+        )
+    }
+
+    /// The share `nodeid` belongs to (None for unknown ids: the request fails on
+    /// its own lookup anyway).
+    pub fn share_of(&self, nodeid: u64) -> Option<Arc<Share>> {
+        self.inodes.get(nodeid).ok().map(|i| i.share.clone())
+    }
+
+    fn inode(&self, nodeid: u64) -> io::Result<Arc<InodeData>> {
+        self.inodes.get(nodeid)
+    }
+
+    fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<HandleData>> {
+        self.handles.get(fh, nodeid)
+    }
+
+    /// Reopens the inode's `O_PATH` fd with real open flags. Only regular files and
+    /// directories are ever opened: a FIFO would block the queue thread, and a device
+    /// node would reach the host's device. A symlink is ELOOP (as O_NOFOLLOW gives),
+    /// anything else EBADF, as in virtiofsd.
+    fn reopen(&self, inode: &InodeData, flags: libc::c_int) -> io::Result<File> {
+        if !inode.is_openable() {
+            return Err(errno(if inode.file_type == libc::S_IFLNK {
+                libc::ELOOP
+            } else {
+                libc::EBADF
+            }));
+        }
+        self.reopen_fd(&inode.file, flags)
+    }
+
+    /// Reopens an `O_PATH` fd whose type the caller checked.
+    fn reopen_fd(&self, fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
+        let name = ProcFdName::new(fd.as_raw_fd());
+        // O_NOFOLLOW must not be set: the magic link is what we follow, and it only
+        // ever resolves to the inode itself.
+        sys::openat(
+            &self.proc_self_fd,
+            name.as_cstr(),
+            flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL),
+            0,
+        )
+    }
+
+    fn entry_from(&self, data: &InodeData, st: stat64, parent: Option<&InodeData>) -> Entry {
+        let mut attr_flags = 0;
+        // A directory on another mount than its parent is announced as a submount, so
+        // the guest gives it its own st_dev and inode numbers never collide.
+        if let Some(p) = parent {
+            if data.is_dir() && (p.key.dev != data.key.dev || p.key.mnt_id != data.key.mnt_id) {
+                attr_flags |= ATTR_SUBMOUNT;
+            }
+        }
+        Entry {
+            inode: data.nodeid,
+            generation: 0,
+            attr: st,
+            attr_flags,
+            attr_timeout: self.timeout,
+            entry_timeout: self.timeout,
+        }
+    }
+
+    fn register(&self, file: File, parent: &Arc<InodeData>) -> io::Result<Entry> {
+        let st = sys::stat_fd(&file)?;
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: sys::mount_id(&file),
+        };
+        let node = self
+            .inodes
+            .insert_or_ref(file, key, st.st_mode & libc::S_IFMT, parent)?;
+        Ok(self.entry_from(&node, st, Some(parent)))
+    }
+
+    /// Registers the file `opened` (just created or opened in `dir`) as a node, and
+    /// its open file as a handle. The node's `O_PATH` fd comes from the open file
+    /// itself, so a rename racing the create cannot swap in another inode.
+    fn register_open(&self, dir: &Arc<InodeData>, opened: File) -> io::Result<(Entry, u64)> {
+        let name = ProcFdName::new(opened.as_raw_fd());
+        let path_fd = sys::openat(&self.proc_self_fd, name.as_cstr(), libc::O_PATH, 0)?;
+        let entry = self.register(path_fd, dir)?;
+        let node = self.inode(entry.inode)?;
+        match self.handles.insert(node, opened) {
+            Ok(fh) => Ok((entry, fh)),
+            Err(e) => {
+                // No reply carries the entry: give back the lookup it took.
+                self.inodes.forget(entry.inode, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn open_options(&self, is_dir: bool) -> OpenOptions {
+        match self.cfg.cache {
+            CacheMode::None if !is_dir => OpenOptions::DIRECT_IO,
+            CacheMode::None | CacheMode::Auto => OpenOptions::empty(),
+            CacheMode::Always if is_dir => OpenOptions::CACHE_DIR,
+            CacheMode::Always => OpenOptions::KEEP_CACHE,
+        }
+    }
+
+    /// Flags the host open gets: the guest's, minus what would change confinement or
+    /// semantics (`O_NOFOLLOW` is ours to set; `O_DIRECT` is dropped as virtiofsd does,
+    /// since guest buffers need not meet the host file system's alignment).
+    fn host_open_flags(flags: u32) -> libc::c_int {
+        let flags = flags as libc::c_int;
+        (flags & !(libc::O_DIRECT | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
+            | libc::O_CLOEXEC
+    }
+
+    fn stat_with_handle(&self, inode: &InodeData, fh: Option<u64>) -> io::Result<stat64> {
+        if let Some(fh) = fh {
+            if let Ok(h) = self.handle(fh, inode.nodeid) {
+                return sys::stat_fd(&h.file);
+            }
+        }
+        sys::stat_fd(&inode.file)
+    }
+}
+
+fs_layer! {
+    self: PassthroughFs => inodes;
+    fn init(capable: FsOptions) -> io::Result<FsOptions> = inherent;
+    fn forget(ctx: &Context, inode: u64, count: u64) = inherent;
+    fn batch_forget(ctx: &Context, requests: Vec<(u64, u64)>) = inherent;
+    fn lookup(ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> = inherent;
+    fn getattr(ctx: &Context, inode: u64, handle: Option<u64>)
+        -> io::Result<(stat64, Duration)> = inherent;
+    fn setattr(ctx: &Context, inode: u64, attr: stat64, handle: Option<u64>, valid: SetattrValid)
+        -> io::Result<(stat64, Duration)> = inherent;
+    fn readlink(ctx: &Context, inode: u64) -> io::Result<Vec<u8>> = inherent;
+    fn symlink(ctx: &Context, linkname: &CStr, parent: u64, name: &CStr)
+        -> io::Result<Entry> = inherent;
+    fn mknod(ctx: &Context, parent: u64, name: &CStr, mode: u32, rdev: u32, umask: u32)
+        -> io::Result<Entry> = inherent;
+    fn mkdir(ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32)
+        -> io::Result<Entry> = inherent;
+    fn unlink(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> = inherent;
+    fn rmdir(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> = inherent;
+    fn rename(ctx: &Context, olddir: u64, oldname: &CStr, newdir: u64, newname: &CStr, flags: u32)
+        -> io::Result<()> = inherent;
+    fn link(ctx: &Context, inode: u64, newparent: u64, newname: &CStr)
+        -> io::Result<Entry> = inherent;
+    fn open(ctx: &Context, inode: u64, flags: u32, fuse_flags: u32)
+        -> io::Result<(Option<u64>, OpenOptions, Option<u32>)>
+        = inherent;
+    fn create(ctx: &Context, parent: u64, name: &CStr, args: CreateIn)
+        -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> = inherent;
+    fn read(ctx: &Context, inode: u64, handle: u64, w: &mut dyn ZeroCopyWriter, size: u32,
+        offset: u64, lock_owner: Option<u64>, flags: u32) -> io::Result<usize> = inherent;
+    fn write(ctx: &Context, inode: u64, handle: u64, r: &mut dyn ZeroCopyReader, size: u32,
+        offset: u64, lock_owner: Option<u64>, delayed_write: bool, flags: u32, fuse_flags: u32)
+        -> io::Result<usize> = inherent;
+    fn flush(ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()>
+        = inherent;
+    fn fsync(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
+        = inherent;
+    fn fallocate(ctx: &Context, inode: u64, handle: u64, mode: u32, offset: u64, length: u64)
+        -> io::Result<()> = inherent;
+    fn release(ctx: &Context, inode: u64, flags: u32, handle: u64, flush: bool,
+        flock_release: bool, lock_owner: Option<u64>) -> io::Result<()> = inherent;
+    fn statfs(ctx: &Context, inode: u64) -> io::Result<statvfs64> = inherent;
+    fn setxattr(ctx: &Context, inode: u64, name: &CStr, value: &[u8], flags: u32)
+        -> io::Result<()> = inherent;
+    fn getxattr(ctx: &Context, inode: u64, name: &CStr, size: u32)
+        -> io::Result<GetxattrReply> = inherent;
+    fn listxattr(ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply>
+        = inherent;
+    fn removexattr(ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> = inherent;
+    fn opendir(ctx: &Context, inode: u64, flags: u32) -> io::Result<(Option<u64>, OpenOptions)>
+        = inherent;
+    fn readdir(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>) -> io::Result<()>
+        = inherent;
+    fn readdirplus(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>) -> io::Result<()>
+        = inherent;
+    fn fsyncdir(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
+        = inherent;
+    fn releasedir(ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()>
+        = inherent;
+    fn access(ctx: &Context, inode: u64, mask: u32) -> io::Result<()>
+        = inherent;
+    fn lseek(ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32)
+        -> io::Result<u64> = inherent;
+    fn getlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
+        -> io::Result<FileLock> = inherent;
+    fn setlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
+        -> io::Result<()> = inherent;
+    fn setlkw(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
+        -> io::Result<()> = inherent;
+}
+
+impl ExtraOps for PassthroughFs {
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        args: CreateIn,
+    ) -> io::Result<(Entry, u64, OpenOptions)> {
+        PassthroughFs::tmpfile(self, ctx, parent, args)
+    }
+
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        nodeid_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        nodeid_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        PassthroughFs::copy_file_range(
+            self, ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, len, flags,
+        )
+    }
+
+    fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()> {
+        PassthroughFs::syncfs(self, ctx, nodeid)
+    }
+}

@@ -1,0 +1,402 @@
+//! Names and attributes: lookup, forget, stat, create and remove entries, links,
+//! statfs, access.
+
+use super::prelude::*;
+
+impl PassthroughFs {
+    pub(super) fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        let mut want = FsOptions::ASYNC_READ
+            | FsOptions::PARALLEL_DIROPS
+            | FsOptions::BIG_WRITES
+            | FsOptions::ATOMIC_O_TRUNC
+            | FsOptions::DO_READDIRPLUS
+            | FsOptions::READDIRPLUS_AUTO
+            | FsOptions::MAX_PAGES
+            | FsOptions::SUBMOUNTS
+            | FsOptions::POSIX_LOCKS
+            | FsOptions::FLOCK_LOCKS
+            // Without it the guest completes async direct I/O one request at a time:
+            // with cache=none every guest I/O is direct, so iodepth would be lost.
+            | FsOptions::ASYNC_DIO
+            // The guest tells us when a write, truncate or chown by a non-owner must
+            // clear the setuid/setgid bits; the daemon's own root would keep them.
+            | FsOptions::HANDLE_KILLPRIV_V2
+            | FsOptions::INIT_EXT;
+        if self.cfg.cache != CacheMode::None {
+            want |= FsOptions::AUTO_INVAL_DATA;
+        }
+        Ok(want & capable)
+    }
+
+    /// Opens `name` under `parent` without following symlinks and registers it.
+    pub(super) fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
+        check_name(name)?;
+        if name.to_bytes() == b"." {
+            return self.ref_existing(parent);
+        }
+        if name.to_bytes() == b".." {
+            return self.lookup_dotdot(parent);
+        }
+        let file = sys::openat(&parent.file, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        self.register(file, parent)
+    }
+
+    /// A guest kernel never sends `LOOKUP ..`; a malicious one may. It may only reach a
+    /// directory the guest already holds, and never climbs above the share root.
+    pub(super) fn lookup_dotdot(&self, parent: &Arc<InodeData>) -> io::Result<Entry> {
+        if parent.is_share_root() {
+            // The virtual layer answers `..` of a share root; here it stays put.
+            return self.ref_existing(parent);
+        }
+        let file = sys::openat(&parent.file, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let st = sys::stat_fd(&file)?;
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: sys::mount_id(&file),
+        };
+        match self.inodes.lookup_key(&key) {
+            Some(existing) if Arc::ptr_eq(&existing.share, &parent.share) => {
+                self.ref_existing(&existing)
+            }
+            _ => Err(errno(libc::ENOENT)),
+        }
+    }
+
+    pub(super) fn ref_existing(&self, data: &Arc<InodeData>) -> io::Result<Entry> {
+        let st = sys::stat_fd(&data.file)?;
+        let dup = data.file.try_clone()?;
+        let node = self
+            .inodes
+            .insert_or_ref(dup, data.key, data.file_type, data)?;
+        Ok(self.entry_from(&node, st, None))
+    }
+
+    pub(super) fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        let dir = self.inode(parent)?;
+        self.do_lookup(&dir, name)
+    }
+
+    pub(super) fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        self.inodes.forget(inode, count);
+    }
+
+    pub(super) fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
+        self.inodes.forget_many(&requests);
+    }
+
+    pub(super) fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: Option<u64>,
+    ) -> io::Result<(stat64, Duration)> {
+        let data = self.inode(inode)?;
+        Ok((self.stat_with_handle(&data, handle)?, self.timeout))
+    }
+
+    pub(super) fn setattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        attr: stat64,
+        handle: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(stat64, Duration)> {
+        let data = self.inode(inode)?;
+        let h = handle.and_then(|fh| self.handle(fh, inode).ok());
+        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+
+        if valid.contains(SetattrValid::MODE) {
+            // SAFETY: fchmodat on the /proc/self/fd magic link of our own fd.
+            cvt(unsafe {
+                match &h {
+                    Some(h) => libc::fchmod(h.file.as_raw_fd(), attr.st_mode),
+                    None => libc::fchmodat(
+                        self.proc_self_fd.as_raw_fd(),
+                        proc_name.as_cstr().as_ptr(),
+                        attr.st_mode,
+                        0,
+                    ),
+                }
+            })?;
+        }
+        if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            let uid = if valid.contains(SetattrValid::UID) {
+                attr.st_uid
+            } else {
+                u32::MAX
+            };
+            let gid = if valid.contains(SetattrValid::GID) {
+                attr.st_gid
+            } else {
+                u32::MAX
+            };
+            // SAFETY: fchownat with an empty path acts on the fd itself.
+            cvt(unsafe {
+                libc::fchownat(
+                    data.file.as_raw_fd(),
+                    c"".as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+            if valid.contains(SetattrValid::KILL_SUIDGID) {
+                self.kill_suidgid(&data, None)?;
+            }
+        }
+        if valid.contains(SetattrValid::SIZE) {
+            match data.file_type {
+                libc::S_IFREG => {}
+                libc::S_IFDIR => return Err(errno(libc::EISDIR)),
+                // truncate(2) of a FIFO, socket or device: never opened here.
+                _ => return Err(errno(libc::EINVAL)),
+            }
+            let owned;
+            let fd = match &h {
+                Some(h) => h.file.as_raw_fd(),
+                None => {
+                    owned = self.reopen(&data, libc::O_WRONLY)?;
+                    owned.as_raw_fd()
+                }
+            };
+            if valid.contains(SetattrValid::KILL_SUIDGID) {
+                self.kill_suidgid(&data, Some(fd))?;
+            }
+            // SAFETY: ftruncate on an fd we own.
+            cvt(unsafe { libc::ftruncate64(fd, attr.st_size) })?;
+        }
+        if valid.intersects(SetattrValid::ATIME | SetattrValid::MTIME) {
+            let omit = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            };
+            let now = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_NOW,
+            };
+            let mut times = [omit, omit];
+            if valid.contains(SetattrValid::ATIME) {
+                times[0] = if valid.contains(SetattrValid::ATIME_NOW) {
+                    now
+                } else {
+                    libc::timespec {
+                        tv_sec: attr.st_atime,
+                        tv_nsec: attr.st_atime_nsec,
+                    }
+                };
+            }
+            if valid.contains(SetattrValid::MTIME) {
+                times[1] = if valid.contains(SetattrValid::MTIME_NOW) {
+                    now
+                } else {
+                    libc::timespec {
+                        tv_sec: attr.st_mtime,
+                        tv_nsec: attr.st_mtime_nsec,
+                    }
+                };
+            }
+            // SAFETY: `times` is a valid two-element array; the path names our own fd.
+            cvt(unsafe {
+                match &h {
+                    Some(h) => libc::futimens(h.file.as_raw_fd(), times.as_ptr()),
+                    None if data.file_type == libc::S_IFLNK => libc::utimensat(
+                        data.file.as_raw_fd(),
+                        c"".as_ptr(),
+                        times.as_ptr(),
+                        libc::AT_EMPTY_PATH,
+                    ),
+                    None => libc::utimensat(
+                        self.proc_self_fd.as_raw_fd(),
+                        proc_name.as_cstr().as_ptr(),
+                        times.as_ptr(),
+                        0,
+                    ),
+                }
+            })?;
+        }
+        Ok((sys::stat_fd(&data.file)?, self.timeout))
+    }
+
+    pub(super) fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        let data = self.inode(inode)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize];
+        // SAFETY: readlinkat with an empty path reads the symlink the fd refers to.
+        let n = unsafe {
+            libc::readlinkat(
+                data.file.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+            )
+        };
+        let n = cvt64(n as i64)? as usize;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub(super) fn symlink(
+        &self,
+        ctx: &Context,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        let dir = self.inode(parent)?;
+        check_entry_name(name, libc::EEXIST)?;
+        {
+            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            // SAFETY: both strings are NUL-terminated.
+            cvt(unsafe {
+                libc::symlinkat(linkname.as_ptr(), dir.file.as_raw_fd(), name.as_ptr())
+            })?;
+        }
+        self.do_lookup(&dir, name)
+    }
+
+    pub(super) fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        let dir = self.inode(parent)?;
+        check_entry_name(name, libc::EEXIST)?;
+        {
+            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            // SAFETY: NUL-terminated name, dir fd owned by the inode.
+            cvt(unsafe {
+                libc::mknodat(
+                    dir.file.as_raw_fd(),
+                    name.as_ptr(),
+                    mode & !umask,
+                    rdev as libc::dev_t,
+                )
+            })?;
+        }
+        self.do_lookup(&dir, name)
+    }
+
+    pub(super) fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        umask: u32,
+    ) -> io::Result<Entry> {
+        let dir = self.inode(parent)?;
+        check_entry_name(name, libc::EEXIST)?;
+        {
+            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            // SAFETY: NUL-terminated name, dir fd owned by the inode.
+            cvt(unsafe { libc::mkdirat(dir.file.as_raw_fd(), name.as_ptr(), mode & !umask) })?;
+        }
+        self.do_lookup(&dir, name)
+    }
+
+    pub(super) fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        let dir = self.inode(parent)?;
+        check_name(name)?;
+        if is_dot_or_dotdot(name) {
+            return Err(errno(libc::EISDIR));
+        }
+        // SAFETY: NUL-terminated name, dir fd owned by the inode.
+        cvt(unsafe { libc::unlinkat(dir.file.as_raw_fd(), name.as_ptr(), 0) }).map(|_| ())
+    }
+
+    pub(super) fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        let dir = self.inode(parent)?;
+        check_name(name)?;
+        match name.to_bytes() {
+            b"." => return Err(errno(libc::EINVAL)),
+            b".." => return Err(errno(libc::ENOTEMPTY)),
+            _ => {}
+        }
+        // SAFETY: NUL-terminated name, dir fd owned by the inode.
+        cvt(unsafe { libc::unlinkat(dir.file.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+            .map(|_| ())
+    }
+
+    pub(super) fn rename(
+        &self,
+        _ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        let od = self.inode(olddir)?;
+        let nd = self.inode(newdir)?;
+        check_entry_name(oldname, libc::EBUSY)?;
+        check_entry_name(newname, libc::EBUSY)?;
+        if !Arc::ptr_eq(&od.share, &nd.share) {
+            return Err(errno(libc::EXDEV));
+        }
+        sys::renameat2(&od.file, oldname, &nd.file, newname, flags)
+    }
+
+    pub(super) fn link(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        let data = self.inode(inode)?;
+        let dir = self.inode(newparent)?;
+        check_entry_name(newname, libc::EEXIST)?;
+        if !Arc::ptr_eq(&data.share, &dir.share) {
+            return Err(errno(libc::EXDEV));
+        }
+        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+        // SAFETY: linkat through the /proc/self/fd magic link of our own fd.
+        cvt(unsafe {
+            libc::linkat(
+                self.proc_self_fd.as_raw_fd(),
+                proc_name.as_cstr().as_ptr(),
+                dir.file.as_raw_fd(),
+                newname.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })?;
+        self.do_lookup(&dir, newname)
+    }
+
+    pub(super) fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
+        let data = self.inode(inode)?;
+        let mut out = MaybeUninit::<statvfs64>::zeroed();
+        // SAFETY: fstatvfs fills `out`; the result is checked.
+        cvt(unsafe { libc::fstatvfs64(data.file.as_raw_fd(), out.as_mut_ptr()) })?;
+        // SAFETY: fstatvfs succeeded.
+        let mut st = unsafe { out.assume_init() };
+        if data.share.read_only {
+            st.f_flag |= libc::ST_RDONLY;
+        }
+        Ok(st)
+    }
+
+    pub(super) fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let data = self.inode(inode)?;
+        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        // faccessat2 with AT_EACCESS checks as the fs ids just switched to; plain
+        // faccessat would check the daemon's real ids (root) and allow everything.
+        // SAFETY: faccessat2 through the magic link of our own fd.
+        cvt64(unsafe {
+            libc::syscall(
+                libc::SYS_faccessat2,
+                self.proc_self_fd.as_raw_fd(),
+                proc_name.as_cstr().as_ptr(),
+                mask as libc::c_int,
+                libc::AT_EACCESS,
+            )
+        })
+        .map(|_| ())
+    }
+}
