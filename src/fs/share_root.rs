@@ -45,7 +45,8 @@ struct OpenHow {
 /// A share directory, validated against SharedDir.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct SharePath {
-    /// Components relative to SharedDir: the path the guest sees it at.
+    /// Components relative to SharedDir: where the directory is on the host (a volume
+    /// in the guest is named by its `ShareSpec::guest` path, which may differ).
     pub rel: Vec<String>,
     /// The absolute host path (SharedDir joined with `rel`).
     pub host: PathBuf,

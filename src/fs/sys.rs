@@ -1,7 +1,7 @@
-//! Thin, checked wrappers over the fd-relative syscalls the passthrough layer uses.
-//!
-//! Every host access goes through one of these with a directory fd and a single
-//! validated name component, never a path, so the kernel cannot walk outside the fd.
+//! Thin, checked wrappers over raw syscalls the passthrough layer uses, and the
+//! parsing of what getdents64 returns. Host accesses take a directory fd and a single
+//! validated name component, never a path, so the kernel cannot walk outside the fd
+//! (other calls, on an fd the layer holds, are made in place).
 
 use std::ffi::CStr;
 use std::fs::File;
@@ -179,6 +179,69 @@ impl Drop for FsCredsGuard {
     }
 }
 
+/// `getdents64` into `buf`; the number of bytes filled (0 at the end).
+pub fn getdents64(dir: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable buffer of the given length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getdents64,
+            dir.as_raw_fd(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    };
+    cvt64(n).map(|n| n as usize)
+}
+
+/// The records of a getdents64 buffer, as FUSE directory entries. A record that does
+/// not fit its buffer is EIO.
+pub struct Dirents<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Dirents<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Dirents { buf }
+    }
+}
+
+/// Bytes before the name in a `struct linux_dirent64`: u64 ino, i64 off, u16 reclen,
+/// u8 type.
+const DIRENT_HEADER: usize = 19;
+
+impl<'a> Iterator for Dirents<'a> {
+    type Item = io::Result<fuse_backend_rs::api::filesystem::DirEntry<'a>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buf.is_empty() {
+            return None;
+        }
+        let rec = self.buf;
+        let reclen = rec
+            .get(16..18)
+            .map(|b| u16::from_ne_bytes([b[0], b[1]]) as usize)
+            .unwrap_or(0);
+        if rec.len() < DIRENT_HEADER || reclen < DIRENT_HEADER || reclen > rec.len() {
+            self.buf = &[];
+            return Some(Err(errno(libc::EIO)));
+        }
+        let ino = u64::from_ne_bytes(rec[0..8].try_into().expect("8 bytes"));
+        let off = i64::from_ne_bytes(rec[8..16].try_into().expect("8 bytes"));
+        let name_field = &rec[DIRENT_HEADER..reclen];
+        let name_len = name_field
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(name_field.len());
+        self.buf = &rec[reclen..];
+        Some(Ok(fuse_backend_rs::api::filesystem::DirEntry {
+            ino,
+            offset: off as u64,
+            type_: u32::from(rec[18]),
+            name: &name_field[..name_len],
+        }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +279,22 @@ mod tests {
         assert_eq!((g.uid(), g.gid()), (1234, 5678));
         assert_eq!((d.uid(), d.gid()), (euid, egid));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dirents_parse_and_a_short_record_is_eio() {
+        let dir = File::open("/").unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = getdents64(&dir, &mut buf).unwrap();
+        let names: Vec<Vec<u8>> = Dirents::new(&buf[..n])
+            .map(|e| e.unwrap().name.to_vec())
+            .collect();
+        assert!(names.iter().any(|n| n == b"."));
+        // A record claiming more bytes than there are.
+        let mut bad = buf[..n].to_vec();
+        bad[16..18].copy_from_slice(&(n as u16 + 1).to_ne_bytes());
+        let first = Dirents::new(&bad).next().unwrap();
+        assert_eq!(first.err().unwrap().raw_os_error(), Some(libc::EIO));
     }
 
     #[test]

@@ -20,47 +20,12 @@ impl PassthroughFs {
         cvt64(unsafe { libc::lseek64(h.file.as_raw_fd(), offset as i64, libc::SEEK_SET) })?;
         let mut buf = vec![0u8; (size as usize).clamp(1024, 64 * 1024)];
         loop {
-            // SAFETY: `buf` is a valid writable buffer of the given length.
-            let n = unsafe {
-                libc::syscall(
-                    libc::SYS_getdents64,
-                    h.file.as_raw_fd(),
-                    buf.as_mut_ptr(),
-                    buf.len(),
-                )
-            };
-            let n = cvt64(n)? as usize;
+            let n = sys::getdents64(&h.file, &mut buf)?;
             if n == 0 {
                 return Ok(());
             }
-            let mut pos = 0;
-            while pos < n {
-                // linux_dirent64: u64 ino, i64 off, u16 reclen, u8 type, name...
-                let rec = &buf[pos..n];
-                if rec.len() < 19 {
-                    return Err(errno(libc::EIO));
-                }
-                let ino = u64::from_ne_bytes(rec[0..8].try_into().unwrap());
-                let off = i64::from_ne_bytes(rec[8..16].try_into().unwrap());
-                let reclen = u16::from_ne_bytes(rec[16..18].try_into().unwrap()) as usize;
-                let dtype = rec[18];
-                if reclen < 19 || reclen > rec.len() {
-                    return Err(errno(libc::EIO));
-                }
-                let name_field = &rec[19..reclen];
-                let name_len = name_field
-                    .iter()
-                    .position(|&b| b == 0)
-                    .unwrap_or(name_field.len());
-                let name = &name_field[..name_len];
-                pos += reclen;
-                let entry = DirEntry {
-                    ino,
-                    offset: off as u64,
-                    type_: dtype as u32,
-                    name,
-                };
-                if add_entry(entry, &h)? == 0 {
+            for entry in sys::Dirents::new(&buf[..n]) {
+                if add_entry(entry?, &h)? == 0 {
                     // The reply buffer is full; the guest continues from `offset` later.
                     return Ok(());
                 }

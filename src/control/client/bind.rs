@@ -1,0 +1,241 @@
+//! `volfsd ctl attach --bind` and `detach`: the bind mount a node agent would make
+//! (nodev,nosuid, read-only when asked), made and undone around the API calls, with
+//! every step rolled back if a later one fails.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount, MsFlags};
+
+use super::http::{expect, request};
+use crate::control::api::{Health, VolumeInfo};
+
+pub(super) fn attach(
+    socket: &Path,
+    json: bool,
+    name: &str,
+    path: Option<PathBuf>,
+    read_only: bool,
+    volume_id: Option<String>,
+    bind: Option<PathBuf>,
+) -> Result<String, String> {
+    let target = match path {
+        Some(p) => p,
+        None => {
+            let h = expect(request(socket, "GET", "/health", None)?, &[200], "health")?;
+            let h: Health = serde_json::from_str(&h.body).map_err(|e| format!("bad reply: {e}"))?;
+            Path::new(&h.shared_dir).join(name)
+        }
+    };
+    let mut undo = Rollback::default();
+    if let Some(host) = &bind {
+        // A retry must not stack a second bind mount: if the volume is attached
+        // already, compare instead of binding again.
+        let existing = request(socket, "GET", &format!("/volumes/{name}"), None)?;
+        if existing.status == 200 {
+            let v: VolumeInfo =
+                serde_json::from_str(&existing.body).map_err(|e| format!("bad reply: {e}"))?;
+            let same_dir = Path::new(&v.path) == target
+                || Path::new(&v.path).canonicalize().ok() == target.canonicalize().ok();
+            if same_dir && v.read_only == read_only && v.volume_id == volume_id {
+                return Ok(if json {
+                    existing.body
+                } else {
+                    format!("already attached {name} from {}", v.path)
+                });
+            }
+            return Err(format!(
+                "attach {name}: HTTP 409: already attached with other parameters (path {}, {})",
+                v.path,
+                if v.read_only { "ro" } else { "rw" }
+            ));
+        }
+        if is_mount_point(&target) {
+            return Err(format!(
+                "attach {name}: {} is already a mount point; detach or unmount it first",
+                target.display()
+            ));
+        }
+        undo.bind(host, &target, read_only)?;
+    }
+    let body = serde_json::json!({
+        "path": target.display().to_string(),
+        "read_only": read_only,
+        "volume_id": volume_id,
+    })
+    .to_string();
+    let r = request(socket, "PUT", &format!("/volumes/{name}"), Some(&body))
+        .and_then(|r| expect(r, &[200, 201], &format!("attach {name}")));
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            undo.run();
+            return Err(e);
+        }
+    };
+    undo.forget();
+    if json {
+        return Ok(r.body);
+    }
+    let verb = if r.status == 201 {
+        "attached"
+    } else {
+        "already attached"
+    };
+    Ok(format!(
+        "{verb} {name} ({}) from {}",
+        if read_only { "ro" } else { "rw" },
+        target.display()
+    ))
+}
+
+pub(super) fn detach(socket: &Path, name: &str) -> Result<String, String> {
+    let r = expect(
+        request(socket, "GET", &format!("/volumes/{name}"), None)?,
+        &[200],
+        &format!("detach {name}"),
+    )?;
+    let v: VolumeInfo = serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+    expect(
+        request(socket, "DELETE", &format!("/volumes/{name}"), None)?,
+        &[204],
+        &format!("detach {name}"),
+    )?;
+    let path = PathBuf::from(&v.path);
+    if !is_mount_point(&path) {
+        return Ok(format!("detached {name}"));
+    }
+    if let Err(e) = umount(&path) {
+        // Roll back: the guest gets the volume again rather than losing it silently.
+        let body = serde_json::json!({
+            "path": v.path, "read_only": v.read_only, "volume_id": v.volume_id,
+        })
+        .to_string();
+        let _ = request(socket, "PUT", &format!("/volumes/{name}"), Some(&body));
+        return Err(format!(
+            "detach {name}: umount {}: {e} (volume re-attached)",
+            path.display()
+        ));
+    }
+    let _ = std::fs::remove_dir(&path);
+    Ok(format!("detached {name} and unmounted {}", path.display()))
+}
+
+/// Steps of `attach --bind` to undo if a later step fails.
+#[derive(Default)]
+struct Rollback {
+    mounted: Option<PathBuf>,
+    created_dir: Option<PathBuf>,
+}
+
+impl Rollback {
+    fn bind(&mut self, host: &Path, target: &Path, read_only: bool) -> Result<(), String> {
+        if !target.exists() {
+            std::fs::create_dir(target)
+                .map_err(|e| format!("creating mount point {}: {e}", target.display()))?;
+            self.created_dir = Some(target.to_path_buf());
+        }
+        let r = mount(
+            Some(host),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        );
+        if let Err(e) = r {
+            self.run();
+            return Err(format!(
+                "bind-mounting {} at {}: {e}",
+                host.display(),
+                target.display()
+            ));
+        }
+        self.mounted = Some(target.to_path_buf());
+        // nodev and nosuid always: a device node or setuid file a guest plants in its
+        // volume stays inert on the host, whatever opens it.
+        let mut flags =
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+        if read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+            self.run();
+            return Err(format!(
+                "remounting {} nodev,nosuid{}: {e}",
+                target.display(),
+                if read_only { ",ro" } else { "" }
+            ));
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) {
+        if let Some(m) = self.mounted.take() {
+            let _ = umount(&m);
+        }
+        if let Some(d) = self.created_dir.take() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
+    fn forget(&mut self) {
+        self.mounted = None;
+        self.created_dir = None;
+    }
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(me), Some(parent)) = (std::fs::metadata(path), path.parent()) else {
+        return false;
+    };
+    let Ok(up) = std::fs::metadata(parent) else {
+        return false;
+    };
+    if me.dev() != up.dev() || me.ino() == up.ino() {
+        return true;
+    }
+    // A bind mount of a directory of the same file system keeps st_dev: ask mountinfo.
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| {
+            m.lines().any(|l| {
+                l.split(' ')
+                    .nth(4)
+                    .map(|p| Path::new(&unescape(p)) == canon)
+                    .unwrap_or(false)
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape(s: &str) -> String {
+    let mut out = String::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v as char);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+}

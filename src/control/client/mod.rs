@@ -1,0 +1,161 @@
+//! `volfsd ctl`: a client for the control socket, for operators and for standalone use
+//! without a node agent (`attach --bind` makes the bind mount the agent would make).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use super::api::{Health, VolumeInfo};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "volfsd ctl",
+    about = "Attach, detach and inspect volumes of a running volfsd"
+)]
+pub struct CtlArgs {
+    /// The daemon's control socket.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub control_socket: Option<PathBuf>,
+
+    /// Print the daemon's JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Expose a directory of SharedDir to the guest as NAME.
+    Attach {
+        name: String,
+        /// The directory inside SharedDir (default: SharedDir/NAME).
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// Serve it read-only.
+        #[arg(long)]
+        read_only: bool,
+        /// The platform's volume id, for logs and stats.
+        #[arg(long)]
+        volume_id: Option<String>,
+        /// First bind-mount HOST_PATH at SharedDir/NAME (read-only with --read-only),
+        /// as a node agent would; rolled back if the attach fails.
+        #[arg(long, value_name = "HOST_PATH")]
+        bind: Option<PathBuf>,
+    },
+    /// Remove NAME from the guest, then unmount its bind mount if it has one.
+    Detach { name: String },
+    /// List attached volumes.
+    List,
+    /// Show one volume's counters, or all volumes' and the device's health.
+    Stats { name: Option<String> },
+}
+
+mod bind;
+mod http;
+
+use bind::{attach, detach};
+use http::expect;
+pub use http::{request, Response};
+
+/// Runs `volfsd ctl ...`; returns the text to print.
+pub fn run(args: CtlArgs) -> Result<String, String> {
+    let socket = args
+        .control_socket
+        .clone()
+        .ok_or("--control-socket is required")?;
+    match args.command {
+        CtlCommand::Attach {
+            name,
+            path,
+            read_only,
+            volume_id,
+            bind,
+        } => attach(&socket, args.json, &name, path, read_only, volume_id, bind),
+        CtlCommand::Detach { name } => detach(&socket, &name),
+        CtlCommand::List => {
+            let r = expect(request(&socket, "GET", "/volumes", None)?, &[200], "list")?;
+            if args.json {
+                return Ok(r.body);
+            }
+            let vols: Vec<VolumeInfo> =
+                serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+            Ok(table(&vols))
+        }
+        CtlCommand::Stats { name } => {
+            let path = match &name {
+                Some(n) => format!("/volumes/{n}"),
+                None => "/volumes".to_string(),
+            };
+            let r = expect(request(&socket, "GET", &path, None)?, &[200], "stats")?;
+            if args.json {
+                return Ok(r.body);
+            }
+            match name {
+                Some(_) => {
+                    let v: VolumeInfo =
+                        serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+                    Ok(details(&v))
+                }
+                None => {
+                    let h = expect(request(&socket, "GET", "/health", None)?, &[200], "health")?;
+                    let h: Health =
+                        serde_json::from_str(&h.body).map_err(|e| format!("bad reply: {e}"))?;
+                    let vols: Vec<VolumeInfo> =
+                        serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+                    let mut out = format!(
+                        "frontend connected: {}\nactive queues: {} of {} request queues + hiprio\n\n",
+                        h.frontend_connected, h.active_queues, h.request_queues
+                    );
+                    out.push_str(&table(&vols));
+                    Ok(out)
+                }
+            }
+        }
+    }
+}
+
+fn table(vols: &[VolumeInfo]) -> String {
+    if vols.is_empty() {
+        return "no volumes attached".to_string();
+    }
+    let mut out = format!(
+        "{:<20} {:<3} {:>7} {:>7} {:>10} {:>12} {:>12} {:>7}  {}\n",
+        "NAME", "RO", "HANDLES", "INODES", "OPS", "READ", "WRITTEN", "ERRORS", "PATH"
+    );
+    for v in vols {
+        out.push_str(&format!(
+            "{:<20} {:<3} {:>7} {:>7} {:>10} {:>12} {:>12} {:>7}  {}\n",
+            v.name,
+            if v.read_only { "ro" } else { "rw" },
+            v.open_handles,
+            v.live_inodes,
+            v.stats.ops,
+            v.stats.bytes_read,
+            v.stats.bytes_written,
+            v.stats.errors,
+            v.path
+        ));
+    }
+    out.trim_end().to_string()
+}
+
+fn details(v: &VolumeInfo) -> String {
+    format!(
+        "name:          {}\nvolume_id:     {}\npath:          {}\nread_only:     {}\n\
+         attached_at:   {}\nopen_handles:  {}\nlive_inodes:   {}\nops:           {}\n\
+         bytes_read:    {}\nbytes_written: {}\nerrors:        {}",
+        v.name,
+        v.volume_id.as_deref().unwrap_or("-"),
+        v.path,
+        v.read_only,
+        v.attached_at,
+        v.open_handles,
+        v.live_inodes,
+        v.stats.ops,
+        v.stats.bytes_read,
+        v.stats.bytes_written,
+        v.stats.errors
+    )
+}
