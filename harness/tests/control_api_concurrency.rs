@@ -1,10 +1,12 @@
-//! The control socket, end to end (concurrency): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: concurrency, the client limit and timeouts.
+//! Concurrency, the client limit and timeouts: concurrent clients, the 17th client's
+//! 503, stuck and trickling clients' 408, heads over 16 KiB.
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;

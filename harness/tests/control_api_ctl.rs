@@ -1,10 +1,12 @@
-//! The control socket, end to end (`volfsd ctl`): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: `volfsd ctl`: attach with `--bind`, list, stats, detach, and its rollbacks.
+//! `volfsd ctl`: attach (with `--bind`), list, stats, detach, and what it rolls back
+//! or refuses.
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root (bind mounts).
 
 use serde_json::{json, Value};
 use volfsd_harness::fixtures::control::*;

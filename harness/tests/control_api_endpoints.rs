@@ -1,11 +1,13 @@
-//! The control socket, end to end (endpoints and status codes): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: endpoints and status codes: every endpoint's documented status codes and bodies,
-//! keep-alive and HTTP/1.0, bad inputs, the socket file itself.
+//! Endpoints and status codes: every endpoint's documented status and body,
+//! keep-alive and HTTP/1.0, bad inputs (4xx, JSON, nothing changed), and the socket
+//! file itself.
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

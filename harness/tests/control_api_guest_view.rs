@@ -1,11 +1,12 @@
-//! The control socket, end to end (what the guest sees of each attach and detach): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: what the guest sees of each attach and detach: new volumes at once, every fd
-//! released on detach, stale ids failing cleanly, re-attach and 1,000 cycles.
+//! What the guest sees: a volume attached at runtime, every fd released on detach
+//! and stale ids failing cleanly, re-attach of a name, 1,000 attach/detach cycles.
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root (bind mounts).
 
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::MetadataExt;

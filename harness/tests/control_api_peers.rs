@@ -1,10 +1,12 @@
-//! The control socket, end to end (peer credentials): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: peer credentials: clients of other uids are refused unless allowed.
+//! Peer credentials: clients of other uids are refused unless allowed (the test
+//! binary runs itself again as another uid, see `peer_probe`).
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root (setuid for the peer-credential probe).
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;

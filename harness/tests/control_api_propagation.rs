@@ -1,10 +1,11 @@
-//! The control socket, end to end (a bind mount made after start reaches a daemon in a slave mount namespace): the daemon binary with
-//! `--control-socket`, driven over HTTP/1.1 on the Unix socket by the fixtures' client,
-//! while the frontend plays the VMM and the guest kernel.
+//! The control socket, end to end: the daemon binary with `--control-socket`, driven
+//! over HTTP/1.1 on the Unix socket by the fixtures' hand-written client
+//! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
+//! guest kernel.
 //!
-//! This file: a bind mount made after start reaches a daemon in a slave mount namespace.
+//! A bind mount made after start reaches a daemon in a slave mount namespace.
 //!
-//! Needs root (bind mounts, mount namespaces, setuid for the peer-credential probe).
+//! Needs root (bind mounts, mount namespaces).
 
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
