@@ -187,7 +187,7 @@ mod tempdir {
 fn request_path(c: &mut Criterion) {
     let dir = shared_dir();
     let fs = fs::build(dir.path(), None, false, cfg()).unwrap();
-    let server = FsServer::new(fs);
+    let server = FsServer::new(&fs);
     let mem = Mem::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap();
 
     let init = InitIn {
@@ -260,9 +260,9 @@ fn request_path(c: &mut Criterion) {
 fn control_api(c: &mut Criterion) {
     let dir = shared_dir();
     std::fs::create_dir(dir.path().join("x")).unwrap();
-    let fs = fs::build(dir.path(), Some(&[]), false, cfg()).unwrap();
+    let stack = fs::build(dir.path(), Some(&[]), false, cfg()).unwrap();
     let api = Api::new(
-        fs,
+        stack.volumes,
         dir.path().to_path_buf(),
         Arc::new(DeviceStats::default()),
     );

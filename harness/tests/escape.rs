@@ -17,7 +17,7 @@ use std::sync::Arc;
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, ATTR_SUBMOUNT};
 use fuse_backend_rs::api::filesystem::{Context, Entry, FileSystem};
 use mounted::{Mounted, TempDir};
-use volfsd::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs, VolumeFs};
+use volfsd::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs};
 use volfsd_harness::fixtures;
 
 const ROOT: u64 = 1;
@@ -43,7 +43,7 @@ fn stack(sd: &Path, allowed: &[&str]) -> Arc<VolFs> {
     let sd = sd.canonicalize().unwrap();
     let args: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
     let specs = volfsd::config::parse_allowed_dirs(&sd, &args).unwrap();
-    vfs::build(&sd, Some(&specs), false, cfg()).unwrap()
+    vfs::build(&sd, Some(&specs), false, cfg()).unwrap().fs
 }
 
 fn ctx() -> Context {
@@ -497,8 +497,8 @@ fn kernel_refuses_writes_to_a_read_only_share_without_the_daemon_check() {
     let sd = platform_layout();
     let root = sd.path().canonicalize().unwrap();
     let specs = volfsd::config::parse_allowed_dirs(&root, &["b:ro".to_string()]).unwrap();
-    let unguarded = VolumeFs::volumes(&root, cfg()).unwrap();
-    unguarded.attach(&specs[0]).unwrap();
+    let stack = vfs::build(&root, Some(&specs), false, cfg()).unwrap();
+    let unguarded = stack.fs.inner();
     let x = ctx();
     let b = unguarded.lookup(&x, ROOT, &c("b")).unwrap().inode;
     let f = unguarded.lookup(&x, b, &c("f")).unwrap().inode;
@@ -597,10 +597,11 @@ fn hidden_secret_never_appears_in_any_listing() {
 fn daemon_wide_readonly_applies_to_volumes_attached_later() {
     let sd = platform_layout();
     let root = sd.path().canonicalize().unwrap();
-    let fs = vfs::build(&root, Some(&[]), true, cfg()).unwrap();
+    let stack = vfs::build(&root, Some(&[]), true, cfg()).unwrap();
+    let fs = stack.fs.clone();
     let specs = volfsd::config::parse_allowed_dirs(&root, &["a".to_string()]).unwrap();
     assert!(!specs[0].read_only);
-    let share = fs.inner().attach(&specs[0]).unwrap();
+    let share = stack.volumes.attach(&specs[0]).unwrap();
     assert!(share.read_only);
     let a = lookup(&fs, ROOT, "a").unwrap().inode;
     assert_eq!(err_of(fs.mkdir(&ctx(), a, &c("d"), 0o755, 0)), libc::EROFS);

@@ -320,10 +320,10 @@ fn readonly_statfs_reports_st_rdonly() {
     use volfsd::fs::{build, CacheMode, PassthroughConfig};
     let shared = TempDir::new("shared");
     let cfg = PassthroughConfig::new(CacheMode::None, false);
-    let ro = build(shared.path(), None, true, cfg.clone()).unwrap();
+    let ro = build(shared.path(), None, true, cfg.clone()).unwrap().fs;
     let st = ro.statfs(&Context::new(), 1).unwrap();
     assert_ne!(st.f_flag & libc::ST_RDONLY, 0);
-    let rw = build(shared.path(), None, false, cfg).unwrap();
+    let rw = build(shared.path(), None, false, cfg).unwrap().fs;
     let st = rw.statfs(&Context::new(), 1).unwrap();
     assert_eq!(st.f_flag & libc::ST_RDONLY, 0);
 }

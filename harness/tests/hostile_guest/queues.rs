@@ -11,9 +11,11 @@ use fuse_backend_rs::abi::fuse_abi::Opcode;
 use volfsd_harness::fixtures::host::*;
 use volfsd_harness::fixtures::{self, Daemon, ROOT};
 
+/// Two request queues (virtiofsd serves one: then the bad ring's queue is its only
+/// one, and only the CPU check applies).
 fn two_queue_client(d: &Daemon) -> FuseClient {
     let mut cfg = d.config();
-    cfg.request_queues = 2;
+    cfg.request_queues = if fixtures::is_virtiofsd() { 1 } else { 2 };
     cfg.event_idx = true;
     let mut c = d.client_with(&cfg);
     c.set_timeout(Duration::from_secs(5));
@@ -29,10 +31,10 @@ fn assert_queue_stopped_quietly(d: &Daemon, c: &mut FuseClient) {
         cpu < 0.1,
         "daemon used {cpu:.2} s of CPU in 2 s after the bad ring"
     );
-    c.use_request_queue(1).unwrap();
-    c.getattr(ROOT).expect("the other queue serves");
     let log = d.log();
     if !fixtures::is_virtiofsd() {
+        c.use_request_queue(1).unwrap();
+        c.getattr(ROOT).expect("the other queue serves");
         let stops = log.matches("stopped").count();
         assert_eq!(stops, 1, "one log line for the stopped queue:\n{log}");
     }

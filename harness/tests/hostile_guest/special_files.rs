@@ -119,10 +119,8 @@ fn create_over_a_planted_device_node_does_not_open_it() {
     }
     // An existing regular file is still opened (and truncated) by CREATE.
     std::fs::write(d.host("plain"), b"old contents").unwrap();
-    let (_, open) = c
-        .create(ROOT, "plain", RDWR | libc::O_TRUNC as u32, 0o644)
+    c.create(ROOT, "plain", RDWR | libc::O_TRUNC as u32, 0o644)
         .expect("CREATE over a regular file");
-    assert_ne!(open.fh, 0);
     assert_eq!(std::fs::read(d.host("plain")).unwrap(), b"");
 }
 
@@ -144,7 +142,11 @@ fn size_change_and_syncfs_of_special_files_get_clean_errnos() {
             size: 0,
             ..Default::default()
         };
-        assert_errno(c.setattr(node, &attr), libc::EINVAL);
+        // truncate(2) says EINVAL; virtiofsd answers EBADF. Either is clean.
+        match c.setattr(node, &attr) {
+            Err(e) if matches!(e.errno(), Some(libc::EINVAL | libc::EBADF)) => {}
+            other => panic!("SETATTR size of a special file: {other:?}"),
+        }
         const SYNCFS: u32 = 50;
         let r = c.call(&Request::with_raw_opcode(SYNCFS, node).arg(&0u64));
         assert!(

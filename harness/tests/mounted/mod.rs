@@ -95,7 +95,7 @@ impl Mounted {
             PassthroughConfig::new(opts.cache, opts.xattr),
         )
         .expect("building the file system stack");
-        let server = Arc::new(FsServer::new(fs));
+        let server = Arc::new(FsServer::new(&fs));
         let mnt = TempDir::new("mnt");
         let mut session =
             FuseSession::new(mnt.path(), "volfsd-test", "", false).expect("fuse session");
