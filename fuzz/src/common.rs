@@ -299,3 +299,38 @@ impl<'a> Cursor<'a> {
         self.pos >= self.data.len()
     }
 }
+
+/// A watchdog for the "returns within a bounded time" oracles: [`Watchdog::arm`]
+/// starts a deadline; if it passes before [`Watchdog::disarm`], the process aborts
+/// with a message, which AFL records as a crash (not as a hang it would drop).
+pub struct Watchdog;
+
+static WATCH: std::sync::Mutex<Option<(std::time::Instant, &'static str)>> =
+    std::sync::Mutex::new(None);
+static WATCH_THREAD: std::sync::Once = std::sync::Once::new();
+
+impl Watchdog {
+    pub fn arm(limit: std::time::Duration, what: &'static str) {
+        WATCH_THREAD.call_once(|| {
+            std::thread::Builder::new()
+                .name("fuzz-watchdog".into())
+                .spawn(|| loop {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    let w = *WATCH.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some((deadline, what)) = w {
+                        if std::time::Instant::now() > deadline {
+                            eprintln!("watchdog: {what} did not return in time");
+                            std::process::abort();
+                        }
+                    }
+                })
+                .expect("watchdog thread");
+        });
+        *WATCH.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::Instant::now() + limit, what));
+    }
+
+    pub fn disarm() {
+        *WATCH.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}

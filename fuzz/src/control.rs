@@ -18,8 +18,8 @@ use std::time::Duration;
 use volfsd::control::http::{read_request, reason, ReadError};
 use volfsd::control::Api;
 use volfsd::device::DeviceStats;
-use volfsd::fs::volumes::valid_volume_name;
-use volfsd::fs::{self, CacheMode, PassthroughConfig, VolFs};
+use volfsd::fs::names::valid_volume_name;
+use volfsd::fs::{self, CacheMode, PassthroughConfig, Stack};
 
 use crate::common::{tree_checksum, Scratch};
 
@@ -27,7 +27,7 @@ const MAX_REQUESTS: usize = 8;
 
 struct State {
     scratch: Scratch,
-    fs: Arc<VolFs>,
+    stack: Stack,
     api: Api,
     initial: HashSet<String>,
     ro_sum: u64,
@@ -49,24 +49,28 @@ fn state() -> &'static State {
         let specs =
             volfsd::config::parse_allowed_dirs(&p, &["data".to_string(), "ro:ro".to_string()])
                 .unwrap();
-        let fs = fs::build(
+        let stack = fs::build(
             &p,
             Some(&specs),
             false,
             PassthroughConfig::new(CacheMode::None, false),
         )
         .expect("building the file system stack (needs root for open_tree)");
-        let api = Api::new(fs.clone(), p.clone(), Arc::new(DeviceStats::default()));
-        let initial = fs
-            .inner()
-            .shares()
+        let api = Api::new(
+            stack.volumes.clone(),
+            p.clone(),
+            Arc::new(DeviceStats::default()),
+        );
+        let initial = stack
+            .volumes
+            .list()
             .iter()
             .map(|s| s.share.name.clone())
             .collect();
         let ro_sum = tree_checksum(&p.join("ro"));
         State {
             scratch,
-            fs,
+            stack,
             api,
             initial,
             ro_sum,
@@ -116,7 +120,8 @@ pub fn run_control(data: &[u8]) {
         }
     }
     // Every attached volume lies inside SharedDir; detach what this input attached.
-    for s in st.fs.inner().shares() {
+    let mut attached = Vec::new();
+    for s in st.stack.volumes.list() {
         let share = &s.share;
         assert!(
             share.host_path.starts_with(shared) && share.host_path != shared,
@@ -128,8 +133,12 @@ pub fn run_control(data: &[u8]) {
         assert!(valid_volume_name(&share.name) || share.name.split('/').all(valid_volume_name));
         assert!(!Path::new(&share.host_path).is_symlink());
         if !st.initial.contains(&share.name) {
-            st.fs.inner().detach(&share.name);
+            attached.push(share.name.clone());
         }
+    }
+    // Detach waits for every holder of the share to let go: the infos above too.
+    for name in attached {
+        st.stack.volumes.detach(&name);
     }
     assert_eq!(
         tree_checksum(&shared.join("ro")),

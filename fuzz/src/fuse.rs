@@ -23,7 +23,8 @@
 //! would block), and MKNOD of a character or block device gets rdev 1:3
 //! (/dev/null), so that no input reaches a real device of the machine.
 //!
-//! Oracle: no panic; every reply is well-formed (length = bytes written, negative
+//! Oracle: no panic; every request returns within 2 s (a watchdog aborts the
+//! process otherwise); every reply is well-formed (length = bytes written, negative
 //! errno, unique echoed); after each input no fd of the process opened since
 //! start-up refers to anything outside the scratch SharedDir, and none is a
 //! device; the read-only volume (names, kinds, sizes, modes, owners, contents,
@@ -34,17 +35,21 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use fuse_backend_rs::transport::{FuseDevWriter, Writer};
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
-use crate::common::{check_fds, limit_file_size, open_fds, tree_checksum, Cursor, Scratch};
+use crate::common::{
+    check_fds, limit_file_size, open_fds, tree_checksum, Cursor, Scratch, Watchdog,
+};
 
 pub const IN_HEADER_LEN: usize = 40;
 const OUT_HEADER_LEN: usize = 16;
 const ENTRY_OUT_LEN: usize = 128;
 const MAX_RECORDS: usize = 64;
+/// What one request may take before it counts as stuck (the watchdog aborts).
+const MAX_REQUEST_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 const MAX_BODY: usize = 64 * 1024;
 /// Largest reply: a READ of max_pages (256) pages plus the header.
 const REPLY_BUF: usize = 1024 * 1024 + 4096;
@@ -241,7 +246,9 @@ fn send(server: &FsServer, st: &mut State, mut req: Vec<u8>) -> Vec<u8> {
             Ok(w) => Writer::FuseDev(w),
             Err(_) => return Vec::new(),
         };
+        Watchdog::arm(MAX_REQUEST_TIME, "FsServer::handle_local");
         let _ = server.handle_local(&mut req, writer);
+        Watchdog::disarm();
     }
     // SAFETY: plain syscalls on our memfd; the buffer is sized to what we read.
     unsafe {
@@ -339,7 +346,7 @@ fn sanitize(opcode: &mut u8, body: &mut [u8]) {
         op::MKNOD => {
             if let Some(mode) = u32_at(body, 0) {
                 let fmt = mode & libc::S_IFMT;
-                if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK {
+                if (fmt == libc::S_IFCHR || fmt == libc::S_IFBLK) && body.len() >= 8 {
                     // rdev = makedev(1, 3): /dev/null.
                     body[4..8].copy_from_slice(&((1u32 << 8) | 3).to_le_bytes());
                 }
@@ -401,15 +408,15 @@ pub fn run_fuse(data: &[u8]) {
     clear_dir(&rw);
     populate_rw(&rw);
 
-    let fs = fs::build(
+    let stack = fs::build(
         &root,
         Some(&st.specs),
         false,
         PassthroughConfig::new(CacheMode::None, true),
     )
     .expect("building the file system stack (needs root for open_tree)");
-    let server = FsServer::new(Arc::clone(&fs));
-    drop(fs);
+    let server = FsServer::new(&stack);
+    drop(stack);
     // The stack's own fds (share roots, SharedDir, /proc/self/fd) are its business;
     // what the requests open is checked.
     let baseline = open_fds();

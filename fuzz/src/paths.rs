@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use volfsd::config::{parse_allowed_dirs, split_access};
 use volfsd::fs::resolve_share_path;
-use volfsd::fs::volumes::valid_volume_name;
+use volfsd::fs::names::valid_volume_name;
 use volfsd::fs::SharePath;
 
 use crate::common::Scratch;

@@ -15,21 +15,23 @@
 //! session: the input's own INIT decides whether requests are served) and a fresh
 //! vring are made per input.
 //!
-//! Oracle: no panic; each `process` call returns, having served at most
-//! `queue_size` chains per pass (a chain loop or a lying avail index must not keep
-//! it going), within [`MAX_CALL`] of wall time; the read-only volume is unchanged.
+//! Oracle: no panic; each `process` call returns within [`MAX_CALL`] of wall time
+//! (a watchdog thread aborts the process otherwise, so AFL saves it as a crash),
+//! having served at most the queue's size in chains (a chain loop or a lying avail
+//! index must not keep it going); the read-only volume is unchanged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use volfsd::device::queue::{self, QueueHealth};
 use volfsd::device::MAX_QUEUE_SIZE;
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
-use crate::common::{limit_file_size, tree_checksum, Cursor, Scratch};
+use crate::common::{limit_file_size, tree_checksum, Cursor, Scratch, Watchdog};
 
 pub const REGION_A: (u64, usize) = (0, 64 * 1024);
 pub const REGION_B: (u64, usize) = (68 * 1024, 4 * 1024);
@@ -106,44 +108,48 @@ pub fn run_virtqueue(data: &[u8]) {
     load_image(&st.mem.memory(), image);
 
     let root = st.scratch.path();
-    let fs = fs::build(
+    let stack = fs::build(
         root,
         Some(&st.specs),
         false,
         PassthroughConfig::new(CacheMode::None, false),
     )
     .expect("building the file system stack (needs root for open_tree)");
-    let server = Arc::new(FsServer::new(fs));
+    let server = Arc::new(FsServer::new(&stack));
+    drop(stack);
     let health = QueueHealth::default();
     let served = AtomicU64::new(0);
 
     let vring = VringRwLock::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
     vring.set_queue_size(queue_size);
-    let ok = vring.set_queue_info(desc, avail, used).is_ok();
+    // As vhost-user-backend does: an address the queue refuses leaves the earlier
+    // one (0) in place, and the queue is made ready on the kick whatever it holds.
+    let _ = vring.set_queue_info(desc, avail, used);
     vring.set_queue_event_idx(event_idx);
     vring.set_queue_next_avail(next_avail);
     vring.set_queue_next_used(next_used);
-    vring.set_queue_ready(ok);
+    vring.set_queue_ready(true);
     vring.set_enabled(true);
+    // The size the queue took (an invalid one leaves the maximum).
+    let size = vring.get_ref().get_queue().size();
     let index = if hiprio { 0 } else { 1 };
 
     for _ in 0..kicks {
         let before = served.load(Ordering::Relaxed);
         let t = Instant::now();
+        Watchdog::arm(MAX_CALL, "device::queue::process");
         // Errors are the frontend's (an unusable ring): they end the call, not the
         // process, as in the daemon's worker.
         let _ = queue::process(&server, &st.mem, &vring, index, event_idx, &served, &health);
+        Watchdog::disarm();
         let took = t.elapsed();
         let n = served.load(Ordering::Relaxed) - before;
         if crate::fuse::trace() {
-            eprintln!("virtqueue: queue {index} size {queue_size}: served {n} in {took:?}");
+            eprintln!("virtqueue: queue {index} size {size}: served {n} in {took:?}");
         }
         // One pass pops at most queue_size chains; with EVENT_IDX it re-checks once
         // the avail index stops moving, which it cannot here (nobody publishes).
-        assert!(
-            n <= queue_size as u64,
-            "served {n} chains from a queue of {queue_size}"
-        );
+        assert!(n <= size as u64, "served {n} chains from a queue of {size}");
         assert!(took < MAX_CALL, "process took {took:?}");
     }
     drop(vring);
