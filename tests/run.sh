@@ -83,6 +83,11 @@ smoke_args=(--no-build)
 [[ $RUN_VM == 0 ]] && smoke_args+=(--skip-vm)
 run_counted "benchmark smoke" bash benches/smoke.sh "${smoke_args[@]}"
 
+# Replays the fuzz corpora and regressions, then fuzzes each target briefly (AFL++
+# through cargo-afl, installed on first use; see fuzz/README.md).
+stage "fuzzing (fuzz/run.sh --ci)"
+run_counted "fuzzing" bash fuzz/run.sh --ci
+
 stage "summary"
 printf '%s\n' "${report[@]}"
 echo "$passed passed, $failed failed"
