@@ -199,6 +199,11 @@ fuzz_all() { # seconds outroot
 	wait
 }
 
+# The panic message or watchdog line of a crash input (run once, outside AFL).
+why_crash() { # target file
+	timeout 30 "$CARGO_TARGET_DIR/release/fuzz_$1" <"$2" 2>&1 | grep -a -m1 -A1 -E 'panicked|watchdog'
+}
+
 crash_list() { # outdir
 	find "$1/default/crashes" -type f -name 'id:*' 2>/dev/null | sort
 }
@@ -230,7 +235,7 @@ ci)
 			result "fuzz $t" 1 "$REPORT_TEXT"
 			for c in $(crash_list "$root/$t"); do
 				echo "crash in $t: $c"
-				"$CARGO_TARGET_DIR/release/fuzz_$t" <"$c" 2>&1 | grep -a -m1 -A1 -E 'panicked|watchdog' | sed "s/^/    /"
+				why_crash "$t" "$c" | sed "s/^/    /"
 			done
 		fi
 	done
@@ -259,7 +264,7 @@ campaign)
 			echo "## crashes of $t"
 			echo
 			for c in $list; do
-				why=$("$CARGO_TARGET_DIR/release/fuzz_$t" <"$c" 2>&1 | grep -a -m1 -A1 -E 'panicked|watchdog' | tr '\n' ' ')
+				why=$(why_crash "$t" "$c" | tr '\n' ' ')
 				echo "- \`${c#"$FUZZ_DIR"/}\`: $why"
 			done
 			echo
