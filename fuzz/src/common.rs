@@ -28,10 +28,8 @@ impl Scratch {
     pub fn new(target: &str, tmpfs_mib: Option<u64>) -> Scratch {
         remove_stale(target);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "{PREFIX}{target}-{}-{n}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("{PREFIX}{target}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("creating the scratch dir");
         let tmpfs = match tmpfs_mib {

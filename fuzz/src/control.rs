@@ -79,7 +79,11 @@ fn state() -> &'static State {
 }
 
 fn check_reply(status: u16, body: &str) {
-    assert_ne!(reason(status), "Unknown", "status {status} has no reason phrase");
+    assert_ne!(
+        reason(status),
+        "Unknown",
+        "status {status} has no reason phrase"
+    );
     if status == 204 {
         assert!(body.is_empty());
         return;
@@ -106,7 +110,10 @@ pub fn run_control(data: &[u8]) {
                 let reply = st.api.handle(&req.method, &req.path, &req.body);
                 check_reply(reply.status, &reply.body);
                 if crate::fuse::trace() {
-                    eprintln!("control: {} {} -> {} {}", req.method, req.path, reply.status, reply.body);
+                    eprintln!(
+                        "control: {} {} -> {} {}",
+                        req.method, req.path, reply.status, reply.body
+                    );
                 }
                 if req.close {
                     break;
@@ -114,7 +121,10 @@ pub fn run_control(data: &[u8]) {
             }
             Err(ReadError::Closed) | Err(ReadError::Io(_)) => break,
             Err(ReadError::Reply(status, msg)) => {
-                assert!(status >= 400 && reason(status) != "Unknown", "{status} {msg}");
+                assert!(
+                    status >= 400 && reason(status) != "Unknown",
+                    "{status} {msg}"
+                );
                 break;
             }
         }

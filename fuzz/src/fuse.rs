@@ -284,14 +284,21 @@ fn check_reply(opcode: u8, unique: u64, reply: &[u8]) {
     let len = u32_at(reply, 0).unwrap() as usize;
     let error = u32_at(reply, 4).unwrap() as i32;
     let uniq = u64_at(reply, 8).unwrap();
-    assert_eq!(len, reply.len(), "opcode {opcode}: header length != bytes written");
+    assert_eq!(
+        len,
+        reply.len(),
+        "opcode {opcode}: header length != bytes written"
+    );
     assert_eq!(uniq, unique, "opcode {opcode}: unique not echoed");
     assert!(
         error <= 0 && error > -4096,
         "opcode {opcode}: error {error} is not a negative errno"
     );
     if error < 0 {
-        assert_eq!(len, OUT_HEADER_LEN, "opcode {opcode}: error reply with a body");
+        assert_eq!(
+            len, OUT_HEADER_LEN,
+            "opcode {opcode}: error reply with a body"
+        );
     }
 }
 

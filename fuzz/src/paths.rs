@@ -16,8 +16,8 @@ use std::path::{Component, Path};
 use std::sync::OnceLock;
 
 use volfsd::config::{parse_allowed_dirs, split_access};
-use volfsd::fs::resolve_share_path;
 use volfsd::fs::names::valid_volume_name;
+use volfsd::fs::resolve_share_path;
 use volfsd::fs::SharePath;
 
 use crate::common::Scratch;
@@ -31,7 +31,9 @@ fn state() -> &'static State {
     S.get_or_init(|| {
         let scratch = Scratch::new("paths", None);
         let p = scratch.path();
-        for d in ["a", "b", "a/nested", "rw/vol-a", "x:ro", "models", "sp ace", "ü"] {
+        for d in [
+            "a", "b", "a/nested", "rw/vol-a", "x:ro", "models", "sp ace", "ü",
+        ] {
             std::fs::create_dir_all(p.join(d)).unwrap();
         }
         std::fs::write(p.join("file"), b"x").unwrap();
@@ -61,7 +63,10 @@ fn check_accepted(shared: &Path, input: &Path, sp: &SharePath) {
         sp.host
     );
     let joined = sp.rel.iter().fold(shared.to_path_buf(), |p, c| p.join(c));
-    assert_eq!(joined, sp.host, "host path is not SharedDir + rel for {input:?}");
+    assert_eq!(
+        joined, sp.host,
+        "host path is not SharedDir + rel for {input:?}"
+    );
     for c in &sp.rel {
         assert!(!c.is_empty() && c != "." && c != ".." && !c.contains('/'));
     }
@@ -70,7 +75,10 @@ fn check_accepted(shared: &Path, input: &Path, sp: &SharePath) {
     for c in &sp.rel {
         p.push(c);
         let m = std::fs::symlink_metadata(&p).expect("accepted path exists");
-        assert!(!m.file_type().is_symlink(), "accepted {input:?} through symlink {p:?}");
+        assert!(
+            !m.file_type().is_symlink(),
+            "accepted {input:?} through symlink {p:?}"
+        );
     }
     assert!(std::fs::symlink_metadata(&sp.host).unwrap().is_dir());
     assert_eq!(sp.host.canonicalize().unwrap(), sp.host);
@@ -81,7 +89,11 @@ pub fn run_paths(data: &[u8]) {
     let shared = st.scratch.path();
 
     if let Ok(s) = std::str::from_utf8(data) {
-        assert_eq!(valid_volume_name(s), name_rule(s), "name rule differs for {s:?}");
+        assert_eq!(
+            valid_volume_name(s),
+            name_rule(s),
+            "name rule differs for {s:?}"
+        );
         let (p, ro) = split_access(s);
         assert!(s.starts_with(p));
         if ro {

@@ -28,7 +28,15 @@ fn open_in(flags: u32) -> Vec<u8> {
     cat(&[&le32(flags), &le32(0)])
 }
 fn read_in(offset: u64, size: u32) -> Vec<u8> {
-    cat(&[&le64(0), &le64(offset), &le32(size), &le32(0), &le64(0), &le32(0), &le32(0)])
+    cat(&[
+        &le64(0),
+        &le64(offset),
+        &le32(size),
+        &le32(0),
+        &le64(0),
+        &le32(0),
+        &le32(0),
+    ])
 }
 fn write_in(offset: u64, data: &[u8]) -> Vec<u8> {
     cat(&[
@@ -63,12 +71,18 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         (
             "read-write-file",
             vec![
-                lookup(0, "rw"),                                // node 0: rw
-                lookup(1, "f"),                                 // node 1: rw/f
+                lookup(0, "rw"),                                 // node 0: rw
+                lookup(1, "f"),                                  // node 1: rw/f
                 record(op::OPEN, 2, NO_FH, 0, &open_in(O_RDWR)), // fh 0
                 record(op::READ, 2, 0, 0, &read_in(0, 4096)),
                 record(op::WRITE, 2, 0, 0, &write_in(3, b"WRITTEN")),
-                record(op::FLUSH, 2, 0, 0, &cat(&[&le64(0), &le32(0), &le32(0), &le64(0)])),
+                record(
+                    op::FLUSH,
+                    2,
+                    0,
+                    0,
+                    &cat(&[&le64(0), &le32(0), &le32(0), &le64(0)]),
+                ),
                 record(op::FSYNC, 2, 0, 0, &cat(&[&le64(0), &le32(0), &le32(0)])),
                 record(op::RELEASE, 2, 0, 0, &release_in()),
             ],
@@ -79,10 +93,28 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
                 lookup(0, "rw"),
                 record(op::CREATE, 1, NO_FH, 0, &create_in(O_RDWR, 0o100644, "new")), // node 1, fh 0
                 record(op::WRITE, 2, 0, 0, &write_in(0, &[b'z'; 100])),
-                record(op::SETATTR, 2, 0, 0, &setattr_in(1 << 3 | 1 << 0, 10, 0o600)), // SIZE|MODE
+                record(
+                    op::SETATTR,
+                    2,
+                    0,
+                    0,
+                    &setattr_in(1 << 3 | 1 << 0, 10, 0o600),
+                ), // SIZE|MODE
                 record(op::GETATTR, 2, 0, 0, &cat(&[&le32(1), &le32(0), &le64(0)])),
-                record(op::FALLOCATE, 2, 0, 0, &cat(&[&le64(0), &le64(0), &le64(8192), &le32(0), &le32(0)])),
-                record(op::LSEEK, 2, 0, 0, &cat(&[&le64(0), &le64(0), &le32(3), &le32(0)])), // SEEK_DATA
+                record(
+                    op::FALLOCATE,
+                    2,
+                    0,
+                    0,
+                    &cat(&[&le64(0), &le64(0), &le64(8192), &le32(0), &le32(0)]),
+                ),
+                record(
+                    op::LSEEK,
+                    2,
+                    0,
+                    0,
+                    &cat(&[&le64(0), &le64(0), &le32(3), &le32(0)]),
+                ), // SEEK_DATA
                 record(op::RELEASE, 2, 0, 0, &release_in()),
             ],
         ),
@@ -90,24 +122,66 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             "mknod-mkdir-rename",
             vec![
                 lookup(0, "rw"),
-                record(op::MKNOD, 1, NO_FH, 0, &cat(&[&le32(0o100644), &le32(0), &le32(0), &le32(0), &name("node")])), // node 1
-                record(op::MKNOD, 1, NO_FH, 0, &cat(&[&le32(0o010644), &le32(0), &le32(0), &le32(0), &name("fifo")])), // node 2
-                record(op::MKDIR, 1, NO_FH, 0, &cat(&[&le32(0o755), &le32(0o022), &name("sub")])), // node 3
-                record(op::RENAME, 1, 0, 0, &cat(&[&le64(1), &name("node"), &name("moved")])), // newdir = node 0
+                record(
+                    op::MKNOD,
+                    1,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(0o100644), &le32(0), &le32(0), &le32(0), &name("node")]),
+                ), // node 1
+                record(
+                    op::MKNOD,
+                    1,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(0o010644), &le32(0), &le32(0), &le32(0), &name("fifo")]),
+                ), // node 2
+                record(
+                    op::MKDIR,
+                    1,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(0o755), &le32(0o022), &name("sub")]),
+                ), // node 3
+                record(
+                    op::RENAME,
+                    1,
+                    0,
+                    0,
+                    &cat(&[&le64(1), &name("node"), &name("moved")]),
+                ), // newdir = node 0
                 record(op::OPEN, 3, NO_FH, 0, &open_in(0)),
                 record(op::UNLINK, 1, NO_FH, 0, &name("fifo")),
-                record(op::RENAME2, 1, 3, 0, &cat(&[&le64(1), &le32(1), &le32(0), &name("f"), &name("moved")])), // NOREPLACE into sub
+                record(
+                    op::RENAME2,
+                    1,
+                    3,
+                    0,
+                    &cat(&[&le64(1), &le32(1), &le32(0), &name("f"), &name("moved")]),
+                ), // NOREPLACE into sub
                 record(op::RMDIR, 1, NO_FH, 0, &name("sub")),
             ],
         ),
         (
             "read-only-volume",
             vec![
-                lookup(0, "ro"),  // node 0
-                lookup(1, "f"),   // node 1
-                record(op::GETXATTR, 2, NO_FH, 0, &cat(&[&le32(64), &le32(0), &name("user.tag")])),
+                lookup(0, "ro"), // node 0
+                lookup(1, "f"),  // node 1
+                record(
+                    op::GETXATTR,
+                    2,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(64), &le32(0), &name("user.tag")]),
+                ),
                 record(op::LISTXATTR, 2, NO_FH, 0, &cat(&[&le32(256), &le32(0)])),
-                record(op::SETXATTR, 2, NO_FH, 0, &cat(&[&le32(1), &le32(0), &name("user.new"), b"v"])),
+                record(
+                    op::SETXATTR,
+                    2,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(1), &le32(0), &name("user.new"), b"v"]),
+                ),
                 record(op::REMOVEXATTR, 2, NO_FH, 0, &name("user.tag")),
                 record(op::OPEN, 2, NO_FH, 0, &open_in(O_RDWR)),
                 record(op::SETATTR, 2, NO_FH, 0, &setattr_in(1 << 3, 0, 0)),
@@ -125,7 +199,13 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
                 record(op::RELEASEDIR, 1, 0, 0, &release_in()),
                 record(op::OPENDIR, 0, NO_FH, 0, &open_in(0)),
                 record(op::READDIRPLUS, 0, 1, 0, &read_in(0, 4096)),
-                record(op::GETATTR, 3, NO_FH, 0, &cat(&[&le32(0), &le32(0), &le64(0)])),
+                record(
+                    op::GETATTR,
+                    3,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(0), &le32(0), &le64(0)]),
+                ),
             ],
         ),
         (
@@ -134,12 +214,18 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
                 lookup(0, "rw"),
                 record(op::SYMLINK, 1, NO_FH, 0, &cat(&[&name("sl"), &name("f")])), // node 1
                 record(op::READLINK, 2, NO_FH, 0, &[]),
-                lookup(1, "f"), // node 2
+                lookup(1, "f"),                                              // node 2
                 record(op::LINK, 1, 2, 0, &cat(&[&le64(0), &name("hard")])), // oldnodeid = node 2
                 record(op::STATFS, 1, NO_FH, 0, &[]),
                 record(op::ACCESS, 3, NO_FH, 1, &cat(&[&le32(2), &le32(0)])),
                 record(op::FORGET, 3, NO_FH, 0, &le64(1)),
-                record(op::BATCH_FORGET, 0, NO_FH, 0, &cat(&[&le32(1), &le32(0), &le64(2), &le64(1)])),
+                record(
+                    op::BATCH_FORGET,
+                    0,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(1), &le32(0), &le64(2), &le64(1)]),
+                ),
             ],
         ),
         (
@@ -154,24 +240,56 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
                     2,
                     1,
                     0,
-                    &cat(&[&le64(0), &le64(0), &le64(0), &le64(0), &le64(100), &le64(5), &le64(0)]),
+                    &cat(&[
+                        &le64(0),
+                        &le64(0),
+                        &le64(0),
+                        &le64(0),
+                        &le64(100),
+                        &le64(5),
+                        &le64(0),
+                    ]),
                 ),
                 record(
                     op::SETLK,
                     2,
                     1,
                     0,
-                    &cat(&[&le64(0), &le64(7), &le64(0), &le64(100), &le32(1), &le32(0), &le32(0), &le32(0)]),
+                    &cat(&[
+                        &le64(0),
+                        &le64(7),
+                        &le64(0),
+                        &le64(100),
+                        &le32(1),
+                        &le32(0),
+                        &le32(0),
+                        &le32(0),
+                    ]),
                 ),
                 record(
                     op::GETLK,
                     2,
                     1,
                     0,
-                    &cat(&[&le64(0), &le64(8), &le64(0), &le64(100), &le32(1), &le32(0), &le32(0), &le32(0)]),
+                    &cat(&[
+                        &le64(0),
+                        &le64(8),
+                        &le64(0),
+                        &le64(100),
+                        &le32(1),
+                        &le32(0),
+                        &le32(0),
+                        &le32(0),
+                    ]),
                 ),
                 record(op::SYNCFS, 2, NO_FH, 0, &le64(0)),
-                record(op::STATX, 2, NO_FH, 0, &cat(&[&le32(0), &le32(0), &le64(0), &le32(0), &le32(0x7ff)])),
+                record(
+                    op::STATX,
+                    2,
+                    NO_FH,
+                    0,
+                    &cat(&[&le32(0), &le32(0), &le64(0), &le32(0), &le32(0x7ff)]),
+                ),
             ],
         ),
         (
@@ -182,10 +300,22 @@ fn fuse_seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
                 lookup(0, "rw"),
                 lookup(1, ".."),
                 lookup(1, "l"),
-                record(op::SYMLINK, 1, NO_FH, 0, &cat(&[&name("up"), &name("../../..")])),
+                record(
+                    op::SYMLINK,
+                    1,
+                    NO_FH,
+                    0,
+                    &cat(&[&name("up"), &name("../../..")]),
+                ),
                 lookup(1, "up"),
                 record(op::OPEN, 3, NO_FH, 0, &open_in(0)),
-                record(op::RENAME, 1, NO_FH, 0, &cat(&[&le64(1), &name("f"), &name("ro")])),
+                record(
+                    op::RENAME,
+                    1,
+                    NO_FH,
+                    0,
+                    &cat(&[&le64(1), &name("f"), &name("ro")]),
+                ),
             ],
         ),
         (
@@ -208,14 +338,22 @@ fn http(method: &str, path: &str, body: &str, extra: &str) -> String {
 }
 
 fn control_seeds() -> Vec<(&'static str, String)> {
-    let attach = http("PUT", "/volumes/a", r#"{"path":"vols/a"}"#, "Content-Type: application/json\r\n");
+    let attach = http(
+        "PUT",
+        "/volumes/a",
+        r#"{"path":"vols/a"}"#,
+        "Content-Type: application/json\r\n",
+    );
     let list = http("GET", "/volumes", "", "");
     let detach = http("DELETE", "/volumes/a", "", "");
     vec![
         ("health", http("GET", "/health", "", "")),
         ("list", list.clone()),
         ("get", http("GET", "/volumes/data", "", "")),
-        ("attach-list-detach", format!("{attach}{list}{detach}{list}")),
+        (
+            "attach-list-detach",
+            format!("{attach}{list}{detach}{list}"),
+        ),
         (
             "attach-ro-volume-id",
             http(
@@ -227,19 +365,35 @@ fn control_seeds() -> Vec<(&'static str, String)> {
         ),
         ("attach-abs-retry", {
             let b = r#"{"path":"/tmp/../etc"}"#;
-            format!("{}{}", http("PUT", "/volumes/x", b, ""), http("PUT", "/volumes/a?x=1", r#"{"path":"vols/a"}"#, ""))
+            format!(
+                "{}{}",
+                http("PUT", "/volumes/x", b, ""),
+                http("PUT", "/volumes/a?x=1", r#"{"path":"vols/a"}"#, "")
+            )
         }),
-        ("attach-bad", format!(
-            "{}{}{}",
-            http("PUT", "/volumes/bad%20name", r#"{"path":"vols/a"}"#, ""),
-            http("PUT", "/volumes/c", r#"{"path":"link","extra":1}"#, ""),
-            http("PUT", "/volumes/data", r#"{"path":"ro"}"#, "")
-        )),
+        (
+            "attach-bad",
+            format!(
+                "{}{}{}",
+                http("PUT", "/volumes/bad%20name", r#"{"path":"vols/a"}"#, ""),
+                http("PUT", "/volumes/c", r#"{"path":"link","extra":1}"#, ""),
+                http("PUT", "/volumes/data", r#"{"path":"ro"}"#, "")
+            ),
+        ),
         ("method-not-allowed", http("POST", "/volumes", "{}", "")),
         ("http10-close", "GET /volumes HTTP/1.0\r\n\r\n".to_string()),
-        ("conn-close", http("GET", "/health", "", "Connection: close\r\n")),
-        ("chunked", "PUT /volumes/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_string()),
-        ("short-body", "PUT /volumes/a HTTP/1.1\r\nContent-Length: 50\r\n\r\n{}".to_string()),
+        (
+            "conn-close",
+            http("GET", "/health", "", "Connection: close\r\n"),
+        ),
+        (
+            "chunked",
+            "PUT /volumes/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_string(),
+        ),
+        (
+            "short-body",
+            "PUT /volumes/a HTTP/1.1\r\nContent-Length: 50\r\n\r\n{}".to_string(),
+        ),
     ]
 }
 
@@ -273,16 +427,27 @@ fn virtqueue_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let opendir = req(27, 5, 1, &open_in(0));
     let forget = req(2, 6, 2, &le64(1));
     vec![
-        ("init-lookup", build_input(&[(init.clone(), 256), (lookup_rw.clone(), 256)], 16, 0)),
+        (
+            "init-lookup",
+            build_input(&[(init.clone(), 256), (lookup_rw.clone(), 256)], 16, 0),
+        ),
         (
             "init-four",
             build_input(
-                &[(init.clone(), 256), (lookup_rw, 256), (statfs, 256), (getattr, 256)],
+                &[
+                    (init.clone(), 256),
+                    (lookup_rw, 256),
+                    (statfs, 256),
+                    (getattr, 256),
+                ],
                 16,
                 1, // EVENT_IDX
             ),
         ),
-        ("hiprio-forget", build_input(&[(init.clone(), 256), (forget, 0)], 8, 2 | 4)),
+        (
+            "hiprio-forget",
+            build_input(&[(init.clone(), 256), (forget, 0)], 8, 2 | 4),
+        ),
         ("opendir-no-init", build_input(&[(opendir, 64)], 4, 0)),
         ("short-reply-buffer", build_input(&[(init, 8)], 2, 0)),
     ]
