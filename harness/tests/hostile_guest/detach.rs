@@ -2,38 +2,18 @@
 //! id, handle or fd behind, the host can unmount the volume, and every later request
 //! on the old ids fails cleanly. (volfsd only: virtiofsd has no runtime detach.)
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::mount::{mount, umount, umount2, MntFlags, MsFlags};
+use nix::mount::umount;
 use volfsd_harness::frontend::fuse::FuseQueue;
 use volfsd_harness::frontend::{FuseClient, FuseOps};
 
 use volfsd_harness::fixtures::control::{request, Resp};
 use volfsd_harness::fixtures::host::*;
+use volfsd_harness::fixtures::mounts::MountGuard;
 use volfsd_harness::fixtures::{self, Daemon, TestDir, RDONLY, ROOT};
-
-/// Unmounts what it holds when dropped (a failed test must not leave mounts).
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = umount2(&self.0, MntFlags::MNT_DETACH);
-    }
-}
-
-fn bind(src: &Path, target: &Path) {
-    mount(
-        Some(src),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .unwrap_or_else(|e| panic!("bind {} at {}: {e}", src.display(), target.display()));
-}
 
 /// What one guest queue does while the volume comes and goes: look it up, open a
 /// file in it, read, list it with READDIRPLUS, and keep old ids and handles around
@@ -120,8 +100,9 @@ fn detach_during_requests_leaves_no_fd_and_the_volume_unmounts() {
 
     let mut worst = Duration::ZERO;
     for round in 0..100 {
-        bind(&src, &target);
-        let guard = Mounted(target.clone());
+        // Unmounted at drop if a round fails.
+        let mut guard = MountGuard::default();
+        guard.bind(&src, &target);
         let Resp { status, body, .. } =
             request(&ctl, "PUT", "/volumes/vol", Some(r#"{"path":"vol"}"#));
         assert_eq!(status, 201, "round {round}: attach: {body}");
@@ -140,7 +121,7 @@ fn detach_during_requests_leaves_no_fd_and_the_volume_unmounts() {
         );
         // The host unmounts it, without MNT_DETACH.
         umount(&target).unwrap_or_else(|e| panic!("round {round}: umount: {e}"));
-        std::mem::forget(guard);
+        drop(guard);
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
