@@ -110,6 +110,10 @@ pub fn process(
         return Ok(());
     }
     let mem = mem.memory();
+    if let Err(Broken(why)) = check_layout(vring) {
+        health.stop(index, &why);
+        return Ok(());
+    }
     let result = drain(server, &mem, vring, index, event_idx, served);
     match result {
         Ok(()) => {
@@ -190,6 +194,38 @@ fn drain(
             return Ok(());
         }
     }
+}
+
+/// The three parts of a split ring must not overlap: a used ring laid over the avail
+/// ring would have every completion rewrite the avail index, and the worker would
+/// find one more request pending for ever (found by the `virtqueue` fuzz target).
+fn check_layout(vring: &VringRwLock) -> Result<(), Broken> {
+    let state = vring.get_ref();
+    let q = state.get_queue();
+    let size = u64::from(q.size());
+    // Descriptor table, avail ring (flags, idx, ring, used_event), used ring (flags,
+    // idx, ring of 8-byte elements, avail_event).
+    let parts = [
+        ("descriptor table", q.desc_table(), 16 * size),
+        ("avail ring", q.avail_ring(), 6 + 2 * size),
+        ("used ring", q.used_ring(), 6 + 8 * size),
+    ];
+    for (i, (a, a_start, a_len)) in parts.iter().enumerate() {
+        let a_end = a_start.checked_add(*a_len).ok_or_else(|| {
+            Broken(format!(
+                "the {a} at {a_start:#x} runs past the address space"
+            ))
+        })?;
+        for (b, b_start, b_len) in &parts[i + 1..] {
+            let b_end = b_start.saturating_add(*b_len);
+            if *a_start < b_end && *b_start < a_end {
+                return Err(Broken(format!(
+                    "the {a} at {a_start:#x} overlaps the {b} at {b_start:#x}"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pops the next chain after checking the avail index: one further ahead than the
