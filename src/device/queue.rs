@@ -534,6 +534,21 @@ mod tests {
     }
 
     #[test]
+    fn overlapping_rings_are_broken() {
+        let mem = GuestMemoryAtomic::new(memory());
+        let vring = VringRwLock::new(mem, 256).unwrap();
+        vring.set_queue_size(256);
+        // Descriptors at 0 (4 KiB), avail ring after them, used ring apart: fine.
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        assert!(check_layout(&vring).is_ok());
+        // The used ring laid over the avail ring: broken.
+        vring.set_queue_info(0, 0x1000, 0x1000).unwrap();
+        assert!(check_layout(&vring).is_err());
+        vring.set_queue_info(0, 0x800, 0x3000).unwrap();
+        assert!(check_layout(&vring).is_err(), "avail ring inside the table");
+    }
+
+    #[test]
     fn a_looping_chain_is_broken() {
         let mem = memory();
         mem.write_slice(&header(Opcode::Getattr, 56), GuestAddress(0x10_0000))
