@@ -300,3 +300,29 @@ fn thousand_attach_detach_cycles_never_alias() {
     );
     assert_eq!(c.list(), json!([]));
 }
+
+/// Every request on a volume is counted once for it, on its way out, failures
+/// included: a failed WRITE, READLINK or STATFS counts like any other.
+#[test]
+fn every_request_counts_once_failures_included() {
+    let c = Ctl::start("guest-stats", &[]);
+    c.mkdir("v");
+    std::fs::write(c.shared().join("v/f"), b"data").unwrap();
+    c.attach("v", "v");
+    let mut fc = c.client();
+    let v = fc.lookup(ROOT, "v").unwrap().nodeid;
+    let f = fc.lookup(v, "f").unwrap().nodeid;
+    let stats = |c: &Ctl| {
+        let s = &c.volume("v")["stats"];
+        (s["ops"].as_u64().unwrap(), s["errors"].as_u64().unwrap())
+    };
+    let (ops, errors) = stats(&c);
+    fc.getattr(f).expect("getattr");
+    assert!(
+        fc.write(f, 999_999, 0, b"x").is_err(),
+        "write on a bogus handle"
+    );
+    assert!(fc.readlink(f).is_err(), "readlink of a regular file");
+    fc.statfs(f).expect("statfs");
+    assert_eq!(stats(&c), (ops + 4, errors + 2));
+}
