@@ -250,7 +250,15 @@ fn pop_checked(mem: &Mem, vring: &VringRwLock) -> Result<Option<DescriptorChain<
     if pending == 0 {
         return Ok(None);
     }
-    Ok(q.pop_descriptor_chain(mem.clone()))
+    match q.pop_descriptor_chain(mem.clone()) {
+        Some(chain) => Ok(Some(chain)),
+        // A chain is pending but virtio-queue will not pop it: the queue is not
+        // valid (its rings are not all in guest memory). With EVENT_IDX the worker
+        // would find it pending again for ever (found by the `virtqueue` target).
+        None => Err(Broken(format!(
+            "{pending} chains pending but the queue cannot be read (rings outside guest memory?)"
+        ))),
+    }
 }
 
 thread_local! {
