@@ -130,7 +130,7 @@ replay() {
 	p=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($(i+1) ~ /^passed/) s += $i} END {print s + 0}' "$log")
 	f=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($(i+1) ~ /^failed/) s += $i} END {print s + 0}' "$log")
 	rm -f "$log"
-	result "replay" "$rc" "$p replayed, $f failed (corpus + regressions)"
+	result "replay" "$rc" "$p replay tests passed, $f failed (every corpus and regressions file)"
 	return "$rc"
 }
 
