@@ -435,8 +435,7 @@ pub fn run_fuse(data: &[u8]) {
     let mut nodes: Vec<u64> = Vec::new();
     let mut handles: Vec<u64> = Vec::new();
     let mut c = Cursor::new(data);
-    let mut unique = 1u64;
-    for _ in 0..MAX_RECORDS {
+    for unique in 1..=MAX_RECORDS as u64 {
         if c.is_empty() {
             break;
         }
@@ -473,7 +472,6 @@ pub fn run_fuse(data: &[u8]) {
             );
         }
         harvest(opcode, &reply, &mut nodes, &mut handles);
-        unique += 1;
     }
 
     // While the stack still holds its fds: none may lead outside the scratch dir,

@@ -18,7 +18,10 @@ pub use virtqueue::run_virtqueue;
 /// Every target: (name, function). The name is the corpus directory
 /// (`corpus/NAME`), the regression directory (`regressions/NAME`) and the binary
 /// (`fuzz_NAME`).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A target's entry point.
+pub type Target = fn(&[u8]);
+
+pub const TARGETS: &[(&str, Target)] = &[
     ("fuse", run_fuse),
     ("virtqueue", run_virtqueue),
     ("control", run_control),

@@ -193,7 +193,7 @@ pub fn build_input(chains: &[(Vec<u8>, u32)], queue_size: u16, flags: u8) -> Vec
         heads.push(di);
         let raddr = DATA + data.len() as u64;
         data.extend_from_slice(readable);
-        while data.len() % 8 != 0 {
+        while !data.len().is_multiple_of(8) {
             data.push(0);
         }
         let waddr = DATA + data.len() as u64;

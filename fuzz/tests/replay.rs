@@ -15,7 +15,7 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
         .map(|rd| {
             rd.flatten()
                 .map(|e| e.path())
-                .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n == "README.md"))
+                .filter(|p| p.is_file() && p.file_name().is_none_or(|n| n != "README.md"))
                 .collect()
         })
         .unwrap_or_default();
