@@ -19,8 +19,8 @@
 # Environment: FUZZ_SECONDS (--ci per-target time), VOLFSD_FUZZ_TARGET_DIR (cargo
 # target dir, default /var/tmp/volfsd-fuzz-target, kept between runs so a second
 # run builds incrementally), FUZZ_JOBS (targets fuzzed at once, default 2),
-# VOLFSD_FUZZ_SKIP_OPEN=1 (virtqueue skips inputs of the known open finding; see
-# regressions/README.md).
+# VOLFSD_FUZZ_SKIP_OPEN=1 (virtqueue skips inputs virtio-queue finds invalid, the
+# class of a finding while it was open; see regressions/README.md).
 set -uo pipefail
 
 FUZZ_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

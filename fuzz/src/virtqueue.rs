@@ -164,10 +164,9 @@ pub fn run_virtqueue(data: &[u8]) {
     );
 }
 
-/// `VOLFSD_FUZZ_SKIP_OPEN=1`: skip inputs of the known open finding
-/// (`regressions/virtqueue/open/`: a queue virtio-queue finds invalid, e.g. a ring
-/// not all in guest memory), so that a campaign can look for other bugs until it is
-/// fixed. Off by default and in CI.
+/// `VOLFSD_FUZZ_SKIP_OPEN=1`: skip inputs whose queue virtio-queue finds invalid
+/// (e.g. a ring not all in guest memory), the class of a finding while it was open,
+/// so that a campaign can look for other bugs meanwhile. Off by default and in CI.
 fn skip_open() -> bool {
     static S: OnceLock<bool> = OnceLock::new();
     *S.get_or_init(|| std::env::var_os("VOLFSD_FUZZ_SKIP_OPEN").is_some())
