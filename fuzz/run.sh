@@ -121,10 +121,10 @@ build() {
 }
 
 replay() {
-	echo "==> replay: corpora and regressions (cargo afl test)"
+	echo "==> replay: corpora and regressions, and the oracles' own tests (cargo afl test)"
 	local log rc
 	log=$(mktemp)
-	cargo afl test --release --features afl --test replay 2>&1 | tee "$log"
+	cargo afl test --release --features afl --test replay --test oracles 2>&1 | tee "$log"
 	rc=${PIPESTATUS[0]}
 	local p f
 	p=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($(i+1) ~ /^passed/) s += $i} END {print s + 0}' "$log")
