@@ -2,11 +2,16 @@
 //! something).
 
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Mutex;
 
 use volfsd_fuzz::common::{check_fds, open_fds, tree_checksum, Scratch};
 
+/// The fd oracle looks at every fd of the process: one test at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[test]
 fn fd_oracle_flags_an_fd_outside_and_passes_one_inside() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new("oracle-fd", None);
     std::fs::write(s.path().join("inside"), b"x").unwrap();
     let base = open_fds();
@@ -20,6 +25,7 @@ fn fd_oracle_flags_an_fd_outside_and_passes_one_inside() {
 
 #[test]
 fn checksum_sees_content_mode_and_names() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new("oracle-sum", None);
     let p = s.path();
     std::fs::create_dir(p.join("d")).unwrap();
