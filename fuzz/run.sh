@@ -245,13 +245,14 @@ ci)
 	;;
 campaign)
 	stamp=$(date -u +%Y%m%dT%H%M%SZ)
+	rev=$(git -C "$FUZZ_DIR/.." describe --always --dirty 2>/dev/null)
 	root="$FUZZ_DIR/out/campaign-$stamp"
 	fuzz_all $((minutes * 60)) "$root"
 	summary="$root/summary.md"
 	{
 		echo "# volfsd fuzz campaign $stamp"
 		echo
-		echo "volfsd $(git -C "$FUZZ_DIR/.." rev-parse --short HEAD 2>/dev/null), $(rustc --version), cargo-afl $AFL_VERSION, $(nproc) cores, $JOBS targets at a time, $minutes min per target"
+		echo "volfsd $rev (at the start), $(rustc --version), cargo-afl $AFL_VERSION, $(nproc) cores, $JOBS targets at a time, $minutes min per target"
 		echo
 		echo "| target | run time s | execs | execs/s | edges found / total | bitmap coverage | corpus | stability | crashes | hangs |"
 		echo "|---|---|---|---|---|---|---|---|---|---|"
