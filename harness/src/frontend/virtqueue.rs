@@ -231,6 +231,13 @@ impl SplitQueue {
             writable_len,
         });
 
+        self.publish(head)?;
+        Ok(head)
+    }
+
+    /// Puts the chain at `head` in the next avail ring slot and publishes the new
+    /// avail index.
+    fn publish(&mut self, head: u16) -> Result<()> {
         let slot = u64::from(self.next_avail.0 % self.size);
         let slot_addr = self.avail_ring.unchecked_add(4 + 2 * slot);
         self.write(head, slot_addr, "avail ring entry")?;
@@ -243,8 +250,7 @@ impl SplitQueue {
                 self.avail_ring.unchecked_add(2),
                 Ordering::Release,
             )
-            .map_err(|e| Error::memory(self.context("publishing avail idx"), e))?;
-        Ok(head)
+            .map_err(|e| Error::memory(self.context("publishing avail idx"), e))
     }
 
     /// Hostile driver: publishes an avail index `ahead` entries past the last real
@@ -274,21 +280,7 @@ impl SplitQueue {
         let b = self.free_descriptors.pop().expect("two free");
         self.write_descriptor(a, readable, VIRTQ_DESC_F_NEXT, b)?;
         self.write_descriptor(b, readable, VIRTQ_DESC_F_NEXT, a)?;
-        let slot = u64::from(self.next_avail.0 % self.size);
-        self.write(
-            a,
-            self.avail_ring.unchecked_add(4 + 2 * slot),
-            "avail ring entry",
-        )?;
-        self.next_avail += 1;
-        self.memory
-            .mmap()
-            .store(
-                self.next_avail.0,
-                self.avail_ring.unchecked_add(2),
-                Ordering::Release,
-            )
-            .map_err(|e| Error::memory(self.context("publishing avail idx"), e))?;
+        self.publish(a)?;
         self.kick_eventfd()
             .write(1)
             .map_err(|e| Error::io(self.context("kick"), e))?;
