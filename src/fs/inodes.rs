@@ -100,6 +100,17 @@ impl InodeStore {
             .ok_or_else(|| errno(libc::ENOENT))
     }
 
+    /// The share of a node id, without taking a reference on the node itself (the
+    /// read-only guard and the counters ask this on every request).
+    pub fn share_of(&self, nodeid: u64) -> Option<Arc<Share>> {
+        self.maps
+            .read()
+            .unwrap()
+            .by_id
+            .get(&nodeid)
+            .map(|d| d.share.clone())
+    }
+
     /// The live node for a host inode, if the guest holds one.
     pub fn lookup_key(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
         let maps = self.maps.read().unwrap();

@@ -199,7 +199,7 @@ impl PassthroughFs {
     /// The share `nodeid` belongs to (None for unknown ids: the request fails on
     /// its own lookup anyway).
     pub fn share_of(&self, nodeid: u64) -> Option<Arc<Share>> {
-        self.inodes.get(nodeid).ok().map(|i| i.share.clone())
+        self.inodes.share_of(nodeid)
     }
 
     fn inode(&self, nodeid: u64) -> io::Result<Arc<InodeData>> {
