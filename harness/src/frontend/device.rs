@@ -162,6 +162,24 @@ impl VhostUserFsDevice {
             .map_err(|e| Error::vhost(format!("queue {index}: GET_VRING_BASE"), e))
     }
 
+    /// VHOST_USER_RESET_DEVICE, as a VMM resets the device (needs the protocol
+    /// feature, acked when the backend offers it).
+    pub fn reset_device(&mut self) -> Result<()> {
+        self.frontend
+            .reset_device()
+            .map_err(|e| Error::vhost("RESET_DEVICE", e))
+    }
+
+    /// Stops queue `index` and sets it up again on fresh rings from avail index 0,
+    /// as a rebooted guest's new driver does; returns the new queue.
+    pub fn restart_queue(&mut self, index: u16, size: u16) -> Result<SplitQueue> {
+        self.stop_queue(index)?;
+        let mut queue = SplitQueue::new(&self.memory, index, size)?;
+        queue.set_event_idx(self.features.acked_features & VIRTIO_RING_F_EVENT_IDX != 0);
+        start_queue(&mut self.frontend, &queue)?;
+        Ok(queue)
+    }
+
     /// Closes the vhost-user connection (same as dropping the device).
     pub fn disconnect(self) {
         drop(self);
@@ -210,7 +228,8 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
     let acked_protocol = offered_protocol
         & (VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::REPLY_ACK);
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE);
     frontend
         .set_protocol_features(acked_protocol)
         .map_err(|e| Error::vhost("SET_PROTOCOL_FEATURES", e))?;

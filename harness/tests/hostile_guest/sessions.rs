@@ -183,3 +183,59 @@ fn lock_wait_of_an_ended_session_is_woken_and_gives_back_its_fds() {
     }
     drop(host);
 }
+
+#[test]
+fn a_vhost_user_device_reset_ends_the_session() {
+    let d = Daemon::start("reset-device", &[]);
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(host_sees_lock(&d.host("f")));
+    c.device().reset_device().expect("RESET_DEVICE");
+    assert!(
+        poll(Duration::from_secs(2), || !host_sees_lock(&d.host("f"))),
+        "the device reset releases the guest's lock"
+    );
+}
+
+/// A rebooted guest's driver sets a queue up again on new rings from index 0: the
+/// daemon ends the old session at the new driver's first kick, before any INIT.
+#[test]
+fn a_queue_restarted_by_a_new_driver_ends_the_session() {
+    if fixtures::is_virtiofsd() {
+        eprintln!("skipped: virtiofsd keeps no locks to release");
+        return;
+    }
+    let d = Daemon::start("new-driver", &[]);
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(host_sees_lock(&d.host("f")));
+    c.restart_request_queue(0, 256).expect("restart the queue");
+    // The new driver's first request, before its INIT: the old session is over.
+    assert_errno(c.getattr(e.nodeid), libc::EIO);
+    assert!(
+        !host_sees_lock(&d.host("f")),
+        "the old session's lock is released"
+    );
+    c.init_session(&InitParams::default())
+        .expect("INIT of the new driver");
+    assert_stale("the old node id", c.getattr(e.nodeid));
+    c.getattr(ROOT).expect("the new session serves");
+}

@@ -90,6 +90,18 @@ impl FuseClient {
         &mut self.hiprio
     }
 
+    /// Sets request queue `i` up again on fresh rings, as a rebooted guest's new
+    /// driver does (the old queue's requests in flight are lost).
+    pub fn restart_request_queue(&mut self, i: usize, size: u16) -> Result<()> {
+        let old = self.request_queue(i)?;
+        let (index, uniques, timeout) = (old.index(), old.uniques(), old.timeout());
+        let ring = self.device.restart_queue(index, size)?;
+        let mut queue = FuseQueue::new(ring, self.device.memory().clone(), uniques);
+        queue.set_timeout(timeout);
+        self.request_queues[i] = queue;
+        Ok(())
+    }
+
     /// Routes subsequent typed calls to request queue `i`.
     pub fn use_request_queue(&mut self, i: usize) -> Result<()> {
         self.request_queue(i)?;

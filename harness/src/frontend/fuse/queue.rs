@@ -66,6 +66,11 @@ impl FuseQueue {
         &mut self.queue
     }
 
+    /// Where this queue's request uniques come from (shared by the device's queues).
+    pub fn uniques(&self) -> UniqueSource {
+        self.uniques.clone()
+    }
+
     /// vhost-user queue index (0 = hiprio).
     pub fn index(&self) -> u16 {
         self.queue.index()
