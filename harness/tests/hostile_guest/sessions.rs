@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::Opcode;
+use fuse_backend_rs::abi::fuse_abi::{EntryOut, Opcode};
 use volfsd_harness::frontend::fuse::{InitParams, Request};
-use volfsd_harness::frontend::FuseOps;
+use volfsd_harness::frontend::{FuseClient, FuseOps};
 
 use volfsd_harness::fixtures::host::*;
 use volfsd_harness::fixtures::requests::lock_request;
@@ -21,6 +21,23 @@ fn assert_stale<T: std::fmt::Debug>(what: &str, r: volfsd_harness::frontend::Res
         Err(e) if e.errno().is_some_and(|n| STALE.contains(&n)) => {}
         other => panic!("{what}: expected ENOENT/ESTALE/EBADF, got {other:?}"),
     }
+}
+
+/// Creates `name` and takes a POSIX write lock on it as lock owner 1; the host sees
+/// the lock. Returns the file's entry.
+fn locked_file(d: &Daemon, c: &mut FuseClient, name: &str) -> EntryOut {
+    let (e, open) = c.create(ROOT, name, RDWR, 0o644).expect("create");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(host_sees_lock(&d.host(name)));
+    e
 }
 
 #[test]
@@ -92,17 +109,7 @@ fn posix_lock_and_flock_do_not_survive_a_second_init() {
 fn destroy_ends_the_session_and_its_locks() {
     let d = Daemon::start("destroy", &[]);
     let mut c = d.client();
-    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
-    c.call(&lock_request(
-        Opcode::Setlk,
-        e.nodeid,
-        open.fh,
-        1,
-        libc::F_WRLCK,
-        false,
-    ))
-    .expect("lock");
-    assert!(host_sees_lock(&d.host("f")));
+    let e = locked_file(&d, &mut c, "f");
     let r = c.call(&Request::new(Opcode::Destroy, ROOT));
     assert!(r.is_ok(), "DESTROY: {r:?}");
     assert!(!host_sees_lock(&d.host("f")), "DESTROY releases the lock");
@@ -188,17 +195,7 @@ fn lock_wait_of_an_ended_session_is_woken_and_gives_back_its_fds() {
 fn a_vhost_user_device_reset_ends_the_session() {
     let d = Daemon::start("reset-device", &[]);
     let mut c = d.client();
-    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
-    c.call(&lock_request(
-        Opcode::Setlk,
-        e.nodeid,
-        open.fh,
-        1,
-        libc::F_WRLCK,
-        false,
-    ))
-    .expect("lock");
-    assert!(host_sees_lock(&d.host("f")));
+    locked_file(&d, &mut c, "f");
     c.device().reset_device().expect("RESET_DEVICE");
     assert!(
         poll(Duration::from_secs(2), || !host_sees_lock(&d.host("f"))),
@@ -216,17 +213,7 @@ fn a_queue_restarted_by_a_new_driver_ends_the_session() {
     }
     let d = Daemon::start("new-driver", &[]);
     let mut c = d.client();
-    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
-    c.call(&lock_request(
-        Opcode::Setlk,
-        e.nodeid,
-        open.fh,
-        1,
-        libc::F_WRLCK,
-        false,
-    ))
-    .expect("lock");
-    assert!(host_sees_lock(&d.host("f")));
+    let e = locked_file(&d, &mut c, "f");
     c.restart_request_queue(0, 256).expect("restart the queue");
     // The new driver's first request, before its INIT: the old session is over.
     assert_errno(c.getattr(e.nodeid), libc::EIO);
