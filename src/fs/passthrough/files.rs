@@ -5,6 +5,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::prelude::*;
+use crate::fs::ExtraOps;
 
 impl PassthroughFs {
     /// CREATE: a new file (O_CREAT|O_EXCL, as the caller), or, where the name exists
@@ -255,8 +256,10 @@ impl PassthroughFs {
         })?;
         Ok(r as u64)
     }
+}
 
-    pub(super) fn tmpfile(
+impl ExtraOps for PassthroughFs {
+    fn tmpfile(
         &self,
         ctx: &Context,
         parent: u64,
@@ -277,7 +280,7 @@ impl PassthroughFs {
         Ok((entry, fh, self.open_options(false)))
     }
 
-    pub(super) fn copy_file_range(
+    fn copy_file_range(
         &self,
         _ctx: &Context,
         nodeid_in: u64,
@@ -313,7 +316,7 @@ impl PassthroughFs {
         Ok(n)
     }
 
-    pub(super) fn syncfs(&self, _ctx: &Context, nodeid: u64) -> io::Result<()> {
+    fn syncfs(&self, _ctx: &Context, nodeid: u64) -> io::Result<()> {
         let inode = self.inode(nodeid)?;
         // EBADF on a FIFO, socket or device node: those are never opened.
         let f = self.reopen(&inode, libc::O_RDONLY | libc::O_NONBLOCK)?;

@@ -17,7 +17,6 @@ use super::layer::fs_layer;
 use super::locks::LockTable;
 use super::session::{FdBudget, Limits, Session};
 use super::share::Share;
-use super::ExtraOps;
 use prelude::*;
 
 pub const ROOT_ID: u64 = fuse_backend_rs::api::filesystem::ROOT_ID;
@@ -387,36 +386,4 @@ fs_layer! {
         -> io::Result<()> = inherent;
     fn setlkw(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
         -> io::Result<()> = inherent;
-}
-
-impl ExtraOps for PassthroughFs {
-    fn tmpfile(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        args: CreateIn,
-    ) -> io::Result<(Entry, u64, OpenOptions)> {
-        PassthroughFs::tmpfile(self, ctx, parent, args)
-    }
-
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        nodeid_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        nodeid_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize> {
-        PassthroughFs::copy_file_range(
-            self, ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, len, flags,
-        )
-    }
-
-    fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()> {
-        PassthroughFs::syncfs(self, ctx, nodeid)
-    }
 }
