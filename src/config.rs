@@ -10,12 +10,11 @@ use clap::{Parser, ValueEnum};
 use crate::device::MAX_REQUEST_QUEUES;
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, CacheMode, Limits, ShareSpec};
+use crate::sandbox::{SandboxMode, SeccompMode};
 
 /// virtiofsd options that volfsd does not implement. They are refused by name, so a
 /// launcher that relies on one learns it at once instead of getting other behaviour.
 pub const UNSUPPORTED_VIRTIOFSD_OPTIONS: &[&str] = &[
-    "--sandbox",
-    "--seccomp",
     "--announce-submounts",
     "--inode-file-handles",
     "--xattrmap",
@@ -183,6 +182,18 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub rlimit_nofile: Option<u64>,
 
+    /// Sandbox, as in virtiofsd: `namespace` (own mount, pid, net, ipc and uts
+    /// namespaces, and a user namespace when not root; SharedDir becomes the root by
+    /// pivot_root), `chroot` (chroot into SharedDir; root only), or `none`.
+    #[arg(long, value_enum, default_value = "namespace")]
+    pub sandbox: SandboxMode,
+
+    /// What a system call outside a thread's seccomp allow-list does, as in
+    /// virtiofsd: `kill` the daemon, `trap` (log it and exit), `log` it and allow it,
+    /// or `none` (no filter).
+    #[arg(long, value_enum, default_value = "kill")]
+    pub seccomp: SeccompMode,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,
@@ -215,6 +226,8 @@ pub struct Config {
     pub log_level: log::LevelFilter,
     pub syslog: bool,
     pub rlimit_nofile: Option<u64>,
+    pub sandbox: SandboxMode,
+    pub seccomp: SeccompMode,
 }
 
 #[derive(Debug, Eq, PartialEq)]
@@ -320,6 +333,8 @@ impl Args {
             log_level: self.log_level.into(),
             syslog: self.syslog,
             rlimit_nofile: self.rlimit_nofile,
+            sandbox: self.sandbox,
+            seccomp: self.seccomp,
         })
     }
 }
@@ -475,12 +490,44 @@ mod tests {
             "/a",
             "--shared-dir",
             "/tmp",
-            "--sandbox=none",
+            "--xattrmap=:map::user.virtiofs.:",
         ])
         .unwrap_err();
-        assert!(e.contains("'--sandbox'"), "{e}");
+        assert!(e.contains("'--xattrmap'"), "{e}");
         let e = parse(&["--socket-path", "/a", "-o", "cache=none"]).unwrap_err();
         assert!(e.contains("'-o'"), "{e}");
+    }
+
+    #[test]
+    fn sandbox_and_seccomp_default_to_the_strictest() {
+        let c = parse(&["--socket-path", "/a", "--shared-dir", "/tmp"]).unwrap();
+        assert_eq!(c.sandbox, SandboxMode::Namespace);
+        assert_eq!(c.seccomp, SeccompMode::Kill);
+        // virtiofsd's spellings, with '=' and without.
+        let c = parse(&[
+            "--socket-path",
+            "/a",
+            "--shared-dir",
+            "/tmp",
+            "--sandbox=chroot",
+            "--seccomp",
+            "log",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.sandbox, c.seccomp),
+            (SandboxMode::Chroot, SeccompMode::Log)
+        );
+        let e = parse(&[
+            "--socket-path",
+            "/a",
+            "--shared-dir",
+            "/tmp",
+            "--sandbox",
+            "jail",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--sandbox") && e.contains("namespace"), "{e}");
     }
 
     #[test]

@@ -17,10 +17,22 @@ use crate::config::{Config, SocketSource};
 use crate::control::{Api, ControlServer};
 use crate::device::FsBackend;
 use crate::fs::PassthroughConfig;
+use crate::sandbox::{self, SandboxMode, ThreadRole};
 
 pub fn run(config: Config) -> Result<(), String> {
+    let socket_paths: Vec<PathBuf> = match &config.socket {
+        SocketSource::Path(p) => vec![p.clone()],
+        SocketSource::Fd(_) => Vec::new(),
+    }
+    .into_iter()
+    .chain(config.control_socket.iter().cloned())
+    .collect();
+    // Namespaces first, while the process has one thread: namespace mode forks, and
+    // only the sandboxed child returns.
+    sandbox::enter(config.sandbox, config.seccomp, socket_paths.clone())?;
     crate::logging::init(config.log_level, config.syslog)?;
-    set_rlimit_nofile(config.rlimit_nofile)?;
+    sandbox::rlimits::set_nofile(config.rlimit_nofile)?;
+    sandbox::rlimits::no_core_dumps()?;
     // Both sockets are bound under umask 077, whatever umask we were started with: no
     // other user may connect to them before their final modes are set. Only once they
     // exist, and before any guest request runs, is the umask cleared for the guest's
@@ -41,71 +53,98 @@ pub fn run(config: Config) -> Result<(), String> {
     wake.thread_block()
         .map_err(|e| format!("blocking SIGUSR1: {e}"))?;
 
+    // Everything the daemon needs from outside SharedDir is opened before the root
+    // changes: its sockets (and the files to remove them by), /proc/self/fd, the log.
+    let mut listener = make_listener(&config.socket, config.socket_group)?;
+    let control = match &config.control_socket {
+        Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
+        None => None,
+    };
+    if control.is_some() && config.sandbox == SandboxMode::Namespace {
+        warn_unless_shared(&config.shared_dir);
+    }
+    let socket_files: Arc<Vec<SocketFile>> = Arc::new(
+        socket_paths
+            .iter()
+            .map(|p| SocketFile::open(p))
+            .collect::<Result<_, _>>()?,
+    );
+    let outside = sandbox::mounts::open_outside()?;
+    let root = sandbox::change_root(config.sandbox, &config.shared_dir)?;
+
     let stack = crate::fs::build(
-        &config.shared_dir,
+        &root,
         config.allowed_dirs.as_deref(),
         config.readonly,
         PassthroughConfig {
             privileged_xattrs: config.privileged_xattrs,
             limits: config.limits,
+            proc_self_fd: Some(Arc::new(outside.proc_self_fd)),
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
     .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
+
+    // Setup is done: from here each thread keeps only what its role needs.
+    sandbox::caps::lock_down_process()?;
+    sandbox::set_policy(sandbox::Policy {
+        seccomp: config.seccomp,
+        drop_caps: true,
+        privileged_xattrs: config.privileged_xattrs,
+    });
+    spawn_signal_thread(term, socket_files.clone());
+    crate::logging::spawn_summary_thread()?;
+
     let backend = Arc::new(FsBackend::new(&stack, config.num_request_queues));
     let stats = backend.stats();
 
-    // The control socket is up before the frontend connects: an agent may attach
+    // The control socket serves before the frontend connects: an agent may attach
     // volumes before the VM boots.
-    let control_path = match &config.control_socket {
-        Some(path) => {
-            let api = Api::new(
-                stack.volumes.clone(),
-                config.shared_dir.clone(),
-                stats.clone(),
-            );
-            let server = ControlServer::bind(path, api, &config.control_allow_uids)?;
-            server
-                .spawn()
-                .map_err(|e| format!("starting the control thread: {e}"))?;
-            Some(path.clone())
-        }
-        None => None,
-    };
+    if let Some(server) = control {
+        let api = Api::new(
+            stack.volumes.clone(),
+            config.shared_dir.clone(),
+            root.clone(),
+            stats.clone(),
+        );
+        server
+            .spawn(api)
+            .map_err(|e| format!("starting the control thread: {e}"))?;
+    }
 
-    let mut listener = make_listener(&config.socket, config.socket_group)?;
+    // The queue workers are started by VhostUserDaemon::new; they inherit the
+    // confinement of the thread that creates them, so a short-lived thread confined
+    // for the worker role creates them.
+    let mut daemon = run_confined(ThreadRole::Worker, {
+        let backend = backend.clone();
+        move || {
+            VhostUserDaemon::new(
+                "volfsd".to_string(),
+                backend,
+                GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+            )
+            .map_err(|e| format!("creating the vhost-user daemon: {e}"))
+        }
+    })?;
+    // The main thread, and the vhost-user thread `start` creates, from here on.
+    sandbox::confine_thread(ThreadRole::Main)?;
+
     // The guest kernel applies the caller's umask itself; ours must not apply twice.
     // No guest request has run yet: the frontend connects in `daemon.start` below.
     // SAFETY: umask only changes this process's file mode creation mask.
     unsafe { libc::umask(0) };
-    let socket_path = match &config.socket {
-        SocketSource::Path(p) => Some(p.clone()),
-        SocketSource::Fd(_) => None,
-    };
-    let cleanup: Vec<PathBuf> = socket_path
-        .iter()
-        .chain(control_path.iter())
-        .cloned()
-        .collect();
-    spawn_signal_thread(term, cleanup.clone());
-
-    let mut daemon = VhostUserDaemon::new(
-        "volfsd".to_string(),
-        backend.clone(),
-        GuestMemoryAtomic::new(GuestMemoryMmap::default()),
-    )
-    .map_err(|e| format!("creating the vhost-user daemon: {e}"))?;
-
     info!(
-        "serving {} on {} ({} request queues, cache {:?}{})",
+        "serving {} on {} ({} request queues, cache {:?}{}, sandbox {:?}, seccomp {:?})",
         config.shared_dir.display(),
-        socket_path
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| format!("fd {}", listener.as_raw_fd())),
+        match &config.socket {
+            SocketSource::Path(p) => p.display().to_string(),
+            SocketSource::Fd(_) => format!("fd {}", listener.as_raw_fd()),
+        },
         config.num_request_queues,
         config.cache,
         if config.readonly { ", read-only" } else { "" },
+        config.sandbox,
+        config.seccomp,
     );
     daemon
         .start(&mut listener)
@@ -118,8 +157,8 @@ pub fn run(config: Config) -> Result<(), String> {
         handler.send_exit_event();
     }
     drop(listener);
-    for p in &cleanup {
-        let _ = std::fs::remove_file(p);
+    for f in socket_files.iter() {
+        f.remove();
     }
     for (q, n) in stats.requests.iter().enumerate() {
         info!("queue {q}: {} requests served", n.load(Ordering::Relaxed));
@@ -133,6 +172,79 @@ pub fn run(config: Config) -> Result<(), String> {
     }
     info!("frontend disconnected, exiting");
     Ok(())
+}
+
+/// Runs `f` on a new thread confined for `role`, and returns its result: the threads
+/// `f` creates inherit that confinement.
+fn run_confined<T: Send + 'static>(
+    role: ThreadRole,
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    std::thread::Builder::new()
+        .name(format!("volfsd-{role:?}-start").to_lowercase())
+        .spawn(move || {
+            sandbox::confine_thread(role)?;
+            f()
+        })
+        .map_err(|e| format!("starting a {role:?} thread: {e}"))?
+        .join()
+        .map_err(|_| format!("the {role:?} start thread panicked"))?
+}
+
+/// Runtime attach relies on mount propagation: a volume the node agent bind-mounts
+/// under SharedDir after the daemon started reaches the daemon's own mount namespace
+/// only if SharedDir sits on a shared mount.
+fn warn_unless_shared(shared_dir: &Path) {
+    if sandbox::mounts::is_shared_mount(shared_dir) == Some(false) {
+        warn!(
+            "--shared-dir {} is not on a shared mount: volumes bind-mounted under it after \
+             the daemon starts will not be visible to it (make it shared first: mount --bind \
+             DIR DIR && mount --make-shared DIR)",
+            shared_dir.display()
+        );
+    }
+}
+
+/// A socket file the daemon created, removable after the root changed: by its
+/// directory's fd and its name, and only while it is still a socket.
+struct SocketFile {
+    dir: std::fs::File,
+    name: std::ffi::CString,
+}
+
+impl SocketFile {
+    fn open(path: &Path) -> Result<SocketFile, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("{}: no file name", path.display()))?;
+        let dir = std::fs::File::open(dir)
+            .map_err(|e| format!("{}: opening its directory: {e}", path.display()))?;
+        let name = std::ffi::CString::new(name.as_bytes())
+            .map_err(|_| format!("{}: NUL in name", path.display()))?;
+        Ok(SocketFile { dir, name })
+    }
+
+    fn remove(&self) {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: fstatat/unlinkat on a directory fd we own and a C string.
+        unsafe {
+            if libc::fstatat(
+                self.dir.as_raw_fd(),
+                self.name.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) == 0
+                && st.assume_init().st_mode & libc::S_IFMT == libc::S_IFSOCK
+            {
+                libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0);
+            }
+        }
+    }
 }
 
 fn make_listener(socket: &SocketSource, group: Option<u32>) -> Result<Listener, String> {
@@ -214,47 +326,18 @@ fn check_listening_socket(fd: RawFd) -> Result<(), String> {
     Ok(())
 }
 
-fn spawn_signal_thread(term: SigSet, files: Vec<PathBuf>) {
+fn spawn_signal_thread(term: SigSet, files: Arc<Vec<SocketFile>>) {
     std::thread::Builder::new()
         .name("volfsd-signals".to_string())
         .spawn(move || {
+            sandbox::confine_thread_or_exit(ThreadRole::Signals);
             let sig = term.wait();
             info!("received {sig:?}, exiting");
-            for p in files {
-                let _ = std::fs::remove_file(p);
+            for f in files.iter() {
+                f.remove();
             }
             log::logger().flush();
             std::process::exit(0);
         })
         .expect("spawning the signal thread");
-}
-
-fn set_rlimit_nofile(requested: Option<u64>) -> Result<(), String> {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) =
-        getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
-    let (new_soft, new_hard) = match requested {
-        Some(0) => return Ok(()),
-        Some(n) => (n, n.max(hard)),
-        // Default: as many fds as the kernel allows a process (fs.nr_open), as
-        // virtiofsd does: each guest inode holds one. The guest's share of them is
-        // bounded by the per-volume limits and the fd budget (fs/session.rs).
-        None => {
-            let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .unwrap_or(hard);
-            let want = nr_open.max(hard);
-            if want > hard && setrlimit(Resource::RLIMIT_NOFILE, want, want).is_ok() {
-                return Ok(());
-            }
-            // Without CAP_SYS_RESOURCE the hard limit stays.
-            (hard, hard)
-        }
-    };
-    if new_soft == soft && new_hard == hard {
-        return Ok(());
-    }
-    setrlimit(Resource::RLIMIT_NOFILE, new_soft, new_hard)
-        .map_err(|e| format!("--rlimit-nofile {new_soft}: {e}"))
 }

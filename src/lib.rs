@@ -6,3 +6,4 @@ pub mod daemon;
 pub mod device;
 pub mod fs;
 pub mod logging;
+pub mod sandbox;

@@ -58,9 +58,22 @@ pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
     let logger = Arc::new(GuardLogger::new(level, sink));
     log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
     log::set_max_level(level);
-    // Summaries of suppressed messages for sites that went quiet. The thread starts
-    // with every signal blocked (it inherits the mask), so that SIGTERM/SIGINT reach
-    // the daemon's signal thread, never this one.
+    let _ = LOGGER.set(logger);
+    Ok(())
+}
+
+/// The logger `init` installed, for the summary thread.
+static LOGGER: std::sync::OnceLock<Arc<GuardLogger>> = std::sync::OnceLock::new();
+
+/// Starts the thread that summarises suppressed messages for sites that went quiet.
+/// Separate from [`init`]: logging starts before the sandbox (it may connect to
+/// /dev/log), threads only after it. The thread starts with every signal blocked (it
+/// inherits the mask), so that SIGTERM/SIGINT reach the daemon's signal thread, never
+/// this one.
+pub fn spawn_summary_thread() -> Result<(), String> {
+    let Some(logger) = LOGGER.get().cloned() else {
+        return Ok(());
+    };
     let all = nix::sys::signal::SigSet::all();
     let mut old = nix::sys::signal::SigSet::empty();
     nix::sys::signal::pthread_sigmask(
@@ -71,9 +84,12 @@ pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
     .map_err(|e| format!("blocking signals: {e}"))?;
     let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
-        .spawn(move || loop {
-            std::thread::sleep(SUMMARY_PERIOD / 2);
-            logger.flush_suppressed(Instant::now());
+        .spawn(move || {
+            crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Logger);
+            loop {
+                std::thread::sleep(SUMMARY_PERIOD / 2);
+                logger.flush_suppressed(Instant::now());
+            }
         });
     nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
         .map_err(|e| format!("restoring the signal mask: {e}"))?;

@@ -59,6 +59,7 @@ fn state() -> &'static State {
         let api = Api::new(
             stack.volumes.clone(),
             p.clone(),
+            p.clone(),
             Arc::new(DeviceStats::default()),
         );
         let initial = stack

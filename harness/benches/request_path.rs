@@ -264,6 +264,7 @@ fn control_api(c: &mut Criterion) {
     let api = Api::new(
         stack.volumes,
         dir.path().to_path_buf(),
+        dir.path().to_path_buf(),
         Arc::new(DeviceStats::default()),
     );
     let body = format!(

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::DeviceStats;
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
-use crate::fs::{resolve_share_path, AttachError, ShareInfo, ShareSpec, Volumes};
+use crate::fs::{resolve_share_path_in, AttachError, ShareInfo, ShareSpec, Volumes};
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
 #[derive(Debug, Deserialize)]
@@ -84,15 +84,24 @@ impl Reply {
 
 pub struct Api {
     volumes: Arc<Volumes>,
+    /// SharedDir as the host names it: attach paths are given in these terms.
     shared_dir: PathBuf,
+    /// Where the daemon reaches SharedDir now: "/" inside the sandbox.
+    local_root: PathBuf,
     device: Arc<DeviceStats>,
 }
 
 impl Api {
-    pub fn new(volumes: Arc<Volumes>, shared_dir: PathBuf, device: Arc<DeviceStats>) -> Self {
+    pub fn new(
+        volumes: Arc<Volumes>,
+        shared_dir: PathBuf,
+        local_root: PathBuf,
+        device: Arc<DeviceStats>,
+    ) -> Self {
         Api {
             volumes,
             shared_dir,
+            local_root,
             device,
         }
     }
@@ -149,10 +158,11 @@ impl Api {
             Ok(r) => r,
             Err(e) => return Reply::error(400, format!("bad request body: {e}")),
         };
-        let path = match resolve_share_path(&self.shared_dir, Path::new(&req.path)) {
-            Ok(p) => p,
-            Err(why) => return Reply::error(400, format!("path {}: {why}", req.path)),
-        };
+        let path =
+            match resolve_share_path_in(&self.shared_dir, &self.local_root, Path::new(&req.path)) {
+                Ok(p) => p,
+                Err(why) => return Reply::error(400, format!("path {}: {why}", req.path)),
+            };
         let spec = ShareSpec {
             guest: vec![name.to_string()],
             path,

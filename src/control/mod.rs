@@ -27,15 +27,16 @@ pub const MAX_CLIENTS: usize = 16;
 /// requests on a kept-alive connection).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The bound control socket, before it serves (it is bound before the sandbox changes
+/// the root, and serves once the file system stack exists).
 pub struct ControlServer {
     listener: UnixListener,
     path: PathBuf,
-    api: Arc<Api>,
     allowed_uids: Vec<u32>,
     clients: Arc<AtomicUsize>,
     /// An fd kept open to be closed when accept fails for lack of fds, so that an
     /// operator can still be served at the fd limit (see [`ControlServer::accept_loop`]).
-    reserve_fd: Option<std::fs::File>,
+    reserve_fd: Option<UnixListener>,
 }
 
 /// Back-off of the accept loop when it cannot accept (no fds, no memory): it never spins.
@@ -43,8 +44,10 @@ pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// At most one "cannot accept" warning per this interval.
 const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 
-fn open_reserve_fd() -> Option<std::fs::File> {
-    std::fs::File::open("/dev/null").ok()
+/// A duplicate of the listening socket: it only holds an fd slot, and needs no path
+/// (inside the sandbox there is no /dev/null).
+fn open_reserve_fd(listener: &UnixListener) -> Option<UnixListener> {
+    listener.try_clone().ok()
 }
 
 /// The tags and permission bits of a POSIX ACL in its xattr form
@@ -123,7 +126,7 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
 impl ControlServer {
     /// Creates the socket with mode 0600. A stale socket file is replaced; any other
     /// file at `path` is an error.
-    pub fn bind(path: &Path, api: Api, extra_uids: &[u32]) -> Result<Self, String> {
+    pub fn bind(path: &Path, extra_uids: &[u32]) -> Result<Self, String> {
         match std::fs::symlink_metadata(path) {
             Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
                 format!(
@@ -160,46 +163,63 @@ impl ControlServer {
         if !others.is_empty() {
             grant_uids(path, &others)?;
         }
+        let reserve_fd = open_reserve_fd(&listener);
         Ok(ControlServer {
             listener,
             path: path.to_path_buf(),
-            api: Arc::new(api),
             allowed_uids,
             clients: Arc::new(AtomicUsize::new(0)),
-            reserve_fd: open_reserve_fd(),
+            reserve_fd,
         })
     }
 
-    /// Serves clients on a thread of its own until the process exits.
-    pub fn spawn(self) -> io::Result<()> {
+    /// Serves clients with `api` on a thread of its own until the process exits. The
+    /// thread confines itself for the control role first (its client threads inherit
+    /// that, and confine themselves again).
+    pub fn spawn(self, api: Api) -> io::Result<()> {
+        let serving = Serving {
+            server: self,
+            api: Arc::new(api),
+        };
         std::thread::Builder::new()
             .name("volfsd-control".to_string())
-            .spawn(move || self.accept_loop())?;
+            .spawn(move || {
+                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Control);
+                serving.accept_loop()
+            })?;
         Ok(())
     }
+}
 
+/// A control server with its API, on its accept thread.
+struct Serving {
+    server: ControlServer,
+    api: Arc<Api>,
+}
+
+impl Serving {
     /// Accepts clients forever. When accept fails for lack of fds (EMFILE, ENFILE) the
     /// reserve fd is closed and accept retried, so one operator is served even at the
     /// limit; without a reserve, and on any other failure, the loop sleeps
     /// [`ACCEPT_BACKOFF`] before retrying (a pending connection makes accept fail at
     /// once, so retrying at once would spin) and warns at most every 10 s.
     fn accept_loop(mut self) {
-        info!("control socket listening on {}", self.path.display());
+        info!("control socket listening on {}", self.server.path.display());
         let mut failures: u64 = 0;
         let mut last_warn: Option<Instant> = None;
         loop {
-            if self.reserve_fd.is_none() {
-                self.reserve_fd = open_reserve_fd();
+            if self.server.reserve_fd.is_none() {
+                self.server.reserve_fd = open_reserve_fd(&self.server.listener);
             }
-            match self.listener.accept() {
+            match self.server.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let no_fds = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
                     if no_fds {
-                        if let Some(reserve) = self.reserve_fd.take() {
+                        if let Some(reserve) = self.server.reserve_fd.take() {
                             drop(reserve);
-                            if let Ok((stream, _)) = self.listener.accept() {
+                            if let Ok((stream, _)) = self.server.listener.accept() {
                                 warn!(
                                     "control socket: out of file descriptors ({e}); \
                                      serving a client on the reserve fd"
@@ -232,7 +252,7 @@ impl ControlServer {
                 return;
             }
         };
-        if !self.allowed_uids.contains(&uid) {
+        if !self.server.allowed_uids.contains(&uid) {
             warn!("control socket: refused a client with uid {uid}");
             let _ = http::write_response(
                 &mut stream,
@@ -242,8 +262,8 @@ impl ControlServer {
             );
             return;
         }
-        if self.clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
-            self.clients.fetch_sub(1, Ordering::AcqRel);
+        if self.server.clients.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+            self.server.clients.fetch_sub(1, Ordering::AcqRel);
             warn!("control socket: more than {MAX_CLIENTS} clients, refusing one");
             let _ = http::write_response(
                 &mut stream,
@@ -254,15 +274,16 @@ impl ControlServer {
             return;
         }
         let api = self.api.clone();
-        let clients = self.clients.clone();
+        let clients = self.server.clients.clone();
         let spawned = std::thread::Builder::new()
             .name("volfsd-ctl-client".to_string())
             .spawn(move || {
+                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Control);
                 serve_client(stream, &api);
                 clients.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
-            self.clients.fetch_sub(1, Ordering::AcqRel);
+            self.server.clients.fetch_sub(1, Ordering::AcqRel);
             warn!("control socket: cannot start a client thread: {e}");
         }
     }

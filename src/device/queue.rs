@@ -414,6 +414,7 @@ fn wait_off_thread(
     let spawned = std::thread::Builder::new()
         .name("volfsd-lockwait".to_string())
         .spawn(move || {
+            crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
             let head = chain.head_index();
             let mem = chain.memory();
             let len = match VirtioFsWriter::new(mem, chain.clone()) {

@@ -68,6 +68,17 @@ impl SharePath {
 /// it names no `..`, contains no symlink between SharedDir and its end, lies strictly
 /// inside SharedDir, exists, and is a directory. Errors name the reason.
 pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, String> {
+    resolve_share_path_in(shared_dir, shared_dir, path)
+}
+
+/// [`resolve_share_path`] for a daemon whose SharedDir is now reached at `local_root`
+/// (its root "/" inside the sandbox): paths are still named as on the host, under
+/// `shared_dir`, and checked where the daemon sees them.
+pub fn resolve_share_path_in(
+    shared_dir: &Path,
+    local_root: &Path,
+    path: &Path,
+) -> Result<SharePath, String> {
     if path.as_os_str().is_empty() {
         return Err("empty path".to_string());
     }
@@ -100,7 +111,8 @@ pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, S
         return Err("is SharedDir itself (use --readonly for a read-only whole share)".into());
     }
     let host = rel.iter().fold(shared_dir.to_path_buf(), |p, c| p.join(c));
-    let meta = std::fs::symlink_metadata(&host).map_err(|e| match e.kind() {
+    let local = rel.iter().fold(local_root.to_path_buf(), |p, c| p.join(c));
+    let meta = std::fs::symlink_metadata(&local).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => "does not exist".to_string(),
         _ => e.to_string(),
     })?;
@@ -110,8 +122,8 @@ pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, S
     if !meta.is_dir() {
         return Err("is not a directory".to_string());
     }
-    let canonical = host.canonicalize().map_err(|e| e.to_string())?;
-    if canonical != host {
+    let canonical = local.canonicalize().map_err(|e| e.to_string())?;
+    if canonical != local {
         return Err(format!(
             "resolves through a symlink to {} (must resolve inside SharedDir as written)",
             canonical.display()

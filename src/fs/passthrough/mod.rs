@@ -30,6 +30,9 @@ pub struct PassthroughConfig {
     pub privileged_xattrs: bool,
     /// Per-volume bounds on node ids, handles and lock files.
     pub limits: Limits,
+    /// `/proc/self/fd`, when it was opened before the sandbox changed the root
+    /// (inside it there is no /proc); None opens it here.
+    pub proc_self_fd: Option<Arc<File>>,
 }
 
 impl PassthroughConfig {
@@ -40,6 +43,7 @@ impl PassthroughConfig {
             xattr,
             privileged_xattrs: false,
             limits: Limits::DEFAULT,
+            proc_self_fd: None,
         }
     }
 }
@@ -102,8 +106,11 @@ mod xattr_ops;
 impl PassthroughFs {
     /// An empty passthrough layer; shares are added with [`Self::attach_root`].
     pub fn new(cfg: PassthroughConfig) -> io::Result<Self> {
-        let proc_self_fd = File::open("/proc/self/fd")
-            .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
+        let proc_self_fd = match &cfg.proc_self_fd {
+            Some(f) => f.try_clone(),
+            None => File::open("/proc/self/fd"),
+        }
+        .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
         let timeout = cfg.cache.timeout();
         let session = Arc::new(Session::default());
         let budget = Arc::new(FdBudget::from_rlimit());

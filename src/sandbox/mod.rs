@@ -1,0 +1,155 @@
+//! Confinement, on by default: the daemon runs in its own namespaces with SharedDir
+//! as its root (`--sandbox`), each thread under a seccomp allow-list for its role
+//! (`--seccomp`) and with only the capabilities its role needs, with no core dumps
+//! and no way to start a process.
+//!
+//! Order, in [`enter`] and then the daemon:
+//! 1. namespaces (namespace mode; forks, the parent supervises: `namespaces.rs`);
+//! 2. what is needed from outside SharedDir is opened (`/proc/self/fd`; the daemon
+//!    has already bound its sockets and connected the log);
+//! 3. the root changes to SharedDir (`mounts.rs`);
+//! 4. rlimits, and process-wide capability lock-down (`caps.rs`) before any thread;
+//! 5. each thread confines itself for its role when it starts ([`confine_thread`]):
+//!    capabilities, then seccomp (`seccomp.rs`).
+//!
+//! A step that fails is an error naming it; the daemon never carries on unconfined.
+
+pub mod caps;
+pub mod mounts;
+pub mod namespaces;
+pub mod rlimits;
+pub mod seccomp;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+pub use mounts::Outside;
+pub use namespaces::Ids;
+
+/// `--sandbox`, as in virtiofsd.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, clap::ValueEnum)]
+pub enum SandboxMode {
+    /// New mount, pid, net, ipc and uts namespaces (and a user namespace when not
+    /// root), pivot_root into SharedDir (the default).
+    Namespace,
+    /// chroot into SharedDir, for a launcher that provides the namespaces (root only).
+    Chroot,
+    /// No namespaces and no root change.
+    None,
+}
+
+/// `--seccomp`, as in virtiofsd: what a system call outside a thread's allow-list
+/// does.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, clap::ValueEnum)]
+pub enum SeccompMode {
+    /// The whole daemon is killed (SIGSYS) (the default).
+    Kill,
+    /// SIGSYS is delivered; the daemon logs the call and exits 1.
+    Trap,
+    /// The call is allowed and the kernel logs it (audit, type=1326).
+    Log,
+    /// No filter.
+    None,
+}
+
+/// What a thread does, which decides its capabilities and its system calls.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, Hash)]
+pub enum ThreadRole {
+    /// The main thread after setup, and the vhost-user thread it starts (which serves
+    /// the frontend's messages: memory tables, vring setup, resets).
+    Main,
+    /// The queue workers, which run the guest's requests.
+    Worker,
+    /// The control socket's accept thread and its client threads.
+    Control,
+    /// A thread blocked in one guest lock wait (SETLKW).
+    LockWaiter,
+    /// The thread waiting for SIGTERM/SIGINT.
+    Signals,
+    /// The thread summarising rate-limited log messages.
+    Logger,
+    /// The namespace mode's supervisor process (outside the namespaces).
+    Supervisor,
+}
+
+impl ThreadRole {
+    pub const ALL: [ThreadRole; 7] = [
+        ThreadRole::Main,
+        ThreadRole::Worker,
+        ThreadRole::Control,
+        ThreadRole::LockWaiter,
+        ThreadRole::Signals,
+        ThreadRole::Logger,
+        ThreadRole::Supervisor,
+    ];
+}
+
+/// How every thread of this process confines itself; set once by the daemon.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    pub seccomp: SeccompMode,
+    /// Whether capabilities are dropped per role (false only in tests that run the
+    /// file system stack in-process without a daemon).
+    pub drop_caps: bool,
+    /// `--allow-privileged-xattrs`: the workers keep CAP_SYS_ADMIN for `trusted.*`.
+    pub privileged_xattrs: bool,
+}
+
+static POLICY: OnceLock<Policy> = OnceLock::new();
+
+/// Sets the policy; the first call wins.
+pub fn set_policy(p: Policy) {
+    let _ = POLICY.set(p);
+}
+
+/// Confines the calling thread for `role`. Without a policy set (the file system
+/// stack used in-process by tests), it does nothing.
+pub fn confine_thread(role: ThreadRole) -> Result<(), String> {
+    let Some(p) = POLICY.get() else {
+        return Ok(());
+    };
+    if p.drop_caps {
+        caps::restrict_thread(caps::kept(role, p.privileged_xattrs))
+            .map_err(|e| format!("{role:?} thread: dropping capabilities: {e}"))?;
+    }
+    seccomp::apply(role, p.seccomp).map_err(|e| format!("{role:?} thread: {e}"))
+}
+
+/// For threads started late (per client, per lock wait): a thread that cannot be
+/// confined must not run, and the daemon must not run on without it.
+pub fn confine_thread_or_exit(role: ThreadRole) {
+    if let Err(e) = confine_thread(role) {
+        log::error!("{e}");
+        eprintln!("volfsd: {e}");
+        log::logger().flush();
+        std::process::exit(1);
+    }
+}
+
+/// Step 1 of the module doc. In namespace mode only the forked child returns;
+/// `sockets` are the files the supervisor removes if the child dies without doing so.
+pub fn enter(
+    mode: SandboxMode,
+    seccomp_mode: SeccompMode,
+    sockets: Vec<PathBuf>,
+) -> Result<(), String> {
+    let ids = Ids::current();
+    match mode {
+        SandboxMode::Namespace => namespaces::enter(ids, seccomp_mode, sockets),
+        SandboxMode::Chroot if !ids.is_root() => Err(format!(
+            "--sandbox chroot needs root (running as uid {}); use --sandbox namespace, which \
+             works unprivileged in a user namespace",
+            ids.uid
+        )),
+        SandboxMode::Chroot | SandboxMode::None => Ok(()),
+    }
+}
+
+/// Step 3, once the daemon has bound its sockets: SharedDir becomes the root.
+pub fn change_root(mode: SandboxMode, shared_dir: &Path) -> Result<PathBuf, String> {
+    match mode {
+        SandboxMode::Namespace => mounts::pivot_into(shared_dir).map(|()| PathBuf::from("/")),
+        SandboxMode::Chroot => mounts::chroot_into(shared_dir).map(|()| PathBuf::from("/")),
+        SandboxMode::None => Ok(shared_dir.to_path_buf()),
+    }
+}
