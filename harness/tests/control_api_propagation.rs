@@ -3,14 +3,18 @@
 //! (`volfsd_harness::fixtures::control`), while the frontend plays the VMM and the
 //! guest kernel.
 //!
-//! A bind mount made after start reaches a daemon in a slave mount namespace.
+//! A bind mount made after start reaches the sandboxed daemon (its own mount
+//! namespace, a slave of the host's, with SharedDir as its root) when SharedDir is a
+//! shared mount; when it is not, an attach that expects the bind mount is refused
+//! rather than exposing the empty directory under it.
 //!
 //! Needs root (bind mounts, mount namespaces).
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::Duration;
 
-use nix::mount::{mount, umount, MsFlags};
+use nix::mount::umount;
 use volfsd_harness::fixtures::control::*;
 use volfsd_harness::fixtures::guest::*;
 use volfsd_harness::fixtures::host::{fds_into, inodes_under, poll};
@@ -19,33 +23,21 @@ use volfsd_harness::fixtures::{TestDir, RDONLY, RDWR, ROOT};
 use volfsd_harness::frontend::FuseOps;
 
 // ---------------------------------------------------------------------------------
-// 7. A bind mount made after start reaches a daemon in a slave mount namespace
+// 7. A bind mount made after start reaches the daemon's own mount namespace
 // ---------------------------------------------------------------------------------
 
 #[test]
-fn bind_mount_after_start_propagates_into_slave_namespace() {
+fn bind_mount_after_start_propagates_into_the_sandbox() {
+    // TestDir makes SharedDir a shared mount, as the platform must.
     let dir = TestDir::new("slave-ns");
     let d = dir.shared().canonicalize().unwrap();
     let host = dir.root.join("host-vol");
     std::fs::create_dir(&host).unwrap();
     std::fs::write(host.join("hello.txt"), b"from the bind mount").unwrap();
-    let mut mounts = MountGuard::default();
-    mounts.bind(&d, &d);
-    mount(
-        None::<&str>,
-        &d,
-        None::<&str>,
-        MsFlags::MS_SHARED,
-        None::<&str>,
-    )
-    .expect("mount --make-shared");
-    let mut c = Ctl::start_with(
-        dir,
-        mounts,
-        &["unshare", "-m", "--propagation", "slave", "--"],
-        &[],
-    );
+    let mut c = Ctl::start_with(dir, MountGuard::default(), &[], &[]);
     let pid = c.d.pid();
+    // Inside the sandbox SharedDir is the root: the volume's mount point is /vol.
+    let inside = Path::new("/vol");
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
     assert_ne!(
         ns(&pid.to_string()),
@@ -60,7 +52,7 @@ fn bind_mount_after_start_propagates_into_slave_namespace() {
     std::fs::create_dir(&vol).unwrap();
     c.mounts.bind(&host, &vol);
     assert!(
-        poll(Duration::from_secs(2), || !mounts_at(Some(pid), &vol)
+        poll(Duration::from_secs(2), || !mounts_at(Some(pid), inside)
             .is_empty()),
         "the bind mount did not propagate into the daemon's namespace"
     );
@@ -87,7 +79,7 @@ fn bind_mount_after_start_propagates_into_slave_namespace() {
     let mut left = Vec::new();
     assert!(
         poll(Duration::from_secs(1), || {
-            left = fds_into(pid, Some(&vol), &inodes);
+            left = fds_into(pid, None, &inodes);
             left.is_empty()
         }),
         "fds into the volume after detach: {left:?}"
@@ -95,10 +87,48 @@ fn bind_mount_after_start_propagates_into_slave_namespace() {
     umount(&vol).unwrap_or_else(|e| panic!("umount {}: {e}", vol.display()));
     assert!(!is_mount_point(&vol));
     assert!(
-        poll(Duration::from_secs(2), || mounts_at(Some(pid), &vol)
+        poll(Duration::from_secs(2), || mounts_at(Some(pid), inside)
             .is_empty()),
         "the umount did not propagate into the daemon's namespace"
     );
     std::fs::remove_dir(&vol).unwrap();
+    assert_eq!(guest_names(&mut fc, ROOT), set(&[]));
+}
+
+/// Without a shared SharedDir the agent's bind mount never reaches the daemon: `ctl
+/// attach --bind` is refused with the reason, and its bind mount undone, instead of
+/// the guest getting the empty mount point.
+#[test]
+fn attach_bind_without_a_shared_shared_dir_is_refused_with_the_reason() {
+    let dir = TestDir::new("private-shared-dir");
+    // Undo the fixture's shared mount: a plain directory, as on a host where nobody
+    // made it shared.
+    nix::mount::umount2(&dir.shared(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+    let d = dir.shared().canonicalize().unwrap();
+    let host = dir.root.join("host-vol");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("hello.txt"), b"x").unwrap();
+    let c = Ctl::start_with(dir, MountGuard::default(), &[], &[]);
+    assert!(
+        c.d.log().contains("is not on a shared mount"),
+        "the daemon warns at start:\n{}",
+        c.d.log()
+    );
+    let out = c.ctl(&["attach", "vol", "--bind", host.to_str().unwrap()]);
+    assert!(!out.status.success(), "attach must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("409") && err.contains("shared mount"),
+        "the error names the cause: {err}"
+    );
+    assert!(
+        !is_mount_point(&d.join("vol")),
+        "the bind mount is rolled back"
+    );
+    assert!(
+        !d.join("vol").exists(),
+        "the mount point it made is removed"
+    );
+    let mut fc = c.client();
     assert_eq!(guest_names(&mut fc, ROOT), set(&[]));
 }

@@ -26,6 +26,19 @@ pub struct AttachRequest {
     pub read_only: bool,
     #[serde(default)]
     pub volume_id: Option<String>,
+    /// The directory the caller expects at `path` (as it stats it on the host, for
+    /// example the root of the bind mount it just made): the attach is refused when
+    /// the daemon sees another one there, as it does when a mount made after it
+    /// started has not propagated into its namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<ExpectedDir>,
+}
+
+/// A directory's identity: `st_dev` and `st_ino`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ExpectedDir {
+    pub dev: u64,
+    pub ino: u64,
 }
 
 #[derive(Debug, Deserialize, Serialize, PartialEq)]
@@ -122,6 +135,27 @@ impl Api {
         }
     }
 
+    /// Whether the directory at `rel` (under SharedDir, as the daemon sees it) is the
+    /// one the caller expects.
+    fn check_expected(&self, rel: &[String], expected: ExpectedDir) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        let local = rel.iter().fold(self.local_root.clone(), |p, c| p.join(c));
+        let m = std::fs::metadata(&local).map_err(|e| e.to_string())?;
+        if (m.dev(), m.ino()) == (expected.dev, expected.ino) {
+            return Ok(());
+        }
+        Err(format!(
+            "the daemon sees another directory there (dev {} ino {}) than the expected one \
+             (dev {} ino {}): a mount made under SharedDir after the daemon started reaches \
+             its mount namespace only if SharedDir is a shared mount (mount --bind DIR DIR; \
+             mount --make-shared DIR, before starting the daemon)",
+            m.dev(),
+            m.ino(),
+            expected.dev,
+            expected.ino
+        ))
+    }
+
     fn health(&self) -> Reply {
         Reply::json(
             200,
@@ -163,6 +197,11 @@ impl Api {
                 Ok(p) => p,
                 Err(why) => return Reply::error(400, format!("path {}: {why}", req.path)),
             };
+        if let Some(expected) = req.expect {
+            if let Err(why) = self.check_expected(&path.rel, expected) {
+                return Reply::error(409, format!("path {}: {why}", req.path));
+            }
+        }
         let spec = ShareSpec {
             guest: vec![name.to_string()],
             path,

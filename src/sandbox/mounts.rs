@@ -105,7 +105,7 @@ pub fn is_shared_mount(dir: &Path) -> Option<bool> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
+pub fn unescape(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -6,12 +6,17 @@
 //! SIGTERM/SIGINT/SIGHUP, exits with the child's status, and removes the sockets if
 //! the child could not. The child dies with it (PR_SET_PDEATHSIG).
 //!
-//! Started by a non-root user, the parent first unshares a user namespace that maps
-//! that user to root inside (one id, no helper binaries), which makes the mount work
-//! below possible without privilege on the host.
+//! Started by a non-root user, the parent first unshares a user namespace in which
+//! that user is root, which makes the mount work below possible without privilege on
+//! the host (virtiofsd's unprivileged mode). When the user has subordinate ids
+//! (/etc/subuid, /etc/subgid) and newuidmap/newgidmap are installed, ids 1.. inside
+//! map to them, so the guest can own files as other users (chown works); otherwise
+//! only the user's own id is mapped, and the guest's chown to another id fails
+//! with EINVAL.
 
 use std::io;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
@@ -57,6 +62,16 @@ pub fn enter(ids: Ids, seccomp_mode: SeccompMode, sockets: Vec<PathBuf>) -> Resu
     if !ids.is_root() {
         flags |= CloneFlags::CLONE_NEWUSER;
     }
+    let ranges = if ids.is_root() {
+        None
+    } else {
+        SubordinateIds::of(ids)
+    };
+    // newuidmap must run outside the new user namespace: a helper forked before it.
+    let mapper = match &ranges {
+        Some(r) => Some(MapHelper::fork(ids, r)?),
+        None => None,
+    };
     unshare(flags).map_err(|e| {
         let hint = if ids.is_root() {
             ""
@@ -65,8 +80,10 @@ pub fn enter(ids: Ids, seccomp_mode: SeccompMode, sockets: Vec<PathBuf>) -> Resu
         };
         format!("sandbox: unshare({flags:?}): {e}{hint}")
     })?;
-    if !ids.is_root() {
-        map_to_root(ids)?;
+    match mapper {
+        Some(m) => m.map()?,
+        None if !ids.is_root() => map_to_root(ids)?,
+        None => {}
     }
     // Forwarded signals are blocked before the fork so none is lost in between; the
     // child restores its mask.
@@ -102,6 +119,124 @@ pub fn enter(ids: Ids, seccomp_mode: SeccompMode, sockets: Vec<PathBuf>) -> Resu
                 | CloneFlags::CLONE_NEWUTS;
             unshare(flags).map_err(|e| format!("sandbox: unshare({flags:?}): {e}"))?;
             Ok(())
+        }
+    }
+}
+
+/// The user's subordinate id ranges, usable when newuidmap and newgidmap exist.
+#[derive(Clone, Debug, Eq, PartialEq)]
+pub struct SubordinateIds {
+    pub uids: (u32, u32),
+    pub gids: (u32, u32),
+}
+
+const NEWUIDMAP: &str = "/usr/bin/newuidmap";
+const NEWGIDMAP: &str = "/usr/bin/newgidmap";
+
+impl SubordinateIds {
+    fn of(ids: Ids) -> Option<SubordinateIds> {
+        if !Path::new(NEWUIDMAP).exists() || !Path::new(NEWGIDMAP).exists() {
+            return None;
+        }
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(ids.uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name);
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(ids.gid))
+            .ok()
+            .flatten()
+            .map(|g| g.name);
+        let uids = std::fs::read_to_string("/etc/subuid").ok()?;
+        let gids = std::fs::read_to_string("/etc/subgid").ok()?;
+        Some(SubordinateIds {
+            uids: range_for(&uids, user.as_deref(), ids.uid)?,
+            gids: range_for(&gids, group.as_deref().or(user.as_deref()), ids.gid)?,
+        })
+    }
+}
+
+/// The first `name:start:count` (or `id:start:count`) line of a subid file for the
+/// given owner.
+pub fn range_for(file: &str, name: Option<&str>, id: u32) -> Option<(u32, u32)> {
+    let id = id.to_string();
+    file.lines().find_map(|line| {
+        let mut f = line.trim().split(':');
+        let (owner, start, count) = (f.next()?, f.next()?, f.next()?);
+        if owner != id && Some(owner) != name {
+            return None;
+        }
+        let (start, count) = (start.parse().ok()?, count.parse().ok()?);
+        (count > 0).then_some((start, count))
+    })
+}
+
+/// A child forked before the user namespace exists, which runs newuidmap and
+/// newgidmap on the parent once the parent has unshared it.
+struct MapHelper {
+    pid: Pid,
+    go: std::os::fd::OwnedFd,
+}
+
+impl MapHelper {
+    fn fork(ids: Ids, r: &SubordinateIds) -> Result<MapHelper, String> {
+        let (wait, go) = nix::unistd::pipe().map_err(|e| format!("sandbox: pipe: {e}"))?;
+        let parent = std::process::id().to_string();
+        let uid_args = [
+            parent.clone(),
+            "0".into(),
+            ids.uid.to_string(),
+            "1".into(),
+            "1".into(),
+            r.uids.0.to_string(),
+            r.uids.1.to_string(),
+        ];
+        let gid_args = [
+            parent,
+            "0".into(),
+            ids.gid.to_string(),
+            "1".into(),
+            "1".into(),
+            r.gids.0.to_string(),
+            r.gids.1.to_string(),
+        ];
+        // SAFETY: single-threaded here (the sandbox is entered first thing).
+        match unsafe { fork() }.map_err(|e| format!("sandbox: fork: {e}"))? {
+            ForkResult::Child => {
+                drop(go);
+                let mut byte = [0u8; 1];
+                let ready = nix::unistd::read(wait.as_raw_fd(), &mut byte).map(|n| n == 1);
+                if ready != Ok(true) {
+                    std::process::exit(2);
+                }
+                for (tool, args) in [(NEWUIDMAP, &uid_args), (NEWGIDMAP, &gid_args)] {
+                    match std::process::Command::new(tool).args(args.iter()).status() {
+                        Ok(s) if s.success() => {}
+                        Ok(s) => {
+                            eprintln!("volfsd: sandbox: {tool} {}: {s}", args.join(" "));
+                            std::process::exit(1);
+                        }
+                        Err(e) => {
+                            eprintln!("volfsd: sandbox: {tool}: {e}");
+                            std::process::exit(1);
+                        }
+                    }
+                }
+                std::process::exit(0);
+            }
+            ForkResult::Parent { child } => Ok(MapHelper { pid: child, go }),
+        }
+    }
+
+    /// Lets the helper map the ids and waits for it.
+    fn map(self) -> Result<(), String> {
+        nix::unistd::write(&self.go, &[1u8])
+            .map_err(|e| format!("sandbox: waking the id-map helper: {e}"))?;
+        match waitpid(self.pid, None) {
+            Ok(WaitStatus::Exited(_, 0)) => Ok(()),
+            other => Err(format!(
+                "sandbox: mapping subordinate ids with newuidmap/newgidmap failed ({other:?}); \
+                 see the message above"
+            )),
         }
     }
 }
@@ -171,5 +306,23 @@ fn remove_socket(path: &PathBuf) {
         if m.file_type().is_socket() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subordinate_ranges_by_name_or_id() {
+        let f = "alice:100000:65536\n1001:200000:1000\nbob:300000:0\n";
+        assert_eq!(range_for(f, Some("alice"), 1000), Some((100000, 65536)));
+        assert_eq!(range_for(f, Some("carol"), 1001), Some((200000, 1000)));
+        assert_eq!(
+            range_for(f, Some("bob"), 1002),
+            None,
+            "an empty range is none"
+        );
+        assert_eq!(range_for(f, None, 7), None);
     }
 }

@@ -24,7 +24,8 @@ for name in host-ctl-attach-data host-sees-guest-write host-ctl-attach-models ho
 		echo "VMTEST FAIL $name: the hook never ran this check"
 done
 
-left=$(awk -v s="$S" -v w="$W" 'index($5, s "/") == 1 || index($5, w "/") == 1 {print $5}' /proc/self/mountinfo)
+# SharedDir's own shared mount (made by run-vm.sh, as a platform makes it) stays.
+left=$(awk -v s="$S" -v w="$W" '$5 != s && (index($5, s "/") == 1 || index($5, w "/") == 1) {print $5}' /proc/self/mountinfo)
 if [[ -z $left ]]; then
 	echo "VMTEST PASS host-no-mounts-left"
 else

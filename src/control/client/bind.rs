@@ -8,6 +8,7 @@ use nix::mount::{mount, umount, MsFlags};
 
 use super::http::{expect, request};
 use crate::control::api::{Health, VolumeInfo};
+use crate::sandbox::mounts::unescape;
 
 pub(super) fn attach(
     socket: &Path,
@@ -57,12 +58,31 @@ pub(super) fn attach(
         }
         undo.bind(host, &target, read_only)?;
     }
-    let body = serde_json::json!({
+    // With --bind, the daemon checks that it sees the bind mount just made (it does
+    // not when SharedDir is not a shared mount), rather than the empty directory
+    // under it.
+    let expected_root = match &bind {
+        Some(_) => {
+            use std::os::unix::fs::MetadataExt;
+            match std::fs::metadata(&target) {
+                Ok(m) => Some(serde_json::json!({ "dev": m.dev(), "ino": m.ino() })),
+                Err(e) => {
+                    undo.run();
+                    return Err(format!("attach {name}: {}: {e}", target.display()));
+                }
+            }
+        }
+        None => None,
+    };
+    let mut body = serde_json::json!({
         "path": target.display().to_string(),
         "read_only": read_only,
         "volume_id": volume_id,
-    })
-    .to_string();
+    });
+    if let Some(e) = expected_root {
+        body["expect"] = e;
+    }
+    let body = body.to_string();
     let r = request(socket, "PUT", &format!("/volumes/{name}"), Some(&body))
         .and_then(|r| expect(r, &[200, 201], &format!("attach {name}")));
     let r = match r {
@@ -208,25 +228,6 @@ fn is_mount_point(path: &Path) -> bool {
             })
         })
         .unwrap_or(false)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as octal.
-fn unescape(s: &str) -> String {
-    let mut out = String::new();
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v as char);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i] as char);
-        i += 1;
-    }
-    out
 }
 
 #[cfg(test)]
