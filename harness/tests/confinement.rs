@@ -1,0 +1,481 @@
+//! Confinement of the running daemon, observed from the host through /proc: its root
+//! is SharedDir with no path out, its namespaces are its own, every thread keeps only
+//! its role's capabilities under a seccomp filter, and a system call outside a
+//! worker's allow-list ends the daemon under `--seccomp kill` (logged under `log`,
+//! reported under `trap`). Also each sandbox mode, the unprivileged mode, and clear
+//! errors when a sandbox cannot be set up.
+//!
+//! Needs root (ptrace of the daemon, running it as another user, a sysctl).
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::Opcode;
+use volfsd_harness::fixtures::host::poll;
+use volfsd_harness::fixtures::inject::{inject_syscall, thread_ids, thread_name, Injected};
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{daemon_binary, Daemon, TestDir, RDWR, ROOT};
+use volfsd_harness::frontend::FuseOps;
+
+/// The capability sets a thread of each role keeps (src/sandbox/caps.rs):
+/// CHOWN DAC_OVERRIDE FOWNER FSETID SETGID SETUID MKNOD SETFCAP for workers,
+/// DAC_READ_SEARCH SYS_ADMIN for the control threads, nothing for the others.
+const WORKER_CAPS: u64 = 0x8800_00db;
+const CONTROL_CAPS: u64 = 0x0020_0004;
+const CAP_SYS_ADMIN: u64 = 1 << 21;
+
+/// `reboot(2)` with no valid magic: on no role's allow-list, and EINVAL (no effect)
+/// if it ever ran.
+const FORBIDDEN_SYSCALL: i64 = libc::SYS_reboot;
+
+/// Tests that run the daemon as another user or change the user-namespace sysctl
+/// run one at a time.
+static USERNS: Mutex<()> = Mutex::new(());
+
+fn status(pid: i32, tid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default()
+}
+
+fn field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {name} in status:\n{status}"))
+}
+
+fn hex(status: &str, name: &str) -> u64 {
+    u64::from_str_radix(&field(status, name), 16).unwrap()
+}
+
+fn ns(pid: &str, kind: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+        .unwrap()
+        .display()
+        .to_string()
+}
+
+fn names(dir: &std::path::Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn with_files(test: &str) -> TestDir {
+    let dir = TestDir::new(test);
+    std::fs::write(dir.shared().join("a.txt"), b"a").unwrap();
+    std::fs::create_dir(dir.shared().join("v")).unwrap();
+    dir
+}
+
+/// The threads of `pid` by name.
+fn threads(pid: i32) -> Vec<(i32, String)> {
+    thread_ids(pid)
+        .into_iter()
+        .map(|t| (t, thread_name(pid, t)))
+        .collect()
+}
+
+fn worker_tid(pid: i32) -> i32 {
+    threads(pid)
+        .into_iter()
+        .find(|(_, n)| n == "vring_worker")
+        .map(|(t, _)| t)
+        .expect("a vring_worker thread")
+}
+
+#[test]
+fn the_root_is_the_shared_dir_and_no_path_leads_out() {
+    let d = Daemon::start_in(with_files("root"), &[]);
+    let pid = d.pid();
+    assert_ne!(
+        pid,
+        d.launched_pid(),
+        "namespace mode forks a serving child"
+    );
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let want: BTreeSet<String> = ["a.txt", "v"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(names(&root), want, "the daemon's / is SharedDir");
+    assert_eq!(names(&root.join("..")), want, "/.. is / again");
+    for host_only in ["etc", "proc", "dev", "usr", "tmp"] {
+        assert!(
+            !root.join(host_only).exists(),
+            "/{host_only} must not exist"
+        );
+    }
+    let share = std::fs::metadata(d.dir.shared()).unwrap();
+    let seen = std::fs::metadata(&root).unwrap();
+    assert_eq!((seen.dev(), seen.ino()), (share.dev(), share.ino()));
+    let cwd = std::fs::metadata(format!("/proc/{pid}/cwd")).unwrap();
+    assert_eq!(cwd.ino(), share.ino(), "its working directory is / too");
+    // Only SharedDir and what lies under it is mounted in its namespace: the old root
+    // was detached.
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .collect();
+    assert_eq!(points, vec!["/"], "one mount, the share: {mountinfo}");
+}
+
+#[test]
+fn its_namespaces_are_its_own() {
+    let d = Daemon::start("namespaces", &[]);
+    let (pid, sup) = (d.pid().to_string(), d.launched_pid().to_string());
+    for kind in ["mnt", "pid", "net", "ipc", "uts"] {
+        assert_ne!(ns(&pid, kind), ns("self", kind), "{kind} namespace");
+    }
+    assert_eq!(
+        ns(&pid, "user"),
+        ns("self", "user"),
+        "root needs no user namespace"
+    );
+    let nspid = field(&status(d.pid(), d.pid()), "NSpid");
+    assert!(
+        nspid.ends_with("\t1"),
+        "pid 1 in its pid namespace: {nspid}"
+    );
+    // The supervisor stays in the host's namespaces (it removes the sockets).
+    assert_eq!(ns(&sup, "mnt"), ns("self", "mnt"));
+    assert_eq!(ns(&sup, "net"), ns("self", "net"));
+}
+
+#[test]
+fn each_thread_keeps_only_its_roles_capabilities() {
+    let dir = with_files("caps");
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let d = Daemon::start_in(dir, &[&ctl]);
+    let _c = d.client();
+    let pid = d.pid();
+    let mut seen = BTreeSet::new();
+    for (tid, name) in threads(pid) {
+        let s = status(pid, tid);
+        for set in ["CapBnd", "CapInh", "CapAmb"] {
+            assert_eq!(hex(&s, set), 0, "{name}: {set}");
+        }
+        assert_eq!(field(&s, "NoNewPrivs"), "1", "{name}");
+        let want = match name.as_str() {
+            "vring_worker" => WORKER_CAPS,
+            "volfsd-control" | "volfsd-ctl-client" => CONTROL_CAPS,
+            _ => 0,
+        };
+        assert_eq!(hex(&s, "CapEff"), want, "{name}: CapEff");
+        assert_eq!(hex(&s, "CapPrm"), want, "{name}: CapPrm");
+        seen.insert(name);
+    }
+    for name in ["volfsd", "vring_worker", "volfsd-control", "volfsd-signals"] {
+        assert!(seen.contains(name), "thread {name} among {seen:?}");
+    }
+    let sup = status(d.launched_pid(), d.launched_pid());
+    assert_eq!(hex(&sup, "CapEff"), 0, "the supervisor keeps nothing");
+    assert_eq!(hex(&sup, "CapBnd"), 0);
+    assert_eq!(field(&sup, "NoNewPrivs"), "1");
+}
+
+#[test]
+fn privileged_xattrs_give_the_workers_cap_sys_admin_and_no_one_else() {
+    let d = Daemon::start("caps-xattr", &["--xattr", "--allow-privileged-xattrs"]);
+    let pid = d.pid();
+    for (tid, name) in threads(pid) {
+        let eff = hex(&status(pid, tid), "CapEff");
+        if name == "vring_worker" {
+            assert_eq!(eff, WORKER_CAPS | CAP_SYS_ADMIN, "{name}");
+        } else {
+            assert_eq!(eff & CAP_SYS_ADMIN, 0, "{name}");
+        }
+    }
+}
+
+#[test]
+fn every_thread_runs_under_its_seccomp_filter() {
+    let dir = with_files("seccomp");
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let d = Daemon::start_in(dir, &[&ctl]);
+    let mut c = d.client();
+    let pid = d.pid();
+    let filters = |tid: i32| -> u32 {
+        let s = status(pid, tid);
+        assert_eq!(
+            field(&s, "Seccomp"),
+            "2",
+            "{}: filter mode",
+            thread_name(pid, tid)
+        );
+        field(&s, "Seccomp_filters").parse().unwrap()
+    };
+    let mut worker_filters = 0;
+    for (tid, name) in threads(pid) {
+        let n = filters(tid);
+        assert!(n >= 1, "{name}: {n} filters");
+        if name == "vring_worker" {
+            worker_filters = n;
+        }
+    }
+    let sup = status(d.launched_pid(), d.launched_pid());
+    assert_eq!(field(&sup, "Seccomp"), "2", "the supervisor too");
+
+    // A lock wait runs on a thread of its own, which narrows the worker's filter with
+    // its own.
+    let (entry, open_a) = c.create(ROOT, "locked", RDWR, 0o644).expect("create");
+    let fh_b = c.open(entry.nodeid, RDWR).expect("open").fh;
+    let q = c.request_queue(0).unwrap();
+    q.call(&lock_request(
+        Opcode::Setlk,
+        entry.nodeid,
+        open_a.fh,
+        0xa,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("SETLK for owner A");
+    q.submit(&lock_request(
+        Opcode::Setlkw,
+        entry.nodeid,
+        fh_b,
+        0xb,
+        libc::F_WRLCK,
+        false,
+    ))
+    .unwrap();
+    q.kick().unwrap();
+    let mut waiter = None;
+    assert!(
+        poll(Duration::from_secs(2), || {
+            waiter = threads(pid)
+                .into_iter()
+                .find(|(_, n)| n == "volfsd-lockwait");
+            waiter.is_some()
+        }),
+        "a lock-wait thread starts"
+    );
+    let (tid, _) = waiter.unwrap();
+    assert!(
+        filters(tid) > worker_filters,
+        "the lock waiter stacks its own filter on the worker's"
+    );
+    assert_eq!(
+        hex(&status(pid, tid), "CapEff"),
+        0,
+        "and keeps no capability"
+    );
+}
+
+#[test]
+fn seccomp_none_installs_no_filter() {
+    let d = Daemon::start("seccomp-none", &["--seccomp=none"]);
+    let pid = d.pid();
+    for (tid, name) in threads(pid) {
+        assert_eq!(field(&status(pid, tid), "Seccomp"), "0", "{name}");
+    }
+}
+
+#[test]
+fn a_forbidden_syscall_in_a_worker_kills_the_daemon() {
+    let mut d = Daemon::start("seccomp-kill", &[]);
+    let _c = d.client();
+    let tid = worker_tid(d.pid());
+    match inject_syscall(tid, FORBIDDEN_SYSCALL, [0; 6]).expect("inject") {
+        Injected::ProcessDied(how) => assert_eq!(how.signal(), Some(libc::SIGSYS), "{how:?}"),
+        other => panic!("the daemon survived a forbidden syscall: {other:?}"),
+    }
+    let status = d
+        .wait_exit(Duration::from_secs(5))
+        .expect("the supervisor exits");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(
+        d.log().contains("killed by SIGSYS"),
+        "the supervisor says why:\n{}",
+        d.log()
+    );
+    assert!(
+        !d.dir.socket().exists(),
+        "the supervisor removes the socket"
+    );
+}
+
+#[test]
+fn a_forbidden_syscall_is_logged_and_allowed_under_log() {
+    let d = Daemon::start("seccomp-log", &["--seccomp=log"]);
+    let mut c = d.client();
+    let pid = d.pid();
+    let tid = worker_tid(pid);
+    match inject_syscall(tid, FORBIDDEN_SYSCALL, [0; 6]).expect("inject") {
+        Injected::Returned(r) => assert_eq!(r, -(libc::EINVAL as i64), "reboot without magic"),
+        other => panic!("under log the call runs: {other:?}"),
+    }
+    let record = format!("pid={pid} ");
+    let syscall = format!("syscall={FORBIDDEN_SYSCALL} ");
+    let mut kernel_log = String::new();
+    assert!(
+        poll(Duration::from_secs(3), || {
+            let out = Command::new("dmesg").output().expect("dmesg");
+            kernel_log = String::from_utf8_lossy(&out.stdout).into_owned();
+            kernel_log
+                .lines()
+                .any(|l| l.contains("type=1326") && l.contains(&record) && l.contains(&syscall))
+        }),
+        "an audit record of the call: {}",
+        kernel_log
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The worker serves on.
+    assert!(c.getattr(ROOT).is_ok());
+}
+
+#[test]
+fn a_forbidden_syscall_is_reported_under_trap() {
+    let mut d = Daemon::start("seccomp-trap", &["--seccomp=trap"]);
+    let _c = d.client();
+    let tid = worker_tid(d.pid());
+    let _ = inject_syscall(tid, FORBIDDEN_SYSCALL, [0; 6]).expect("inject");
+    let status = d
+        .wait_exit(Duration::from_secs(5))
+        .expect("the daemon exits");
+    assert_eq!(status.code(), Some(1), "{status:?}\n{}", d.log());
+    assert!(
+        d.log()
+            .contains(&format!("system call {FORBIDDEN_SYSCALL}")),
+        "the daemon names the call:\n{}",
+        d.log()
+    );
+}
+
+#[test]
+fn chroot_mode_changes_only_the_root() {
+    let d = Daemon::start_in(with_files("chroot"), &["--sandbox=chroot"]);
+    let pid = d.pid();
+    assert_eq!(pid, d.launched_pid(), "chroot mode does not fork");
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let want: BTreeSet<String> = ["a.txt", "v"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(names(&root), want);
+    for kind in ["mnt", "pid", "net"] {
+        assert_eq!(ns(&pid.to_string(), kind), ns("self", kind), "{kind}");
+    }
+    let s = status(pid, pid);
+    assert_eq!(hex(&s, "CapBnd"), 0);
+    assert_eq!(field(&s, "Seccomp"), "2");
+}
+
+#[test]
+fn none_mode_keeps_the_hosts_root_but_not_the_privileges() {
+    let d = Daemon::start("none", &["--sandbox=none"]);
+    let pid = d.pid();
+    assert_eq!(pid, d.launched_pid());
+    assert!(std::path::Path::new(&format!("/proc/{pid}/root/etc")).exists());
+    for (tid, name) in threads(pid) {
+        let s = status(pid, tid);
+        assert_eq!(hex(&s, "CapBnd"), 0, "{name}");
+        assert_eq!(field(&s, "Seccomp"), "2", "{name}");
+    }
+}
+
+/// A share owned by an unprivileged user (nobody), and the daemon started as that
+/// user, through setpriv.
+fn as_nobody(test: &str, extra: &[&str]) -> Daemon {
+    let dir = TestDir::new(test);
+    for p in [&dir.root, &dir.shared()] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    Daemon::start_wrapped(
+        dir,
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+        ],
+        extra,
+    )
+}
+
+#[test]
+fn an_unprivileged_user_gets_a_user_namespace_and_serves_its_share() {
+    let _one = USERNS.lock().unwrap_or_else(|e| e.into_inner());
+    let d = as_nobody("unprivileged", &[]);
+    let pid = d.pid();
+    assert_ne!(ns(&pid.to_string(), "user"), ns("self", "user"));
+    let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+    let first: Vec<&str> = uid_map.split_whitespace().take(3).collect();
+    assert_eq!(
+        first,
+        ["0", "65534", "1"],
+        "nobody is root inside: {uid_map}"
+    );
+    let s = status(pid, pid);
+    assert_eq!(field(&s, "Uid").split_whitespace().next(), Some("65534"));
+    assert_eq!(hex(&s, "CapBnd"), 0);
+    // It serves: a file the guest creates is owned by the user on the host.
+    let mut c = d.client();
+    let (entry, fh) = c.create(ROOT, "made", RDWR, 0o644).expect("create");
+    c.write(entry.nodeid, fh.fh, 0, b"by the guest")
+        .expect("write");
+    let m = std::fs::metadata(d.dir.shared().join("made")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    assert_eq!(
+        std::fs::read(d.dir.shared().join("made")).unwrap(),
+        b"by the guest"
+    );
+    assert_eq!(entry.attr.uid, 0, "the guest sees its own root");
+}
+
+#[test]
+fn chroot_mode_as_an_unprivileged_user_is_a_clear_error() {
+    let dir = TestDir::new("chroot-unprivileged");
+    std::os::unix::fs::chown(&dir.root, Some(65534), Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(daemon_binary())
+        .arg(format!("--socket-path={}", dir.socket().display()))
+        .arg(format!("--shared-dir={}", dir.shared().display()))
+        .arg("--sandbox=chroot")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--sandbox chroot needs root"), "{err}");
+    assert!(!dir.socket().exists(), "nothing was served");
+}
+
+#[test]
+fn a_sandbox_that_cannot_be_set_up_names_the_step_and_exits_1() {
+    let _one = USERNS.lock().unwrap_or_else(|e| e.into_inner());
+    // The user may create its socket next to SharedDir, but SharedDir itself is
+    // root's and private: root inside the user's namespace is not root outside, so
+    // the sandbox cannot enter it.
+    let dir = TestDir::new("sandbox-fails");
+    std::os::unix::fs::chown(&dir.root, Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(
+        dir.shared(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(daemon_binary())
+        .arg(format!("--socket-path={}", dir.socket().display()))
+        .arg(format!("--shared-dir={}", dir.shared().display()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("volfsd: sandbox: ") && err.contains("Permission denied"),
+        "the error names the step that failed: {err}"
+    );
+    assert!(
+        !dir.socket().exists(),
+        "it never served, and left no socket"
+    );
+}
