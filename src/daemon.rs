@@ -55,11 +55,13 @@ pub fn run(config: Config) -> Result<(), String> {
 
     // Everything the daemon needs from outside SharedDir is opened before the root
     // changes: its sockets (and the files to remove them by), /proc/self/fd, the log.
-    let mut listener = make_listener(&config.socket, config.socket_group)?;
+    // The control socket first: once the vhost-user socket exists, a launcher may
+    // expect both.
     let control = match &config.control_socket {
         Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
         None => None,
     };
+    let mut listener = make_listener(&config.socket, config.socket_group)?;
     if control.is_some() && config.sandbox == SandboxMode::Namespace {
         warn_unless_shared(&config.shared_dir);
     }

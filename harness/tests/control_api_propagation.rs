@@ -110,7 +110,10 @@ fn attach_bind_without_a_shared_shared_dir_is_refused_with_the_reason() {
     std::fs::write(host.join("hello.txt"), b"x").unwrap();
     let c = Ctl::start_with(dir, MountGuard::default(), &[], &[]);
     assert!(
-        c.d.log().contains("is not on a shared mount"),
+        poll(Duration::from_secs(2), || c
+            .d
+            .log()
+            .contains("is not on a shared mount")),
         "the daemon warns at start:\n{}",
         c.d.log()
     );
@@ -131,4 +134,29 @@ fn attach_bind_without_a_shared_shared_dir_is_refused_with_the_reason() {
     );
     let mut fc = c.client();
     assert_eq!(guest_names(&mut fc, ROOT), set(&[]));
+}
+
+/// `expect` names the directory the caller means; the daemon compares it with what it
+/// sees at the path.
+#[test]
+fn attach_checks_the_expected_directory() {
+    let c = Ctl::start_with(TestDir::new("expect"), MountGuard::default(), &[], &[]);
+    let vol = c.mkdir("vol");
+    let m = std::fs::metadata(&vol).unwrap();
+    let other = std::fs::metadata(c.shared()).unwrap();
+    let r = c.put(
+        "vol",
+        &serde_json::json!({ "path": "vol", "expect": { "dev": other.dev(), "ino": other.ino() } }),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("shared mount"), "{}", r.body);
+    assert!(
+        c.req("GET", "/volumes/vol", None).status == 404,
+        "not attached"
+    );
+    c.put(
+        "vol",
+        &serde_json::json!({ "path": "vol", "expect": { "dev": m.dev(), "ino": m.ino() } }),
+    )
+    .expect(201);
 }
