@@ -3,7 +3,10 @@
 #
 # Usage: vm-tests/run-all.sh [--daemon PATH] [--require-cloud-hypervisor]
 #   --daemon PATH   daemon under test (default target/release/volfsd)
-# Each suite is one line in SUITES below: a label, then run-vm.sh arguments.
+# Each suite is one line in SUITES below: a label, then run-vm.sh arguments;
+# or a label, "run:SCRIPT" and that script's arguments, to run
+# vm-tests/SCRIPT --daemon PATH ARGS instead of run-vm.sh (it must end with
+# the same "N passed, N failed" line).
 # A suite's own pass/fail counts are summed into the total; a suite that
 # produced no count but failed counts as one failure.
 set -euo pipefail
@@ -20,6 +23,8 @@ SUITES=(
 	"control-qemu        --vmm qemu --suite control"
 	"reboot-qemu         --vmm qemu --suite reboot --allow-reboot"
 	"pjdfstest-qemu      --vmm qemu --suite pjdfstest"
+	# basic suite with volfsd and QEMU run by a non-root user (user namespace)
+	"basic-unprivileged  run:run-unprivileged.sh"
 	# Add more suites here, one line each.
 )
 
@@ -27,7 +32,7 @@ while [[ $# -gt 0 ]]; do
 	case "$1" in
 	--daemon) DAEMON=${2:?}; shift ;;
 	--require-cloud-hypervisor) CH_REQUIRE=(--require) ;;
-	-h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "run-all: unknown option: $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -40,14 +45,19 @@ start=$SECONDS
 
 for entry in "${SUITES[@]}"; do
 	read -r label args <<<"$entry"
-	echo "=== $label: run-vm.sh $args"
+	script=run-vm.sh
+	if [[ $args == run:* ]]; then
+		read -r script args <<<"$args"
+		script=${script#run:}
+	fi
+	echo "=== $label: $script $args"
 	t0=$SECONDS
 	log=$(mktemp)
 	extra=()
 	[[ $args == *cloud-hypervisor* ]] && extra=("${CH_REQUIRE[@]}")
 	rc=0
 	# shellcheck disable=SC2086 # args is a word list by design
-	"$HERE/run-vm.sh" --daemon "$DAEMON" $args "${extra[@]}" 2>&1 | tee "$log" || rc=$?
+	"$HERE/$script" --daemon "$DAEMON" $args "${extra[@]}" 2>&1 | tee "$log" || rc=$?
 	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
 	note=""
 	grep -q 'not available: guest suite not run' "$log" && note=" (not available here: not run)"

@@ -19,6 +19,8 @@
 #   --cache MODE           cache mode passed to the daemon (default: "never" if
 #                          the daemon's --help mentions it, else "none")
 #   --log-dir DIR          where logs go (default build/vm-logs/SUITE)
+#   --prebuilt-guest       use build/guest as it is, do not run build-guest.sh
+#                          (run-unprivileged.sh builds it as root first)
 #   --boot-attempts N      boots that never reached /init are retried (default 3)
 #   --allow-reboot         qemu: let the guest reboot (no -no-reboot); the suite
 #                          then runs across several boots in one VM and one
@@ -37,8 +39,10 @@
 #                          --host-hook), e.g. to act on "VMTEST SYNC" lines
 #   NAME.host.sh SHARED_DIR    host checks after the VM exited
 # They get VMTEST_SHARE, VMTEST_WORK (the temp dir), VMTEST_LOG_DIR,
-# VMTEST_SERIAL, VMTEST_DAEMON (binary), VMTEST_DAEMON_PID and VMTEST_ALLOW_REBOOT
-# (1 with --allow-reboot, else 0) in the environment.
+# VMTEST_SERIAL, VMTEST_DAEMON (binary), VMTEST_DAEMON_PID, VMTEST_ALLOW_REBOOT
+# (1 with --allow-reboot, else 0) and VMTEST_DAEMON_IDS in the environment
+# (LOG_DIR/daemon-ids.txt: the serving process's ids and its uid_map/gid_map,
+# recorded when the guest reaches /init; host scripts map guest ids through it).
 # Mounts left under the temp dir are lazily unmounted before it is removed.
 #
 # The guest prints "VMTEST PASS name", "VMTEST FAIL name: why", "VMTEST INFO ..."
@@ -69,6 +73,7 @@ DAEMON_EXIT_TIMEOUT=20
 REQUIRE=0
 KEEP=0
 ALLOW_REBOOT=0
+PREBUILT_GUEST=0
 MAX_BOOTS=5 # with --allow-reboot: boots of one VM before it is stopped
 
 # Processes and temp dir owned by this script; cleaned up on any exit.
@@ -90,7 +95,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -113,6 +118,7 @@ parse_args() {
 		--require) REQUIRE=1 ;;
 		--keep) KEEP=1 ;;
 		--allow-reboot) ALLOW_REBOOT=1 ;;
+		--prebuilt-guest) PREBUILT_GUEST=1 ;;
 		-h | --help) usage 0 ;;
 		*) echo "run-vm: unknown option: $1" >&2; usage 2 ;;
 		esac
@@ -258,6 +264,12 @@ daemon_cache_mode() {
 	fi
 }
 
+serving_pid() { # serving_pid PID: its only child if it has exactly one, else PID
+	local kids
+	kids=$(cat "/proc/$1/task/$1/children" 2>/dev/null || true)
+	if [[ $(wc -w <<<"$kids") == 1 ]]; then echo $kids; else echo "$1"; fi
+}
+
 start_daemon() { # start_daemon SOCKET LOG
 	local sock=$1 log=$2 i
 	rm -f "$sock"
@@ -267,12 +279,35 @@ start_daemon() { # start_daemon SOCKET LOG
 	DAEMON_PID=$!
 	export VMTEST_DAEMON_PID=$DAEMON_PID
 	for i in $(seq 100); do
-		[[ -S $sock ]] && return 0
+		if [[ -S $sock ]]; then
+			# Hooks look at the serving process: in volfsd's namespace sandbox
+			# the launched process is a supervisor and its one child serves.
+			VMTEST_DAEMON_PID=$(serving_pid "$DAEMON_PID")
+			return 0
+		fi
 		kill -0 "$DAEMON_PID" 2>/dev/null || break
 		sleep 0.1
 	done
 	show_tail "$log" "daemon log"
 	die "daemon did not create its socket $sock"
+}
+
+# The daemon's processes and id maps, for host scripts (VMTEST_DAEMON_IDS) and
+# run-unprivileged.sh: "launched PID", "serving PID", the serving process's
+# Uid/Gid/NSpid lines as the host sees them, and "uid_map IN OUT COUNT" /
+# "gid_map ..." lines. Taken once the guest reached /init: by then the daemon
+# has long entered its sandbox (user namespace and id maps included).
+record_daemon_ids() { # record_daemon_ids FILE
+	local f=$1 spid
+	[[ -n $DAEMON_PID ]] && kill -0 "$DAEMON_PID" 2>/dev/null || return 0
+	spid=$(serving_pid "$DAEMON_PID")
+	{
+		echo "launched $DAEMON_PID"
+		echo "serving $spid"
+		grep -E '^(Uid|Gid|NSpid):' "/proc/$spid/status" 2>/dev/null || true
+		awk '{print "uid_map", $1, $2, $3}' "/proc/$spid/uid_map" 2>/dev/null || true
+		awk '{print "gid_map", $1, $2, $3}' "/proc/$spid/gid_map" 2>/dev/null || true
+	} >"$f"
 }
 
 start_hook() { # start_hook LOG SERIAL_LOG
@@ -393,6 +428,7 @@ watch_vm() { # watch_vm SERIAL_LOG
 			GUEST_BOOTS=$inits
 			if [[ $booted == 0 ]]; then
 				booted=1
+				record_daemon_ids "$VMTEST_DAEMON_IDS"
 				say "guest reached /init after $((SECONDS - start))s"
 				start=$SECONDS
 			else
@@ -603,13 +639,26 @@ main() {
 		exit 0
 	fi
 	ensure_packages qemu-system-x86
-	"$HERE/build-guest.sh" --quiet >/dev/null
-	mkdir -p "$LOG_DIR"
-	rm -f "$LOG_DIR"/*.log
+	if [[ $PREBUILT_GUEST == 0 ]]; then
+		"$HERE/build-guest.sh" --quiet >/dev/null
+	else
+		[[ -r $KERNEL && -r $INITRD ]] || die "--prebuilt-guest: no readable $KERNEL and $INITRD (run vm-tests/build-guest.sh)"
+	fi
+	mkdir -p "$LOG_DIR" 2>/dev/null && [[ -w $LOG_DIR ]] ||
+		die "cannot write the log dir $LOG_DIR (as $(id -un); pass --log-dir)"
+	rm -f "$LOG_DIR"/*.log "$LOG_DIR/daemon-ids.txt"
+	export VMTEST_DAEMON_IDS="$LOG_DIR/daemon-ids.txt"
 	WORK=$(mktemp -d /tmp/volfs-vmtest.XXXXXX)
 	if [[ -z $SHARE ]]; then
 		SHARE="$WORK/share"
 		mkdir "$SHARE"
+		# SharedDir on a shared mount, as a platform provides it: a volume
+		# bind-mounted under it while the daemon runs propagates into the
+		# daemon's own mount namespace (its default sandbox). Root only; the
+		# cleanup unmounts it with everything under $WORK.
+		if [[ $EUID == 0 ]]; then
+			mount --bind "$SHARE" "$SHARE" && mount --make-shared "$SHARE"
+		fi
 	fi
 	[[ -d $SHARE ]] || die "shared dir '$SHARE' does not exist"
 	SHARE=$(readlink -f "$SHARE")

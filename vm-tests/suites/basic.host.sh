@@ -20,6 +20,20 @@ check() { # check NAME CMD...: CMD prints why on failure
 
 eq() { [[ $2 == "$3" ]] || { echo "$1: got '$2', want '$3'"; return 1; }; }
 
+# host_id uid|gid ID: the host id of the daemon's id ID, through the uid_map /
+# gid_map run-vm.sh recorded ($VMTEST_DAEMON_IDS). The same id without a map
+# (or with the initial namespace's "0 0 4294967295"); in volfsd's unprivileged
+# mode (a user namespace) guest uid 1234 is the host's subordinate id START+1233.
+host_id() {
+	local kind=$1 id=$2 f=${VMTEST_DAEMON_IDS:-}
+	if [[ -z $f || ! -f $f ]] || ! grep -q "^${kind}_map " "$f"; then
+		echo "$id"
+		return
+	fi
+	awk -v k="${kind}_map" -v id="$id" '$1 == k && id >= $2 && id < $2 + $4 { printf "%d\n", $3 + id - $2; found = 1; exit }
+		END { if (!found) print "unmapped(" id ")" }' "$f"
+}
+
 # The guest wrote FILE.sha256 next to FILE; the host's hash must match.
 sha_matches() {
 	local f=$1 want got
@@ -53,7 +67,7 @@ many_files() {
 
 attributes() {
 	eq "mode of a" "$(stat -c %a "$B/a")" 751 &&
-		eq "owner of a" "$(stat -c %u:%g "$B/a")" 1234:5678 &&
+		eq "owner of a" "$(stat -c %u:%g "$B/a")" "$(host_id uid 1234):$(host_id gid 5678)" &&
 		eq "mtime of t" "$(stat -c %.9Y "$B/t" 2>/dev/null || stat -c %y "$B/t")" 1500000000.987654321 &&
 		eq "atime of t" "$(stat -c %.9X "$B/t" 2>/dev/null || stat -c %x "$B/t")" 1000000000.123456789
 }
