@@ -28,8 +28,8 @@ const WORKER_CAPS: u64 = 0x8800_00db;
 const CONTROL_CAPS: u64 = 0x0020_0004;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 
-/// `reboot(2)` with no valid magic: on no role's allow-list, and EINVAL (no effect)
-/// if it ever ran.
+/// `reboot(2)` with no valid magic: on no role's allow-list, and harmless if it ever
+/// ran (EPERM: no thread keeps CAP_SYS_BOOT; EINVAL without the magic numbers).
 const FORBIDDEN_SYSCALL: i64 = libc::SYS_reboot;
 
 /// Tests that run the daemon as another user or change the user-namespace sysctl
@@ -195,8 +195,9 @@ fn privileged_xattrs_give_the_workers_cap_sys_admin_and_no_one_else() {
 fn every_thread_runs_under_its_seccomp_filter() {
     let dir = with_files("seccomp");
     let ctl = format!("--control-socket={}", dir.control_socket().display());
-    let d = Daemon::start_in(dir, &[&ctl]);
+    let d = Daemon::start_in(dir, &[&ctl, "--allowed-dir=v"]);
     let mut c = d.client();
+    let v = c.lookup(ROOT, "v").expect("lookup v").nodeid;
     let pid = d.pid();
     let filters = |tid: i32| -> u32 {
         let s = status(pid, tid);
@@ -221,7 +222,7 @@ fn every_thread_runs_under_its_seccomp_filter() {
 
     // A lock wait runs on a thread of its own, which narrows the worker's filter with
     // its own.
-    let (entry, open_a) = c.create(ROOT, "locked", RDWR, 0o644).expect("create");
+    let (entry, open_a) = c.create(v, "locked", RDWR, 0o644).expect("create");
     let fh_b = c.open(entry.nodeid, RDWR).expect("open").fh;
     let q = c.request_queue(0).unwrap();
     q.call(&lock_request(
@@ -305,7 +306,9 @@ fn a_forbidden_syscall_is_logged_and_allowed_under_log() {
     let pid = d.pid();
     let tid = worker_tid(pid);
     match inject_syscall(tid, FORBIDDEN_SYSCALL, [0; 6]).expect("inject") {
-        Injected::Returned(r) => assert_eq!(r, -(libc::EINVAL as i64), "reboot without magic"),
+        Injected::Returned(r) => {
+            assert_eq!(r, -(libc::EPERM as i64), "reboot without CAP_SYS_BOOT")
+        }
         other => panic!("under log the call runs: {other:?}"),
     }
     let record = format!("pid={pid} ");
