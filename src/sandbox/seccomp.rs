@@ -268,7 +268,8 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_setsockopt, CONTROL, "a control client's read and write timeouts"),
     allow!(SYS_dup, WORKER, "FLUSH: close(dup(fd)) for the host's close-time semantics"),
     allow!(SYS_fcntl, MAIN | WORKER | CONTROL, Args::Fcntl(&[libc::F_DUPFD_CLOEXEC]), "try_clone of a file or socket"),
-    allow!(SYS_fcntl, WORKER | LOCKW, Args::Fcntl(&[libc::F_GETFL, libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW]), "POSIX locks as OFD locks (F_GETFL: the lock file's access mode)"),
+    allow!(SYS_fcntl, WORKER | LOCKW, Args::Fcntl(&[libc::F_GETFL, libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW, libc::F_GETFD]), "POSIX locks as OFD locks (F_GETFL: the lock file's access mode); F_GETFD: std checks an fd is open before closing it (builds with debug assertions, as the host tests run)"),
+    allow!(SYS_fcntl, MAIN | CONTROL, Args::Fcntl(&[libc::F_GETFD]), "std checks an fd is open before closing it (builds with debug assertions)"),
     allow!(SYS_umask, MAIN, "umask(0) once the workers exist"),
     // Files.
     allow!(SYS_openat, WORKER | CONTROL | LOCKW, "open relative to a node's fd (lock files too)"),
