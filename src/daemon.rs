@@ -333,8 +333,11 @@ fn spawn_signal_thread(term: SigSet, files: Arc<Vec<SocketFile>>) {
         .name("volfsd-signals".to_string())
         .spawn(move || {
             sandbox::confine_thread_or_exit(ThreadRole::Signals);
-            let sig = term.wait();
-            info!("received {sig:?}, exiting");
+            // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
+            match term.wait() {
+                Ok(sig) => info!("received {sig:?}, exiting"),
+                Err(e) => warn!("waiting for SIGTERM/SIGINT: {e}; exiting"),
+            }
             for f in files.iter() {
                 f.remove();
             }

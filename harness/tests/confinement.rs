@@ -482,3 +482,16 @@ fn a_sandbox_that_cannot_be_set_up_names_the_step_and_exits_1() {
         "it never served, and left no socket"
     );
 }
+
+#[test]
+fn the_supervisor_passes_sigterm_on_and_exits_with_the_daemons_status() {
+    let mut d = Daemon::start("supervisor-sigterm", &[]);
+    let serving = d.pid();
+    // SAFETY: kill of the process this test started.
+    assert_eq!(unsafe { libc::kill(d.launched_pid(), libc::SIGTERM) }, 0);
+    let status = d.wait_exit(Duration::from_secs(5)).expect("exits");
+    assert_eq!(status.code(), Some(0), "{}", d.log());
+    assert!(d.log().contains("received SIGTERM"), "{}", d.log());
+    assert!(!d.dir.socket().exists(), "the daemon removed its socket");
+    assert!(!std::path::Path::new(&format!("/proc/{serving}")).exists());
+}

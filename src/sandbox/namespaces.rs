@@ -259,13 +259,21 @@ fn map_to_root(ids: Ids) -> Result<(), String> {
 }
 
 /// The supervisor: confined to waiting, forwarding signals and removing the sockets.
+/// It signals the daemon through a pidfd opened before its filter, which allows no
+/// other way to name a process: it can signal nothing else.
 fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[PathBuf]) -> ! {
-    let confined = caps::lock_down_process()
-        .and_then(|()| {
-            caps::restrict_thread(caps::CapSet::EMPTY)
-                .map_err(|e| format!("dropping capabilities: {e}"))
-        })
-        .and_then(|()| seccomp::apply(ThreadRole::Supervisor, seccomp_mode));
+    // SAFETY: pidfd_open of our own child; the fd is owned below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
+    let confined = if pidfd < 0 {
+        Err(format!("pidfd_open: {}", io::Error::last_os_error()))
+    } else {
+        caps::lock_down_process()
+    }
+    .and_then(|()| {
+        caps::restrict_thread(caps::CapSet::EMPTY)
+            .map_err(|e| format!("dropping capabilities: {e}"))
+    })
+    .and_then(|()| seccomp::apply(ThreadRole::Supervisor, seccomp_mode));
     if let Err(e) = confined {
         eprintln!("volfsd: sandbox supervisor: {e}");
         let _ = kill(child, Signal::SIGKILL);
@@ -277,7 +285,16 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
             Err(_) => continue,
         };
         if sig != Signal::SIGCHLD {
-            let _ = kill(child, sig);
+            // SAFETY: pidfd_send_signal on our pidfd with no siginfo.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd as libc::c_int,
+                    sig as libc::c_int,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
             continue;
         }
         match waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {

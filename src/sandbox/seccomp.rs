@@ -248,7 +248,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_rt_sigreturn, WORKER | LOCKW, "return from the lock-wait wake-up handler"),
     allow!(SYS_getpid, MAIN | WORKER | CONTROL, "pthread_kill (glibc asks for its pid)"),
     allow!(SYS_tgkill, MAIN | WORKER | CONTROL, Args::OwnThreads(&[libc::SIGUSR1, libc::SIGABRT]), "wake lock waits (session reset, detach); abort"),
-    allow!(SYS_kill, SUPER, "forward a signal to the daemon"),
+    allow!(SYS_pidfd_send_signal, SUPER, "forward a signal to the daemon, through the pidfd opened before the filter (no call here can name another process)"),
     allow!(SYS_wait4, SUPER, "reap the daemon"),
     allow!(SYS_clock_nanosleep, MAIN | WORKER | CONTROL | LOGGER, "thread::sleep: the log summary period, lock-wake retries, accept back-off"),
     // Descriptors, sockets, logging.
