@@ -17,6 +17,11 @@
 #   --volfsd BIN / --loadgen BIN / --virtiofsd BIN   binaries to use
 #   --skip-loadgen / --skip-fio / --skip-footprint   leave parts out
 #
+# volfsd runs with its defaults (--sandbox namespace --seccomp kill), and on the
+# load generator also with --sandbox none --seccomp none (volfsd-open-q1), to
+# measure what confinement costs. virtiofsd runs with its defaults (its own
+# namespace sandbox and seccomp filter).
+#
 # Page cache: the loadgen read file is read once on the host before every
 # run (warm for both daemons); fio lays its file out inside the guest before
 # its read jobs. Both daemons run without caching in the guest (volfsd
@@ -125,6 +130,8 @@ loadgen_run() {
 	local name=$1 queues=$2 rep=$3 sock="$WORK/$1.sock" pid rc=0 cmd
 	rm -f "$sock"
 	case "$name" in
+	# volfsd without its confinement: what the sandbox and the filters cost.
+	volfsd-open*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues --sandbox none --seccomp none") ;;
 	volfsd*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues") ;;
 	virtiofsd*) cmd=$(virtiofsd_cmd "$sock" "$SHARE") ;;
 	esac
@@ -147,8 +154,12 @@ loadgen_run() {
 
 if [[ $DO_LOADGEN == 1 ]]; then
 	for rep in $(seq "$REPS"); do
-		loadgen_run volfsd-q1 1 "$rep"
+		# The confined and unconfined volfsd swap places every repetition, so
+		# that neither always runs right after the same neighbour.
+		if ((rep % 2)); then first=volfsd-q1 second=volfsd-open-q1; else first=volfsd-open-q1 second=volfsd-q1; fi
+		loadgen_run "$first" 1 "$rep"
 		loadgen_run virtiofsd-q1 1 "$rep"
+		loadgen_run "$second" 1 "$rep"
 		loadgen_run volfsd-q2 2 "$rep"
 	done
 fi

@@ -204,6 +204,26 @@ def main():
               f"{cell(B.get('p99', []))} | {rfmt(r)} | {cell(A.get('p999', []))} | {cell(B.get('p999', []))} |")
             targets.append((f"loadgen 1q QD32 {w} p99 ≤ 0.8× virtiofsd", r, r == r and r <= 0.8))
         P("")
+        o = lg.get("volfsd-open-q1", {})
+        if o:
+            P("### What confinement costs: volfsd defaults vs `--sandbox none --seccomp none`\n")
+            P("Both volfsd configurations on 1 queue, QD 32, in the same run, alternating order. The "
+              "defaults are the namespace sandbox (pivot_root into the share), a seccomp allow-list "
+              "per thread and per-thread capabilities; the other run has none of them. A ratio "
+              "below 1 is the cost. Target: at most 3% (ratio ≥ 0.97) on the 4 KiB and metadata "
+              "workloads.\n")
+            P("| workload | unit | volfsd defaults | volfsd unconfined | defaults/unconfined |")
+            P("|---|---|---|---|---|")
+            for w in WORKLOADS:
+                if w not in a or w not in o:
+                    continue
+                key, unit = ("mib", "MiB/s") if w.endswith("1m") else ("ops", "ops/s")
+                unit = {"metadata": "files/s", "readdirplus": "listings/s"}.get(w, unit)
+                r = ratio(a.get(w, {}).get(key), o.get(w, {}).get(key))
+                P(f"| {w} | {unit} | {cell(a[w].get(key, []))} | {cell(o[w].get(key, []))} | {rfmt(r)} |")
+                if w in ("randread4k", "randwrite4k", "lookup", "getattr", "metadata"):
+                    targets.append((f"confinement costs ≤ 3% on loadgen {w}", r, r == r and r >= 0.97))
+            P("")
         if c:
             P("### volfsd with 2 queues (QD 32 each) vs its own 1-queue figure\n")
             P("| workload | unit | volfsd 1 queue | volfsd 2 queues | 2q/1q |")
