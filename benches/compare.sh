@@ -4,6 +4,8 @@
 # Usage: benches/compare.sh [--quick] [--reps N] [options]
 #   --quick            small sizes, 1 repetition (a few minutes)
 #   --reps N           repetitions of every run (default 3), alternated A B A B
+#   --confinement-reps N  extra alternated runs of volfsd with and without its
+#                      confinement on the 4 KiB and metadata workloads (default 8)
 #   --duration S       seconds per loadgen workload (default 5)
 #   --file-size SIZE   loadgen data file (default 1G)
 #   --fio-runtime S    seconds per fio run in the guest (default 5)
@@ -32,6 +34,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 
 REPS=3
+CONF_REPS=8
 DURATION=5
 FILE_SIZE=1G
 FIO_RUNTIME=5
@@ -57,6 +60,7 @@ while [[ $# -gt 0 ]]; do
 	case "$1" in
 	--quick) QUICK=1 ;;
 	--reps) REPS=${2:?}; shift ;;
+	--confinement-reps) CONF_REPS=${2:?}; shift ;;
 	--duration) DURATION=${2:?}; shift ;;
 	--file-size) FILE_SIZE=${2:?}; shift ;;
 	--fio-runtime) FIO_RUNTIME=${2:?}; shift ;;
@@ -78,7 +82,7 @@ while [[ $# -gt 0 ]]; do
 	shift
 done
 if [[ $QUICK == 1 ]]; then
-	REPS=1 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
+	REPS=1 CONF_REPS=2 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
 fi
 [[ $(id -u) == 0 ]] || die "run as root (the daemons and QEMU need it)"
 
@@ -125,14 +129,15 @@ volfsd_cmd() { echo "$VOLFSD --socket-path $1 --shared-dir $2 --cache none --log
 virtiofsd_cmd() { echo "$VIRTIOFSD --socket-path=$1 --shared-dir=$2 --cache=never --log-level=warn"; }
 
 # ---------------------------------------------------------------- loadgen
-# loadgen_run NAME QUEUES: one daemon on a fresh socket, every workload.
+# loadgen_run NAME QUEUES REP [WORKLOADS]: one daemon on a fresh socket, every
+# workload (or the listed ones).
 loadgen_run() {
-	local name=$1 queues=$2 rep=$3 sock="$WORK/$1.sock" pid rc=0 cmd
+	local name=$1 queues=$2 rep=$3 workloads=${4:-all} sock="$WORK/$1.sock" pid rc=0 cmd
 	rm -f "$sock"
 	case "$name" in
 	# volfsd without its confinement: what the sandbox and the filters cost.
-	volfsd-open*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues --sandbox none --seccomp none") ;;
-	volfsd*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues") ;;
+	volfsd-open* | confinement-off*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues --sandbox none --seccomp none") ;;
+	volfsd* | confinement-on*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues") ;;
 	virtiofsd*) cmd=$(virtiofsd_cmd "$sock" "$SHARE") ;;
 	esac
 	echo "$cmd" >"$OUT/loadgen/$name.cmd"
@@ -140,8 +145,8 @@ loadgen_run() {
 	$cmd >"$OUT/loadgen/$name-rep$rep.daemon.log" 2>&1 &
 	pid=$!
 	local lg=("$LOADGEN" --socket "$sock" --shared-dir "$SHARE" --queues "$queues" --qd 32
-		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload all --keep-files
-		--json "$OUT/loadgen/$name-rep$rep.json")
+		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload "$workloads" --keep-files
+		--json "$OUT/loadgen/$name-rep$rep.json" --daemon-pid "$pid")
 	echo "${lg[*]}" >"$OUT/loadgen/$name.loadgen-cmd"
 	"${lg[@]}" >"$OUT/loadgen/$name-rep$rep.txt" 2>&1 || rc=$?
 	wait "$pid" || true
@@ -162,6 +167,20 @@ if [[ $DO_LOADGEN == 1 ]]; then
 		loadgen_run "$second" 1 "$rep"
 		loadgen_run volfsd-q2 2 "$rep"
 	done
+	# What confinement costs, with more repetitions than the rest: the difference
+	# sought (a few %) is smaller than one run's noise on two shared cores.
+	for rep in $(seq "$CONF_REPS"); do
+		if ((rep % 2)); then pair=(confinement-on confinement-off); else pair=(confinement-off confinement-on); fi
+		for name in "${pair[@]}"; do
+			loadgen_run "$name" 1 "$rep" randread4k,randwrite4k,lookup,getattr,metadata
+		done
+	done
+fi
+
+# ---------------------------------------------------------------- seccomp per call
+if [[ $DO_LOADGEN == 1 ]]; then
+	say "seccomp filter cost per system call (harness/benches/seccomp_cost.rs)"
+	(cd "$REPO" && cargo bench --quiet -p volfsd-harness --bench seccomp_cost -- --json "$OUT/seccomp_cost.json") >&2
 fi
 
 # ---------------------------------------------------------------- footprint

@@ -54,6 +54,10 @@ struct Cli {
     /// Seconds to stay connected after the workloads (footprint sampling)
     #[arg(long, default_value_t = 0.0)]
     hold_after: f64,
+    /// The daemon's pid: report its process tree's CPU time (utime + stime) per
+    /// request for each workload
+    #[arg(long)]
+    daemon_pid: Option<i32>,
 }
 
 fn main() -> ExitCode {
@@ -99,5 +103,6 @@ fn build(cli: &Cli) -> Result<Options, String> {
         quiet: cli.quiet,
         idle_before: Duration::from_secs_f64(cli.idle_before),
         hold_after: Duration::from_secs_f64(cli.hold_after),
+        daemon_pid: cli.daemon_pid,
     })
 }

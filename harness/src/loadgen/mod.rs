@@ -116,6 +116,8 @@ pub struct Options {
     pub idle_before: Duration,
     /// Stay connected this long after the workloads, before disconnecting.
     pub hold_after: Duration,
+    /// The daemon's pid: its process tree's CPU time over each workload is reported.
+    pub daemon_pid: Option<i32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -140,6 +142,10 @@ pub struct WorkloadResult {
     pub mib_per_sec: f64,
     /// Per FUSE request, submit to completion.
     pub latency: Latency,
+    /// utime + stime of the daemon's whole process tree over the workload (with
+    /// `--daemon-pid`), in seconds, and per request served in µs.
+    pub daemon_cpu_seconds: Option<f64>,
+    pub daemon_cpu_us_per_request: Option<f64>,
     pub verified: bool,
 }
 
@@ -166,12 +172,24 @@ fn e<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> St
 /// Human-readable table of a report.
 pub fn table(report: &Report) -> String {
     let mut s = format!(
-        "{:<12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}  {}\n",
-        "workload", "ops/s", "requests/s", "MiB/s", "p50 us", "p99 us", "p99.9 us", "op"
+        "{:<12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>11}  {}\n",
+        "workload",
+        "ops/s",
+        "requests/s",
+        "MiB/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "cpu us/req",
+        "op"
     );
     for r in &report.results {
+        let cpu = r
+            .daemon_cpu_us_per_request
+            .map(|c| format!("{c:.2}"))
+            .unwrap_or_else(|| "-".into());
         s += &format!(
-            "{:<12} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1}  {}\n",
+            "{:<12} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>11}  {}\n",
             r.workload,
             r.ops_per_sec,
             r.requests_per_sec,
@@ -179,6 +197,7 @@ pub fn table(report: &Report) -> String {
             r.latency.p50_us,
             r.latency.p99_us,
             r.latency.p999_us,
+            cpu,
             r.op_unit
         );
     }

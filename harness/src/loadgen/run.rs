@@ -20,6 +20,7 @@ use super::{
     READ_FILE, WORK_DIR, WRITE_FILE,
 };
 use super::{pattern, workloads};
+use crate::fixtures::host::{clock_ticks_per_second, tree_cpu_ticks};
 use crate::frontend::{FuseOps, FuseQueue};
 
 /// How many more operations may start: a deadline or a shared budget.
@@ -226,6 +227,7 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
     let qd = opts.qd;
     let nq = s.queues.len();
     let hiprio = &s.hiprio;
+    let cpu_before = opts.daemon_pid.map(tree_cpu_ticks);
     let start = Instant::now();
     let results: Vec<LgResult<ThreadOut>> = std::thread::scope(|scope| {
         let handles: Vec<_> = s
@@ -284,6 +286,9 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
             .collect()
     });
     let seconds = start.elapsed().as_secs_f64();
+    let daemon_cpu_seconds = opts.daemon_pid.zip(cpu_before).map(|(pid, before)| {
+        tree_cpu_ticks(pid).saturating_sub(before) as f64 / clock_ticks_per_second()
+    });
 
     let mut total = ThreadOut::default();
     let mut first_err = None;
@@ -375,6 +380,10 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
             mean_us: mean,
             max_us: lat.last().copied().unwrap_or(0) as f64 / 1000.0,
         },
+        daemon_cpu_seconds,
+        daemon_cpu_us_per_request: daemon_cpu_seconds
+            .filter(|_| total.requests > 0)
+            .map(|c| c * 1e6 / total.requests as f64),
         verified: true,
     })
 }
