@@ -3,7 +3,7 @@
 # Idempotent: installs only what is missing. Needs root for apt.
 set -euo pipefail
 
-PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config)
+PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
