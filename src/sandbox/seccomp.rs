@@ -254,7 +254,7 @@ static ALLOWED: &[Allowed] = &[
     // Descriptors, sockets, logging.
     allow!(SYS_write, ALL, "log lines on stderr; eventfd kicks and exit events; HTTP replies"),
     allow!(SYS_sendto, DAEMON, "log lines to /dev/log (--syslog); HTTP replies"),
-    allow!(SYS_read, WORKER, "eventfds (queue kicks, exit event)"),
+    allow!(SYS_read, WORKER | CONTROL, "eventfds (queue kicks, exit event); control requests (std reads a UnixStream with read(2))"),
     allow!(SYS_close, MAIN | WORKER | CONTROL | LOCKW, "descriptors (a lock wait closes its lock file's fds)"),
     allow!(SYS_epoll_create1, WORKER, "the queue workers' event loops (created in VhostUserDaemon::new)"),
     allow!(SYS_epoll_ctl, MAIN | WORKER, "register queue kick fds (frontend thread), the worker loops"),
