@@ -92,6 +92,8 @@ fn worker_tid(pid: i32) -> i32 {
 #[test]
 fn the_root_is_the_shared_dir_and_no_path_leads_out() {
     let d = Daemon::start_in(with_files("root"), &[]);
+    // The sockets exist before the root changes: connected, the setup is over.
+    let _c = d.client();
     let pid = d.pid();
     assert_ne!(
         pid,
@@ -126,6 +128,7 @@ fn the_root_is_the_shared_dir_and_no_path_leads_out() {
 #[test]
 fn its_namespaces_are_its_own() {
     let d = Daemon::start("namespaces", &[]);
+    let _c = d.client();
     let (pid, sup) = (d.pid().to_string(), d.launched_pid().to_string());
     for kind in ["mnt", "pid", "net", "ipc", "uts"] {
         assert_ne!(ns(&pid, kind), ns("self", kind), "{kind} namespace");
@@ -180,6 +183,8 @@ fn each_thread_keeps_only_its_roles_capabilities() {
 #[test]
 fn privileged_xattrs_give_the_workers_cap_sys_admin_and_no_one_else() {
     let d = Daemon::start("caps-xattr", &["--xattr", "--allow-privileged-xattrs"]);
+    // Connected: the daemon's setup, confinement included, is over.
+    let _c = d.client();
     let pid = d.pid();
     for (tid, name) in threads(pid) {
         let eff = hex(&status(pid, tid), "CapEff");
@@ -269,6 +274,7 @@ fn every_thread_runs_under_its_seccomp_filter() {
 #[test]
 fn seccomp_none_installs_no_filter() {
     let d = Daemon::start("seccomp-none", &["--seccomp=none"]);
+    let _c = d.client();
     let pid = d.pid();
     for (tid, name) in threads(pid) {
         assert_eq!(field(&status(pid, tid), "Seccomp"), "0", "{name}");
@@ -355,6 +361,7 @@ fn a_forbidden_syscall_is_reported_under_trap() {
 #[test]
 fn chroot_mode_changes_only_the_root() {
     let d = Daemon::start_in(with_files("chroot"), &["--sandbox=chroot"]);
+    let _c = d.client();
     let pid = d.pid();
     assert_eq!(pid, d.launched_pid(), "chroot mode does not fork");
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
@@ -371,6 +378,7 @@ fn chroot_mode_changes_only_the_root() {
 #[test]
 fn none_mode_keeps_the_hosts_root_but_not_the_privileges() {
     let d = Daemon::start("none", &["--sandbox=none"]);
+    let _c = d.client();
     let pid = d.pid();
     assert_eq!(pid, d.launched_pid());
     assert!(std::path::Path::new(&format!("/proc/{pid}/root/etc")).exists());
@@ -405,6 +413,7 @@ fn as_nobody(test: &str, extra: &[&str]) -> Daemon {
 fn an_unprivileged_user_gets_a_user_namespace_and_serves_its_share() {
     let _one = USERNS.lock().unwrap_or_else(|e| e.into_inner());
     let d = as_nobody("unprivileged", &[]);
+    let mut c = d.client();
     let pid = d.pid();
     assert_ne!(ns(&pid.to_string(), "user"), ns("self", "user"));
     let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
@@ -418,7 +427,6 @@ fn an_unprivileged_user_gets_a_user_namespace_and_serves_its_share() {
     assert_eq!(field(&s, "Uid").split_whitespace().next(), Some("65534"));
     assert_eq!(hex(&s, "CapBnd"), 0);
     // It serves: a file the guest creates is owned by the user on the host.
-    let mut c = d.client();
     let (entry, fh) = c.create(ROOT, "made", RDWR, 0o644).expect("create");
     c.write(entry.nodeid, fh.fh, 0, b"by the guest")
         .expect("write");
