@@ -260,8 +260,9 @@ fn every_thread_runs_under_its_seccomp_filter() {
         "a lock-wait thread starts"
     );
     let (tid, _) = waiter.unwrap();
+    // Named as it is created, it confines itself first thing after.
     assert!(
-        filters(tid) > worker_filters,
+        poll(Duration::from_secs(2), || filters(tid) > worker_filters),
         "the lock waiter stacks its own filter on the worker's"
     );
     assert_eq!(
