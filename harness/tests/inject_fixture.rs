@@ -58,12 +58,11 @@ fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn getpid_into_sleeping_process_returns_its_pid_and_it_sleeps_on() {
-    let started = Instant::now();
-    let mut child = Reaped(
+/// `sleep SECS`, once it blocks in clock_nanosleep, and its pid.
+fn sleeping(secs: &str) -> (Reaped, i32) {
+    let child = Reaped(
         Command::new("sleep")
-            .arg("3")
+            .arg(secs)
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn sleep"),
@@ -74,6 +73,13 @@ fn getpid_into_sleeping_process_returns_its_pid_and_it_sleeps_on() {
         Duration::from_secs(5),
         || current_syscall(pid, pid) == Some(NR_CLOCK_NANOSLEEP),
     );
+    (child, pid)
+}
+
+#[test]
+fn getpid_into_sleeping_process_returns_its_pid_and_it_sleeps_on() {
+    let started = Instant::now();
+    let (mut child, pid) = sleeping("3");
     assert_eq!(thread_ids(pid), vec![pid]);
     assert_eq!(thread_name(pid, pid), "sleep");
 
@@ -110,19 +116,7 @@ fn getpid_into_sleeping_process_returns_its_pid_and_it_sleeps_on() {
 fn blocking_call_times_out_and_the_thread_gets_its_own_back() {
     const NR_PAUSE: i64 = 34;
     let started = Instant::now();
-    let mut child = Reaped(
-        Command::new("sleep")
-            .arg("7")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sleep"),
-    );
-    let pid = child.0.id() as i32;
-    wait_until(
-        "sleep to block in clock_nanosleep",
-        Duration::from_secs(5),
-        || current_syscall(pid, pid) == Some(NR_CLOCK_NANOSLEEP),
-    );
+    let (mut child, pid) = sleeping("7");
     let err = inject_syscall(pid, NR_PAUSE, [0; 6]).expect_err("pause returned");
     assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
     // Interrupted, given its registers back and detached: it sleeps on, its full time.
