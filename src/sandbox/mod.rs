@@ -15,6 +15,7 @@
 //! A step that fails is an error naming it; the daemon never carries on unconfined.
 
 pub mod caps;
+pub mod malloc;
 pub mod mounts;
 pub mod namespaces;
 pub mod rlimits;
