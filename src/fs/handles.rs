@@ -61,10 +61,12 @@ impl HandleStore {
 
     /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle
     /// of one inode to reach another. A handle that existed once and is gone (released,
-    /// or its volume detached) is ESTALE; one never handed out is EBADF.
+    /// or its volume detached, even while the detach is still clearing the table) is
+    /// ESTALE; one never handed out is EBADF.
     pub fn get(&self, fh: u64, nodeid: u64) -> io::Result<Arc<HandleData>> {
         let map = self.map.read().unwrap();
         match map.get(&fh) {
+            Some(h) if h.inode.share.is_revoked() => Err(errno(libc::ESTALE)),
             Some(h) if h.inode.nodeid == nodeid => Ok(h.clone()),
             Some(_) => Err(errno(libc::EBADF)),
             None if fh > 0 && fh < self.next_id.load(Ordering::Relaxed) => Err(errno(libc::ESTALE)),
@@ -158,6 +160,19 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
         let err = handles.get(fh + 100, inode.nodeid).err().unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn a_revoked_share_answers_no_handle_before_its_table_is_cleared() {
+        let (store, handles, inode) = setup(10);
+        let fh = handles
+            .insert(inode.clone(), File::open("/").unwrap())
+            .unwrap();
+        inode.share.revoke();
+        let err = handles.get(fh, inode.nodeid).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ESTALE));
+        let err = store.get(inode.nodeid).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
     }
 
     #[test]

@@ -90,12 +90,15 @@ impl InodeStore {
         }
     }
 
+    /// The node `nodeid`; ENOENT once its share is revoked, even while the detach is
+    /// still clearing the table.
     pub fn get(&self, nodeid: u64) -> io::Result<Arc<InodeData>> {
         self.maps
             .read()
             .unwrap()
             .by_id
             .get(&nodeid)
+            .filter(|d| !d.share.is_revoked())
             .cloned()
             .ok_or_else(|| errno(libc::ENOENT))
     }

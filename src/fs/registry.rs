@@ -221,13 +221,17 @@ impl Registry {
         Ok(())
     }
 
-    /// Forgets the volume `name` and the virtual directories that led only to it.
+    /// Forgets the volume `name` and the virtual directories that led only to it, and
+    /// revokes its share.
     pub fn remove(&self, name: &str) -> Option<Attached> {
         if !self.volume_layout {
             return None;
         }
         let mut t = self.table.write().unwrap();
         let a = t.shares.remove(name)?;
+        // Revoked while the name goes, under the same lock: once a lookup of the name
+        // fails, no old node id or handle into it answers either.
+        a.share.revoke();
         t.share_by_root.remove(&a.root_nodeid);
         for depth in (1..a.rel.len()).rev() {
             let p = &a.rel[..depth];
@@ -406,7 +410,8 @@ mod tests {
         assert_eq!(r.parent_of_root(11), Some(rw));
         let (_, kids) = r.list_dir(rw).unwrap();
         assert_eq!(kids.len(), 2);
-        r.remove("rw/a").unwrap();
+        let a = r.remove("rw/a").unwrap();
+        assert!(a.share.is_revoked(), "revoked as its name goes");
         assert!(r.dir_exists(rw), "still leads to b");
         r.remove("rw/b").unwrap();
         assert!(!r.dir_exists(rw), "gone with the last volume under it");
