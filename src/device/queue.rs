@@ -83,7 +83,12 @@ impl QueueHealth {
         *self.last_seen.lock().unwrap() = Some((q.desc_table(), q.next_avail()));
     }
 
-    fn stop(&self, index: usize, why: &str) {
+    /// Stops the queue where it stands. The position is remembered too: a drain can
+    /// serve requests and then meet the broken ring in its re-check, after the last
+    /// `remember`, and the kick that follows must not read that as a new setup
+    /// (it did, and the queue was stopped and logged twice).
+    fn stop(&self, vring: &VringRwLock, index: usize, why: &str) {
+        self.remember(vring);
         if !self.stopped.swap(true, Ordering::AcqRel) {
             warn!(
                 "queue {index}: stopped: {why}; it serves again once the frontend sets it up anew"
@@ -111,7 +116,7 @@ pub fn process(
     }
     let mem = mem.memory();
     if let Err(Broken(why)) = check_layout(vring) {
-        health.stop(index, &why);
+        health.stop(vring, index, &why);
         return Ok(());
     }
     let result = drain(server, &mem, vring, index, event_idx, served);
@@ -121,7 +126,7 @@ pub fn process(
             Ok(())
         }
         Err(DrainError::Broken(Broken(why))) => {
-            health.stop(index, &why);
+            health.stop(vring, index, &why);
             Ok(())
         }
         Err(DrainError::Io(e)) => Err(e),
@@ -555,6 +560,27 @@ mod tests {
         assert!(check_layout(&vring).is_err());
         vring.set_queue_info(0, 0x800, 0x3000).unwrap();
         assert!(check_layout(&vring).is_err(), "avail ring inside the table");
+    }
+
+    #[test]
+    fn a_queue_stopped_after_serving_stays_stopped_until_set_up_anew() {
+        let mem = GuestMemoryAtomic::new(memory());
+        let vring = VringRwLock::new(mem, 256).unwrap();
+        vring.set_queue_size(256);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        let health = QueueHealth::default();
+        vring.set_queue_next_avail(1);
+        health.remember(&vring);
+        // A drain serves one more request, then finds the ring broken.
+        vring.set_queue_next_avail(2);
+        health.stop(&vring, 1, "test");
+        assert_eq!(health.check_restart(&vring), QueueStart::Same);
+        assert!(health.is_stopped(), "the next kick keeps it stopped");
+        // The frontend sets the queue up again: it serves again.
+        vring.set_queue_info(0x4000, 0x5000, 0x6000).unwrap();
+        vring.set_queue_next_avail(0);
+        assert_eq!(health.check_restart(&vring), QueueStart::NewDriver);
+        assert!(!health.is_stopped());
     }
 
     #[test]
