@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the performance instruments, for CI: asserts only that each
 # one ran and validated its data (exit codes, JSON present), never a speed.
-#   - volfsd-loadgen against volfsd, every workload, tiny sizes, 1 and 2 queues
+#   - volfsd-loadgen against volfsd, every workload (QD1 ones too), tiny sizes, 1 and 2 queues
 #     (and against virtiofsd if it is installed: the loadgen must run unchanged);
 #   - the criterion benches, each run once (--test);
 #   - the fio guest suite once under QEMU with tiny sizes: fio ran and printed
@@ -71,7 +71,7 @@ loadgen_check() {
 	DPID=""
 	if [[ $rc != 0 ]]; then
 		fail "$name" "loadgen exit $rc: $(grep -m1 FAILED "$WORK/$name.log" || tail -n 2 "$WORK/$name.log" | tr '\n' ' ')"
-	elif ! python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"]; assert len(r)==8 and all(x["verified"] and x["ops"]>0 for x in r)' "$WORK/$name.json"; then
+	elif ! python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"]; assert len(r)==10 and all(x["verified"] and x["ops"]>0 for x in r)' "$WORK/$name.json"; then
 		fail "$name" "JSON report lacks a verified result for every workload"
 	elif [[ -n $(ls -A "$share" 2>/dev/null) ]]; then
 		fail "$name" "loadgen left files in the shared dir: $(ls -A "$share" | head -n 3 | tr '\n' ' ')"

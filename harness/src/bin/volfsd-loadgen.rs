@@ -36,7 +36,8 @@ struct Cli {
     /// Entries of the LOOKUP/GETATTR/READDIRPLUS directory
     #[arg(long, default_value_t = 10_000)]
     files: usize,
-    /// Comma-separated: randread4k,randwrite4k,seqread1m,seqwrite1m,lookup,getattr,metadata,readdirplus or all
+    /// Comma-separated: randread4k,randwrite4k,seqread1m,seqwrite1m,lookup,getattr,metadata,readdirplus,
+    /// qd1read4k,qd1getattr (one request in flight on one queue) or all
     #[arg(long, default_value = "all")]
     workload: String,
     /// Write the results as JSON to this file

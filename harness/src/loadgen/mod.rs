@@ -37,10 +37,15 @@ pub enum Workload {
     Getattr,
     Metadata,
     Readdirplus,
+    /// RandRead4k with one request in flight on one queue: the per-request latency
+    /// with no queueing.
+    Qd1Read4k,
+    /// Getattr with one request in flight on one queue.
+    Qd1Getattr,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 10] = [
         Workload::RandRead4k,
         Workload::RandWrite4k,
         Workload::SeqRead1m,
@@ -49,6 +54,8 @@ impl Workload {
         Workload::Getattr,
         Workload::Metadata,
         Workload::Readdirplus,
+        Workload::Qd1Read4k,
+        Workload::Qd1Getattr,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,7 +68,25 @@ impl Workload {
             Workload::Getattr => "getattr",
             Workload::Metadata => "metadata",
             Workload::Readdirplus => "readdirplus",
+            Workload::Qd1Read4k => "qd1read4k",
+            Workload::Qd1Getattr => "qd1getattr",
         }
+    }
+
+    /// The workload whose requests this one sends (the QD1 ones send those of their
+    /// QD N counterpart).
+    pub fn kind(self) -> Workload {
+        match self {
+            Workload::Qd1Read4k => Workload::RandRead4k,
+            Workload::Qd1Getattr => Workload::Getattr,
+            w => w,
+        }
+    }
+
+    /// One request in flight in all, on the first queue, whatever `--qd` and
+    /// `--queues` say.
+    pub fn is_qd1(self) -> bool {
+        self.kind() != self
     }
 
     /// Parses a comma-separated list; `all` means every workload.

@@ -136,7 +136,8 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 /// Runs one workload: per-thread setup (open handles), the timed part, teardown.
-fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<WorkloadResult> {
+fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<WorkloadResult> {
+    let w = named.kind();
     let q0 = &mut s.queues[0];
     let base = q0.lookup(1, WORK_DIR).map_err(e("LOOKUP work dir"))?.nodeid;
     let mut setup_forgets: HashMap<u64, u64> = HashMap::from([(base, 1)]);
@@ -204,6 +205,7 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
             dir_node = q0.lookup(base, &name).map_err(e("LOOKUP meta dir"))?.nodeid;
             *setup_forgets.entry(dir_node).or_default() += 1;
         }
+        Workload::Qd1Read4k | Workload::Qd1Getattr => unreachable!("kind() maps the QD1 workloads"),
     }
 
     // Each thread opens its own handle (like separate guest processes).
@@ -224,8 +226,11 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
         (None, Some(d)) => Limit::Until(Instant::now() + d),
         (None, None) => Limit::Until(Instant::now() + Duration::from_secs(10)),
     };
-    let qd = opts.qd;
-    let nq = s.queues.len();
+    let (qd, nq) = if named.is_qd1() {
+        (1, 1)
+    } else {
+        (opts.qd, s.queues.len())
+    };
     let hiprio = &s.hiprio;
     let cpu_before = opts.daemon_pid.map(tree_cpu_ticks);
     let start = Instant::now();
@@ -233,6 +238,7 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
         let handles: Vec<_> = s
             .queues
             .iter_mut()
+            .take(nq)
             .enumerate()
             .map(|(t, q)| {
                 let limit = &limit;
@@ -270,6 +276,9 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
                                 Workload::Getattr => Box::new(GetattrJob::new(nodes.clone())),
                                 Workload::Metadata => Box::new(MetaJob::new(dir_node, t, slot)),
                                 Workload::Readdirplus => Box::new(ReaddirJob::new(dir_node, files)),
+                                Workload::Qd1Read4k | Workload::Qd1Getattr => {
+                                    unreachable!("kind() maps the QD1 workloads")
+                                }
                             }
                         })
                         .collect();
@@ -309,7 +318,7 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
         }
     }
     if let Some(err) = first_err {
-        return Err(format!("{}: {err}", w.name()));
+        return Err(format!("{}: {err}", named.name()));
     }
 
     // Teardown (not timed): handles, lookups, host-side checks, cleanup.
@@ -364,8 +373,8 @@ fn run_workload(s: &mut Session, opts: &Options, w: Workload) -> LgResult<Worklo
         lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1000.0
     };
     Ok(WorkloadResult {
-        workload: w.name().into(),
-        op_unit: w.op_unit().into(),
+        workload: named.name().into(),
+        op_unit: named.op_unit().into(),
         ops: total.ops,
         requests: total.requests,
         bytes: total.bytes,
