@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# volfsd vs virtiofsd: one command that measures both and writes docs/BENCHMARKS.md.
+# volfsd vs virtiofsd: one command that measures both sides in one run, keeps
+# the raw results and writes docs/BENCHMARKS.md from them.
 #
 # Usage: benches/compare.sh [--quick] [--reps N] [options]
-#   --quick            small sizes, 1 repetition (a few minutes)
-#   --reps N           repetitions of every run (default 3), alternated A B A B
-#   --confinement-reps N  extra alternated runs of volfsd with and without its
-#                      confinement on the 4 KiB and metadata workloads (default 8)
+#   --quick            small sizes, 2 repetitions (a few minutes)
+#   --reps N           repetitions of every load-generator configuration (default 5);
+#                      each repetition runs every configuration once, in an order
+#                      rotated (and reversed every other time) from the last
+#   --fio-reps N       repetitions of every guest fio configuration (default 5)
 #   --duration S       seconds per loadgen workload (default 5)
 #   --file-size SIZE   loadgen data file (default 1G)
 #   --fio-runtime S    seconds per fio run in the guest (default 5)
@@ -14,15 +16,29 @@
 #   --work DIR         host directory shared with the daemons (default
 #                      /var/tmp/volfsd-bench, on the disk, not tmpfs)
 #   --out DIR          raw results (default build/bench)
+#   --data DIR         where the small raw JSON is kept for the report (default
+#                      docs/bench-data/<UTC date>-<commit>)
 #   --doc FILE         report to write (default docs/BENCHMARKS.md)
+#   --allow-busy       measure even if the machine is not quiet (the report says so)
 #   --no-build         use the binaries as they are (target/release)
 #   --volfsd BIN / --loadgen BIN / --virtiofsd BIN   binaries to use
 #   --skip-loadgen / --skip-fio / --skip-footprint   leave parts out
 #
-# volfsd runs with its defaults (--sandbox namespace --seccomp kill), and on the
-# load generator also with --sandbox none --seccomp none (volfsd-open-q1), to
-# measure what confinement costs. virtiofsd runs with its defaults (its own
-# namespace sandbox and seccomp filter).
+# The matrix (load generator, 1 queue, QD 32, and the QD 1 workloads):
+#   volfsd             its defaults: --sandbox namespace --seccomp kill
+#   volfsd-open        --sandbox none --seccomp none
+#   virtiofsd          its defaults: namespace sandbox, seccomp kill
+#   virtiofsd-matched  --sandbox=none --seccomp=none --inode-file-handles=never
+#   volfsd-q2          volfsd's defaults with 2 queues (its own row, never a ratio
+#                      against a 1-queue daemon)
+# Guest fio: 1 queue against 1 queue at 1 and 2 vCPUs, and volfsd with 2 queues
+# at 2 vCPUs as a separate row.
+#
+# Quiet machine: before it starts, the script waits (up to 2 minutes) for the
+# 1-minute load average to fall under 1 and for no other QEMU, cargo, rustc or
+# vhost-user daemon to run, and refuses to measure otherwise (exit 3) unless
+# --allow-busy; before every run it records the load and any such process in
+# quiet.tsv, and the report marks the runs that had company.
 #
 # Page cache: the loadgen read file is read once on the host before every
 # run (warm for both daemons); fio lays its file out inside the guest before
@@ -33,8 +49,10 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 
-REPS=3
-CONF_REPS=8
+REPS=5
+FIO_REPS=5
+ALLOW_BUSY=0
+DATA=""
 DURATION=5
 FILE_SIZE=1G
 FIO_RUNTIME=5
@@ -60,7 +78,9 @@ while [[ $# -gt 0 ]]; do
 	case "$1" in
 	--quick) QUICK=1 ;;
 	--reps) REPS=${2:?}; shift ;;
-	--confinement-reps) CONF_REPS=${2:?}; shift ;;
+	--fio-reps) FIO_REPS=${2:?}; shift ;;
+	--data) DATA=${2:?}; shift ;;
+	--allow-busy) ALLOW_BUSY=1 ;;
 	--duration) DURATION=${2:?}; shift ;;
 	--file-size) FILE_SIZE=${2:?}; shift ;;
 	--fio-runtime) FIO_RUNTIME=${2:?}; shift ;;
@@ -76,13 +96,13 @@ while [[ $# -gt 0 ]]; do
 	--skip-loadgen) DO_LOADGEN=0 ;;
 	--skip-fio) DO_FIO=0 ;;
 	--skip-footprint) DO_FOOTPRINT=0 ;;
-	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
 	shift
 done
 if [[ $QUICK == 1 ]]; then
-	REPS=1 CONF_REPS=2 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
+	REPS=2 FIO_REPS=1 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
 fi
 [[ $(id -u) == 0 ]] || die "run as root (the daemons and QEMU need it)"
 
@@ -117,7 +137,9 @@ T0=$SECONDS
 	echo "fio: $(fio --version)"
 	echo "guest_kernel: $(cat "$REPO/build/guest/kernel-version" 2>/dev/null || echo "built on first VM run")"
 	echo "rustc: $(rustc --version 2>/dev/null)"
+	echo "commit: $(git -C "$REPO" rev-parse HEAD 2>/dev/null)$(git -C "$REPO" diff --quiet HEAD -- src harness Cargo.toml 2>/dev/null || echo " (work tree modified)")"
 	echo "reps: $REPS"
+	echo "fio_reps: $FIO_REPS"
 	echo "loadgen_duration_s: $DURATION"
 	echo "loadgen_file_size: $FILE_SIZE"
 	echo "fio_runtime_s: $FIO_RUNTIME"
@@ -125,29 +147,67 @@ T0=$SECONDS
 	echo "meta_files: $META_FILES"
 } >"$OUT/env.txt"
 
+# ---------------------------------------------------------------- quiet machine
+# Processes that would share the two cores with a measurement: other VMs,
+# builds, other vhost-user daemons (ours are stopped between runs).
+company() {
+	pgrep -a -f '(^|/)(qemu-system-[a-z0-9_]+|cargo|rustc|cc1|cc1plus|ld|volfsd|virtiofsd|cloud-hypervisor|fio|stress-ng)( |$)' |
+		awk -v self=$$ '$1 != self {print $2}' | xargs -r -n1 basename | sort | uniq -c | awk '{printf "%s%s×%s", sep, $2, $1; sep=","}'
+}
+load1() { cut -d' ' -f1 /proc/loadavg; }
+# quiet_check: waits up to 2 minutes for a quiet machine; refuses or marks.
+quiet_check() {
+	local waited=0 c l
+	while :; do
+		c=$(company) l=$(load1)
+		if [[ -z $c ]] && awk -v l="$l" 'BEGIN {exit !(l < 1.0)}'; then
+			echo "quiet: yes (load average $l, no other QEMU, cargo or daemon)" >>"$OUT/env.txt"
+			return
+		fi
+		if ((waited >= 120)); then
+			if [[ $ALLOW_BUSY == 1 ]]; then
+				echo "quiet: NO (load average $l; running: ${c:-nothing else}) - measured anyway (--allow-busy)" >>"$OUT/env.txt"
+				say "machine not quiet (load $l; ${c:-}); measuring anyway (--allow-busy)"
+				return
+			fi
+			die "machine not quiet after 2 minutes (load average $l; running: ${c:-nothing else}); stop them or pass --allow-busy"
+		fi
+		sleep 5
+		waited=$((waited + 5))
+	done
+}
+# note_run KIND NAME REP: the load and the company at the start of one run
+note_run() {
+	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(load1)" "$(company)" >>"$OUT/quiet.tsv"
+}
+
 volfsd_cmd() { echo "$VOLFSD --socket-path $1 --shared-dir $2 --cache none --log-level warn $3"; }
-virtiofsd_cmd() { echo "$VIRTIOFSD --socket-path=$1 --shared-dir=$2 --cache=never --log-level=warn"; }
+virtiofsd_cmd() { echo "$VIRTIOFSD --socket-path=$1 --shared-dir=$2 --cache=never --log-level=warn $3"; }
 
 # ---------------------------------------------------------------- loadgen
-# loadgen_run NAME QUEUES REP [WORKLOADS]: one daemon on a fresh socket, every
-# workload (or the listed ones).
+LOADGEN_CONFIGS=(volfsd volfsd-open virtiofsd virtiofsd-matched volfsd-q2)
+
+# loadgen_run NAME REP: one daemon on a fresh socket, every workload.
 loadgen_run() {
-	local name=$1 queues=$2 rep=$3 workloads=${4:-all} sock="$WORK/$1.sock" pid rc=0 cmd
+	local name=$1 rep=$2 queues=1 sock="$WORK/$1.sock" pid rc=0 cmd
 	rm -f "$sock"
 	case "$name" in
-	# volfsd without its confinement: what the sandbox and the filters cost.
-	volfsd-open* | confinement-off*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues --sandbox none --seccomp none") ;;
-	volfsd* | confinement-on*) cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues $queues") ;;
-	virtiofsd*) cmd=$(virtiofsd_cmd "$sock" "$SHARE") ;;
+	volfsd) cmd=$(volfsd_cmd "$sock" "$SHARE" "") ;;
+	volfsd-open) cmd=$(volfsd_cmd "$sock" "$SHARE" "--sandbox none --seccomp none") ;;
+	volfsd-q2) queues=2 cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues 2") ;;
+	virtiofsd) cmd=$(virtiofsd_cmd "$sock" "$SHARE" "") ;;
+	virtiofsd-matched) cmd=$(virtiofsd_cmd "$sock" "$SHARE" "--sandbox=none --seccomp=none --inode-file-handles=never") ;;
+	*) die "unknown configuration $name" ;;
 	esac
 	echo "$cmd" >"$OUT/loadgen/$name.cmd"
+	note_run loadgen "$name" "$rep"
 	# shellcheck disable=SC2086
 	$cmd >"$OUT/loadgen/$name-rep$rep.daemon.log" 2>&1 &
 	pid=$!
 	local lg=("$LOADGEN" --socket "$sock" --shared-dir "$SHARE" --queues "$queues" --qd 32
-		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload "$workloads" --keep-files
+		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload all --keep-files
 		--json "$OUT/loadgen/$name-rep$rep.json" --daemon-pid "$pid")
-	echo "${lg[*]}" >"$OUT/loadgen/$name.loadgen-cmd"
+	echo "${lg[*]}" | sed "s/--daemon-pid $pid/--daemon-pid PID/" >"$OUT/loadgen/$name.loadgen-cmd"
 	"${lg[@]}" >"$OUT/loadgen/$name-rep$rep.txt" 2>&1 || rc=$?
 	wait "$pid" || true
 	if [[ $rc != 0 ]]; then
@@ -157,22 +217,26 @@ loadgen_run() {
 	say "loadgen $name rep $rep: $(awk 'NR>1 {printf "%s %s  ", $1, $2}' <(grep -v '^loadgen:' "$OUT/loadgen/$name-rep$rep.txt"))"
 }
 
+# rotated_order REP NAME...: the names rotated by REP, reversed on even REPs, so
+# that no configuration always runs first or after the same neighbour.
+rotated_order() {
+	local rep=$1 n i out=()
+	shift
+	n=$#
+	local names=("$@")
+	for ((i = 0; i < n; i++)); do out+=("${names[$(((i + rep) % n))]}"); done
+	if ((rep % 2 == 0)); then
+		for ((i = n - 1; i >= 0; i--)); do echo "${out[$i]}"; done
+	else
+		printf '%s\n' "${out[@]}"
+	fi
+}
+
+quiet_check
 if [[ $DO_LOADGEN == 1 ]]; then
 	for rep in $(seq "$REPS"); do
-		# The confined and unconfined volfsd swap places every repetition, so
-		# that neither always runs right after the same neighbour.
-		if ((rep % 2)); then first=volfsd-q1 second=volfsd-open-q1; else first=volfsd-open-q1 second=volfsd-q1; fi
-		loadgen_run "$first" 1 "$rep"
-		loadgen_run virtiofsd-q1 1 "$rep"
-		loadgen_run "$second" 1 "$rep"
-		loadgen_run volfsd-q2 2 "$rep"
-	done
-	# What confinement costs, with more repetitions than the rest: the difference
-	# sought (a few %) is smaller than one run's noise on two shared cores.
-	for rep in $(seq "$CONF_REPS"); do
-		if ((rep % 2)); then pair=(confinement-on confinement-off); else pair=(confinement-off confinement-on); fi
-		for name in "${pair[@]}"; do
-			loadgen_run "$name" 1 "$rep" randread4k,randwrite4k,lookup,getattr,metadata
+		for name in $(rotated_order "$rep" "${LOADGEN_CONFIGS[@]}"); do
+			loadgen_run "$name" "$rep"
 		done
 	done
 fi
@@ -204,12 +268,18 @@ fio_vm() { # fio_vm NAME DAEMON QUEUES SMP REP
 	local cmd=("$REPO/vm-tests/run-vm.sh" --daemon "$daemon" --suite fio --shared-dir "$SHARE"
 		--queues "$queues" --smp "$smp" --mem 1G --host-hook none --timeout 1200 --log-dir "$log")
 	echo "${cmd[*]}" >"$OUT/fio/$name.cmd"
+	note_run fio "$name" "$rep"
 	if ! "${cmd[@]}" >"$log.out" 2>&1; then
 		tail -n 20 "$log.out" >&2
 		die "fio guest run $name (rep $rep) failed"
 	fi
+	python3 "$HERE/report.py" --extract-fio "$log/serial.log" "$OUT/fio/$name-rep$rep.json"
 	say "fio $name rep $rep: $(tail -n 1 "$log.out")"
 }
+
+# name daemon queues smp: 1 queue against 1 at 1 and 2 vCPUs; volfsd's 2 queues apart.
+FIO_CONFIGS=("volfsd-q1-smp1 $VOLFSD 1 1" "virtiofsd-q1-smp1 $VIRTIOFSD 1 1"
+	"volfsd-q1-smp2 $VOLFSD 1 2" "virtiofsd-q1-smp2 $VIRTIOFSD 1 2" "volfsd-q2-smp2 $VOLFSD 2 2")
 
 if [[ $DO_FIO == 1 ]]; then
 	say "fio natively on the host directory (ceiling)"
@@ -218,17 +288,27 @@ if [[ $DO_FIO == 1 ]]; then
 	fio_params "$WORK/native"
 	PATH="$OUT/fio/bin:$PATH" FIO_HOST_DIR="$WORK/native" sh "$REPO/vm-tests/suites/fio.sh" >"$OUT/fio/host-rep1.out" 2>&1 ||
 		die "native fio run failed"
+	python3 "$HERE/report.py" --extract-fio "$OUT/fio/host-rep1.out" "$OUT/fio/host-rep1.json"
 	echo "FIO_HOST_DIR=$WORK/native sh vm-tests/suites/fio.sh" >"$OUT/fio/host.cmd"
-	for rep in $(seq "$REPS"); do
-		fio_vm volfsd-q1 "$VOLFSD" 1 1 "$rep"
-		fio_vm virtiofsd-q1 "$VIRTIOFSD" 1 1 "$rep"
-		fio_vm volfsd-q2-smp2 "$VOLFSD" 2 2 "$rep"
-		fio_vm virtiofsd-q1-smp2 "$VIRTIOFSD" 1 2 "$rep"
+	n=${#FIO_CONFIGS[@]}
+	for rep in $(seq "$FIO_REPS"); do
+		for ((i = 0; i < n; i++)); do
+			# rotated like the loadgen runs
+			# shellcheck disable=SC2086
+			fio_vm ${FIO_CONFIGS[$(((i + rep) % n))]} "$rep"
+		done
 	done
 	rm -f "$SHARE/.fio-params"
 fi
 
 echo "total_runtime_s: $((SECONDS - T0))" >>"$OUT/env.txt"
 echo "guest_kernel_used: $(cat "$REPO/build/guest/kernel-version" 2>/dev/null)" >>"$OUT/env.txt"
-python3 "$HERE/report.py" "$OUT" --notes "$HERE/profile-notes.md" --criterion "$REPO/target/criterion" >"$DOC"
-say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT)"
+# The small raw results, kept in the repository: the report is generated from them.
+REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+DATA=${DATA:-$REPO/docs/bench-data/$(date -u +%Y-%m-%d)-$REV}
+rm -rf "$DATA"
+mkdir -p "$DATA"
+(cd "$OUT" && find . \( -name '*.json' -o -name '*.cmd' -o -name '*.loadgen-cmd' -o -name env.txt -o -name quiet.tsv \) \
+	-not -path './fio/*-rep*/*' -print0 | xargs -0 cp --parents -t "$DATA")
+python3 "$HERE/report.py" "$DATA" >"$DOC"
+say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT, kept ones in ${DATA#"$REPO"/})"
