@@ -4,12 +4,12 @@
 //! belongs to the current session, within the per-volume handle limit and the fd
 //! budget (see `session.rs`).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::id_map::IdMap;
 use super::inodes::InodeData;
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
@@ -23,7 +23,7 @@ pub struct HandleData {
 }
 
 pub struct HandleStore {
-    map: RwLock<HashMap<u64, Arc<HandleData>>>,
+    map: RwLock<IdMap<Arc<HandleData>>>,
     next_id: AtomicU64,
     session: Arc<Session>,
     budget: Arc<FdBudget>,
@@ -33,7 +33,7 @@ pub struct HandleStore {
 impl HandleStore {
     pub fn new(session: Arc<Session>, budget: Arc<FdBudget>, max_handles: usize) -> Self {
         HandleStore {
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(IdMap::default()),
             next_id: AtomicU64::new(1),
             session,
             budget,

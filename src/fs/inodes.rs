@@ -7,6 +7,8 @@
 //! `session.rs`), and only within the per-volume limit and the fd budget.
 
 use std::collections::HashMap;
+
+use super::id_map::IdMap;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +62,7 @@ impl InodeData {
 
 #[derive(Default)]
 struct Maps {
-    by_id: HashMap<u64, Arc<InodeData>>,
+    by_id: IdMap<Arc<InodeData>>,
     by_key: HashMap<InodeKey, u64>,
 }
 

@@ -17,6 +17,7 @@
 
 pub mod extra_ops;
 pub mod handles;
+pub mod id_map;
 pub mod inodes;
 pub mod layer;
 pub mod locks;
