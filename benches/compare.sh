@@ -8,6 +8,9 @@
 #                      each repetition runs every configuration once, in an order
 #                      rotated (and reversed every other time) from the last
 #   --fio-reps N       repetitions of every guest fio configuration (default 5)
+#   --inodes N         inodes a frontend looks up and holds (default 1000000)
+#   --density N        daemons started side by side, each with a connected
+#                      frontend (default 100)
 #   --duration S       seconds per loadgen workload (default 5)
 #   --file-size SIZE   loadgen data file (default 1G)
 #   --fio-runtime S    seconds per fio run in the guest (default 5)
@@ -22,7 +25,8 @@
 #   --allow-busy       measure even if the machine is not quiet (the report says so)
 #   --no-build         use the binaries as they are (target/release)
 #   --volfsd BIN / --loadgen BIN / --virtiofsd BIN   binaries to use
-#   --skip-loadgen / --skip-fio / --skip-footprint   leave parts out
+#   --skip-loadgen / --skip-fio / --skip-footprint   leave parts out (footprint
+#                      includes scale: start-up to INIT, held inodes, density)
 #
 # The matrix (load generator, 1 queue, QD 32, and the QD 1 workloads):
 #   volfsd             its defaults: --sandbox namespace --seccomp kill
@@ -51,6 +55,8 @@ REPO=$(cd "$HERE/.." && pwd)
 
 REPS=5
 FIO_REPS=5
+INODES=1000000
+DENSITY=100
 ALLOW_BUSY=0
 DATA=""
 DURATION=5
@@ -79,6 +85,8 @@ while [[ $# -gt 0 ]]; do
 	--quick) QUICK=1 ;;
 	--reps) REPS=${2:?}; shift ;;
 	--fio-reps) FIO_REPS=${2:?}; shift ;;
+	--inodes) INODES=${2:?}; shift ;;
+	--density) DENSITY=${2:?}; shift ;;
 	--data) DATA=${2:?}; shift ;;
 	--allow-busy) ALLOW_BUSY=1 ;;
 	--duration) DURATION=${2:?}; shift ;;
@@ -96,13 +104,13 @@ while [[ $# -gt 0 ]]; do
 	--skip-loadgen) DO_LOADGEN=0 ;;
 	--skip-fio) DO_FIO=0 ;;
 	--skip-footprint) DO_FOOTPRINT=0 ;;
-	-h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
 	shift
 done
 if [[ $QUICK == 1 ]]; then
-	REPS=2 FIO_REPS=1 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
+	REPS=2 FIO_REPS=1 INODES=20000 DENSITY=10 DURATION=2 FILE_SIZE=64M FIO_RUNTIME=2 FIO_SIZE=32M META_FILES=1000
 fi
 [[ $(id -u) == 0 ]] || die "run as root (the daemons and QEMU need it)"
 
@@ -254,6 +262,14 @@ if [[ $DO_FOOTPRINT == 1 ]]; then
 		--startup-runs $((QUICK == 1 ? 5 : 30)) --reps "$REPS" --duration "$DURATION" \
 		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
 		--daemon virtiofsd "$VIRTIOFSD --socket-path={sock} --shared-dir={share} --cache=never --log-level=warn" >&2
+fi
+if [[ $DO_FOOTPRINT == 1 ]]; then
+	say "scale: start-up to the first INIT reply, held inodes, density"
+	python3 "$HERE/scale.py" --loadgen "$LOADGEN" --share "$SHARE" --out "$OUT/scale.json" \
+		--startup-runs $((QUICK == 1 ? 5 : 20)) --inodes "$INODES" --density "$DENSITY" \
+		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
+		--daemon virtiofsd "$VIRTIOFSD --socket-path={sock} --shared-dir={share} --cache=never --log-level=warn" \
+		--daemon virtiofsd-matched "$VIRTIOFSD --socket-path={sock} --shared-dir={share} --cache=never --log-level=warn --sandbox=none --seccomp=none --inode-file-handles=never" >&2
 fi
 rm -rf "$SHARE/volfsd-loadgen"
 

@@ -3,6 +3,7 @@
 # one ran and validated its data (exit codes, JSON present), never a speed.
 #   - volfsd-loadgen against volfsd, every workload (QD1 ones too), tiny sizes, 1 and 2 queues
 #     (and against virtiofsd if it is installed: the loadgen must run unchanged);
+#   - scale.py (start-up to INIT, held inodes, density) with tiny counts;
 #   - the criterion benches, each run once (--test);
 #   - the fio guest suite once under QEMU with tiny sizes: fio ran and printed
 #     parseable JSON for every job, and the metadata loop its timings.
@@ -122,6 +123,21 @@ with open(sys.argv[1], "r+b") as f:
 		pass loadgen-detects-bad-data
 	else
 		fail loadgen-detects-bad-data "first run exit $rc, run on corrupted data exit $rc2: $(tail -n 1 "$WORK/corrupt.log")"
+	fi
+fi
+
+# The scale instruments: a daemon's start-up to INIT and the inodes a frontend
+# holds (benches/scale.py; tiny counts; it validates the loadgen's report).
+if [[ -x $VOLFSD && -x $LOADGEN ]]; then
+	mkdir -p "$WORK/share-scale"
+	if timeout 120 python3 "$HERE/scale.py" --loadgen "$LOADGEN" --share "$WORK/share-scale" \
+		--out "$WORK/scale.json" --startup-runs 2 --inodes 300 --density 2 \
+		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
+		>"$WORK/scale.log" 2>&1 &&
+		python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["volfsd"]; assert r["inodes"]["held"]==300 and r["inodes"]["fds_per_inode"]>0 and r["density"]["daemons"]==2 and len(r["startup_init_ms"])==2' "$WORK/scale.json"; then
+		pass scale
+	else
+		fail scale "$(tail -n 2 "$WORK/scale.log" | tr '\n' ' ')"
 	fi
 fi
 

@@ -37,7 +37,7 @@ struct Cli {
     #[arg(long, default_value_t = 10_000)]
     files: usize,
     /// Comma-separated: randread4k,randwrite4k,seqread1m,seqwrite1m,lookup,getattr,metadata,readdirplus,
-    /// qd1read4k,qd1getattr (one request in flight on one queue) or all
+    /// qd1read4k,qd1getattr (one request in flight on one queue), all or none
     #[arg(long, default_value = "all")]
     workload: String,
     /// Write the results as JSON to this file
@@ -59,6 +59,11 @@ struct Cli {
     /// request for each workload
     #[arg(long)]
     daemon_pid: Option<i32>,
+    /// Look up N empty files after INIT and never forget them, then run the
+    /// workloads (`--workload none` for none) and hold for --hold-after: the
+    /// daemon's memory and fds per held inode
+    #[arg(long, default_value_t = 0)]
+    hold_inodes: usize,
 }
 
 fn main() -> ExitCode {
@@ -105,5 +110,6 @@ fn build(cli: &Cli) -> Result<Options, String> {
         idle_before: Duration::from_secs_f64(cli.idle_before),
         hold_after: Duration::from_secs_f64(cli.hold_after),
         daemon_pid: cli.daemon_pid,
+        hold_inodes: cli.hold_inodes,
     })
 }

@@ -197,7 +197,7 @@ fn connect_with_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
                 if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
                     && Instant::now() < deadline =>
             {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => return Err(Error::vhost(format!("connecting to {}", path.display()), e)),
         }

@@ -8,12 +8,14 @@
 //! mismatch is an error.
 
 pub mod driver;
+mod hold;
 pub mod pattern;
 mod prepare;
 mod run;
 mod session;
 pub mod workloads;
 
+pub use hold::HeldInodes;
 pub use run::run;
 
 use std::path::PathBuf;
@@ -89,8 +91,12 @@ impl Workload {
         self.kind() != self
     }
 
-    /// Parses a comma-separated list; `all` means every workload.
+    /// Parses a comma-separated list; `all` means every workload, `none` none (for
+    /// footprint runs: connect, INIT, idle or hold inodes, disconnect).
     pub fn parse_list(s: &str) -> Result<Vec<Workload>, String> {
+        if s.trim() == "none" {
+            return Ok(Vec::new());
+        }
         let mut out = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if part == "all" {
@@ -143,6 +149,8 @@ pub struct Options {
     pub hold_after: Duration,
     /// The daemon's pid: its process tree's CPU time over each workload is reported.
     pub daemon_pid: Option<i32>,
+    /// Look up this many files after INIT and never forget them (0: none).
+    pub hold_inodes: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -183,6 +191,8 @@ pub struct Report {
     pub files: usize,
     pub max_write: u32,
     pub results: Vec<WorkloadResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_inodes: Option<HeldInodes>,
 }
 
 pub type LgResult<T> = Result<T, String>;

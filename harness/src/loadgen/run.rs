@@ -414,6 +414,18 @@ pub fn run(opts: &Options) -> LgResult<Report> {
     let wd = work_dir(opts);
     fs::create_dir_all(&wd).map_err(e(wd.display()))?;
     let mut session = Session::connect(opts)?;
+    // For start-up measured to the first INIT reply (benches/footprint.py): the
+    // same clock as Python's time.monotonic().
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    eprintln!(
+        "loadgen: INIT-DONE monotonic_ns={}",
+        i128::from(now.tv_sec) * 1_000_000_000 + i128::from(now.tv_nsec)
+    );
     say(
         opts,
         &format!(
@@ -428,6 +440,10 @@ pub fn run(opts: &Options) -> LgResult<Report> {
         eprintln!("loadgen: IDLE connected, idle for {:?}", opts.idle_before);
         std::thread::sleep(opts.idle_before);
     }
+    let held_inodes = match opts.hold_inodes {
+        0 => None,
+        n => Some(super::hold::hold(&mut session, opts, n)?),
+    };
     let mut results = Vec::new();
     let mut outcome = Ok(());
     for &w in &opts.workloads {
@@ -470,5 +486,6 @@ pub fn run(opts: &Options) -> LgResult<Report> {
         files: opts.files,
         max_write,
         results,
+        held_inodes,
     })
 }
