@@ -83,12 +83,20 @@ impl QueueHealth {
         *self.last_seen.lock().unwrap() = Some((q.desc_table(), q.next_avail()));
     }
 
-    /// Stops the queue where it stands. The position is remembered too: a drain can
-    /// serve requests and then meet the broken ring in its re-check, after the last
-    /// `remember`, and the kick that follows must not read that as a new setup
-    /// (it did, and the queue was stopped and logged twice).
+    /// Stops the queue where its ring broke (the avail index, the rings' memory).
+    /// The position is remembered too: a drain can serve requests and then meet the
+    /// broken ring in its re-check, after the last `remember`, and the kick that
+    /// follows must not read that as a new setup (it did, and the queue was stopped
+    /// and logged twice).
     fn stop(&self, vring: &VringRwLock, index: usize, why: &str) {
         self.remember(vring);
+        self.stop_after_chain(index, why);
+    }
+
+    /// Stops the queue after a broken chain (its descriptors or buffers). The chain
+    /// was popped, so the ring has moved on from the last position remembered: the
+    /// next kick serves again, and the broken chain costs the guest that request only.
+    fn stop_after_chain(&self, index: usize, why: &str) {
         if !self.stopped.swap(true, Ordering::AcqRel) {
             warn!(
                 "queue {index}: stopped: {why}; it serves again once the frontend sets it up anew"
@@ -125,8 +133,12 @@ pub fn process(
             health.remember(vring);
             Ok(())
         }
-        Err(DrainError::Broken(Broken(why))) => {
+        Err(DrainError::BrokenRing(Broken(why))) => {
             health.stop(vring, index, &why);
+            Ok(())
+        }
+        Err(DrainError::Broken(Broken(why))) => {
+            health.stop_after_chain(index, &why);
             Ok(())
         }
         Err(DrainError::Io(e)) => Err(e),
@@ -134,6 +146,9 @@ pub fn process(
 }
 
 enum DrainError {
+    /// The ring itself (its avail index, its memory): nothing more can be popped.
+    BrokenRing(Broken),
+    /// One popped chain (its descriptors, its buffers).
     Broken(Broken),
     Io(io::Error),
 }
@@ -159,7 +174,7 @@ fn drain(
         let mut unsignalled = 0;
         let mut unsignalled_bytes = 0;
         loop {
-            let Some(chain) = pop_checked(mem, vring).map_err(DrainError::Broken)? else {
+            let Some(chain) = pop_checked(mem, vring).map_err(DrainError::BrokenRing)? else {
                 break;
             };
             let head = chain.head_index();
