@@ -274,22 +274,31 @@ fi
 rm -rf "$SHARE/volfsd-loadgen"
 
 # ---------------------------------------------------------------- fio
-fio_params() { # fio_params DIR
-	printf 'FIO_SIZE=%s\nFIO_RUNTIME=%s\nMETA_FILES=%s\n' "$FIO_SIZE" "$FIO_RUNTIME" "$META_FILES" >"$1/.fio-params"
+fio_params() { # fio_params DIR [MORE-ASSIGNMENTS]
+	printf 'FIO_SIZE=%s\nFIO_RUNTIME=%s\nMETA_FILES=%s\n%s\n' "$FIO_SIZE" "$FIO_RUNTIME" "$META_FILES" "${2:-}" >"$1/.fio-params"
 }
 
-fio_vm() { # fio_vm NAME DAEMON QUEUES SMP REP
-	local name=$1 daemon=$2 queues=$3 smp=$4 rep=$5 log="$OUT/fio/$1-rep$5"
-	fio_params "$SHARE"
+fio_vm() { # fio_vm NAME DAEMON QUEUES SMP REP [FIO-CPU]
+	local name=$1 daemon=$2 queues=$3 smp=$4 rep=$5 cpu=${6:-} log="$OUT/fio/$1-rep$5"
+	if [[ -n $cpu ]]; then
+		# Queue locality: 4 KiB random reads, one job, pinned to one vCPU.
+		log="$OUT/fio-locality/$name-rep$rep"
+		fio_params "$SHARE" "FIO_JOBS=randread
+FIO_NUMJOBS=1
+META_FILES=20
+FIO_EXTRA=--cpus_allowed=$cpu"
+	else
+		fio_params "$SHARE"
+	fi
 	local cmd=("$REPO/vm-tests/run-vm.sh" --daemon "$daemon" --suite fio --shared-dir "$SHARE"
 		--queues "$queues" --smp "$smp" --mem 1G --host-hook none --timeout 1200 --log-dir "$log")
-	echo "${cmd[*]}" >"$OUT/fio/$name.cmd"
+	echo "${cmd[*]}" >"$(dirname "$log")/$name.cmd"
 	note_run fio "$name" "$rep"
 	if ! "${cmd[@]}" >"$log.out" 2>&1; then
 		tail -n 20 "$log.out" >&2
 		die "fio guest run $name (rep $rep) failed"
 	fi
-	python3 "$HERE/report.py" --extract-fio "$log/serial.log" "$OUT/fio/$name-rep$rep.json"
+	python3 "$HERE/report.py" --extract-fio "$log/serial.log" "$log.json"
 	say "fio $name rep $rep: $(tail -n 1 "$log.out")"
 }
 
@@ -314,6 +323,20 @@ if [[ $DO_FIO == 1 ]]; then
 			fio_vm ${FIO_CONFIGS[$(((i + rep) % n))]} "$rep"
 		done
 	done
+	# Why a second queue costs random reads at 2 vCPUs: the same 1-job randread
+	# with fio pinned to the vCPU that takes the queue's interrupts or to the other.
+	mkdir -p "$OUT/fio-locality"
+	LOC_CONFIGS=("volfsd-q1-fio-cpu0 $VOLFSD 1 2 0" "volfsd-q1-fio-cpu1 $VOLFSD 1 2 1"
+		"virtiofsd-q1-fio-cpu0 $VIRTIOFSD 1 2 0" "virtiofsd-q1-fio-cpu1 $VIRTIOFSD 1 2 1"
+		"volfsd-q2-fio-cpu0 $VOLFSD 2 2 0")
+	n=${#LOC_CONFIGS[@]}
+	for rep in $(seq "$FIO_REPS"); do
+		for ((i = 0; i < n; i++)); do
+			# shellcheck disable=SC2086
+			set -- ${LOC_CONFIGS[$(((i + rep) % n))]}
+			fio_vm "$1" "$2" "$3" "$4" "$rep" "$5"
+		done
+	done
 	rm -f "$SHARE/.fio-params"
 fi
 
@@ -325,6 +348,6 @@ DATA=${DATA:-$REPO/docs/bench-data/$(date -u +%Y-%m-%d)-$REV}
 rm -rf "$DATA"
 mkdir -p "$DATA"
 (cd "$OUT" && find . \( -name '*.json' -o -name '*.cmd' -o -name '*.loadgen-cmd' -o -name env.txt -o -name quiet.tsv \) \
-	-not -path './fio/*-rep*/*' -print0 | xargs -0 cp --parents -t "$DATA")
+	-not -path './fio*/*-rep*/*' -print0 | xargs -0 cp --parents -t "$DATA")
 python3 "$HERE/report.py" "$DATA" >"$DOC"
 say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT, kept ones in ${DATA#"$REPO"/})"

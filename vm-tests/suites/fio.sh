@@ -35,6 +35,7 @@ FIO_NUMJOBS="1 2"
 FIO_JOBS="seqread seqwrite randread randwrite randread-lat"
 META_FILES=10000
 META_WORKERS=""      # default: one per CPU
+FIO_EXTRA=""         # more fio options for every job (e.g. --cpus_allowed=1)
 [ -f "$M/.fio-params" ] && . "$M/.fio-params"
 META_WORKERS=${META_WORKERS:-$(nproc)}
 
@@ -67,7 +68,7 @@ fio_one() { # fio_one JOB NUMJOBS
 	_args=$(fio_args "$1") || return 2
 	# shellcheck disable=SC2086 # word-split the option list
 	fio --name="$1" --filename="$DATA" --size="$FIO_SIZE" $_args --numjobs="$2" \
-		--direct=$DIRECT --time_based --runtime="$FIO_RUNTIME" --group_reporting \
+		--direct=$DIRECT --time_based --runtime="$FIO_RUNTIME" --group_reporting $FIO_EXTRA \
 		--output-format=json >"/tmp/fio-$1-$2.json" 2>/tmp/fio.err
 	_rc=$?
 	[ $_rc = 0 ] || { cat /tmp/fio.err >&2; return $_rc; }
