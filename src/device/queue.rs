@@ -617,13 +617,18 @@ mod tests {
         assert_eq!(buf, w);
     }
 
+    /// A 256-entry vring with its descriptors at 0, avail ring at 4 KiB, used at 8 KiB.
+    fn vring() -> VringRwLock {
+        let vring = VringRwLock::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
+        vring.set_queue_size(256);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        vring
+    }
+
     #[test]
     fn overlapping_rings_are_broken() {
-        let mem = GuestMemoryAtomic::new(memory());
-        let vring = VringRwLock::new(mem, 256).unwrap();
-        vring.set_queue_size(256);
         // Descriptors at 0 (4 KiB), avail ring after them, used ring apart: fine.
-        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        let vring = vring();
         assert!(check_layout(&vring).is_ok());
         // The used ring laid over the avail ring: broken.
         vring.set_queue_info(0, 0x1000, 0x1000).unwrap();
@@ -634,10 +639,7 @@ mod tests {
 
     #[test]
     fn a_queue_stopped_after_serving_stays_stopped_until_set_up_anew() {
-        let mem = GuestMemoryAtomic::new(memory());
-        let vring = VringRwLock::new(mem, 256).unwrap();
-        vring.set_queue_size(256);
-        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        let vring = vring();
         let health = QueueHealth::default();
         vring.set_queue_next_avail(1);
         health.remember(&vring);
@@ -651,6 +653,38 @@ mod tests {
         vring.set_queue_next_avail(0);
         assert_eq!(health.check_restart(&vring), QueueStart::NewDriver);
         assert!(!health.is_stopped());
+    }
+
+    #[test]
+    fn a_queue_set_up_anew_during_a_drain_is_a_new_driver_at_the_next_kick() {
+        let vring = vring();
+        let health = QueueHealth::default();
+        vring.set_queue_next_avail(5);
+        health.remember(&vring);
+        assert_eq!(health.check_restart(&vring), QueueStart::Same);
+        // The drain pops 2 chains, and a normal end is remembered.
+        vring.set_queue_next_avail(7);
+        health.remember_drained(&vring, 2);
+        assert_eq!(health.check_restart(&vring), QueueStart::Same);
+        // This drain pops 1; before it remembers, the frontend sets the queue up on
+        // new rings from 0. The next kick must still see a new driver.
+        vring.set_queue_info(0x4000, 0x5000, 0x6000).unwrap();
+        vring.set_queue_next_avail(0);
+        health.remember_drained(&vring, 1);
+        assert_eq!(health.check_restart(&vring), QueueStart::NewDriver);
+    }
+
+    #[test]
+    fn a_drain_pops_nothing_from_a_ring_other_than_the_checked_one() {
+        let vring = vring();
+        let guest = GuestMemoryAtomic::new(memory());
+        let m = guest.memory();
+        // One chain pending (avail idx 1) on the ring at 0 is looked at (the queue
+        // is not ready, so it is a broken ring here) ...
+        m.write_obj(1u16, GuestAddress(0x1000 + 2)).unwrap();
+        assert!(!matches!(pop_checked(&m, &vring, Some(0)), Ok(None)));
+        // ... and left alone by a drain that checked another table.
+        assert!(matches!(pop_checked(&m, &vring, Some(0x4000)), Ok(None)));
     }
 
     #[test]

@@ -7,13 +7,12 @@
 //! `session.rs`), and only within the per-volume limit and the fd budget.
 
 use std::collections::HashMap;
-
-use super::id_map::IdMap;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::id_map::IdMap;
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
