@@ -166,13 +166,18 @@ def memory_run(name, cmd, args, tmp):
     }
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def common_args(ap):
+    """The options footprint.py and scale.py share."""
     ap.add_argument("--loadgen", required=True)
     ap.add_argument("--share", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--daemon", nargs=2, action="append", metavar=("NAME", "CMD"), required=True)
     ap.add_argument("--startup-runs", type=int, default=20)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    common_args(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--duration", type=float, default=5)
     args = ap.parse_args()

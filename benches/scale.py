@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from footprint import fds, status_kib, stop, tree  # noqa: E402
+from footprint import common_args, fds, start, status_kib, stop, tree  # noqa: E402
 
 
 def threads(pid):
@@ -39,13 +38,6 @@ def threads(pid):
 
 def rss_anon(pid):
     return sum(status_kib(p, "RssAnon") for p in tree(pid))
-
-
-def spawn(cmd, sock, share, log):
-    if os.path.exists(sock):
-        os.unlink(sock)
-    argv = [a.format(sock=sock, share=share) for a in shlex.split(cmd)]
-    return subprocess.Popen(argv, stdout=log, stderr=log)
 
 
 def loadgen(args, sock, extra, log):
@@ -70,10 +62,8 @@ def startup_once(name, cmd, args, tmp):
     sock = os.path.join(tmp, f"{name}-start.sock")
     llog = os.path.join(tmp, f"{name}-start.loadgen.log")
     with open(os.path.join(tmp, f"{name}-start.daemon.log"), "ab") as dlog, open(llog, "wb") as lf:
-        if os.path.exists(sock):
-            os.unlink(sock)
         t0 = time.monotonic()
-        d = spawn(cmd, sock, args.share, dlog)
+        d = start(cmd, sock, args.share, dlog)
         lg = loadgen(args, sock, ["--workload", "none"], lf)
         listening = None
         while lg.poll() is None:
@@ -95,7 +85,7 @@ def held_inodes(name, cmd, args, tmp):
     sock = os.path.join(tmp, f"{name}-inodes.sock")
     llog = os.path.join(tmp, f"{name}-inodes.loadgen.log")
     with open(os.path.join(tmp, f"{name}-inodes.daemon.log"), "wb") as dlog, open(llog, "wb") as lf:
-        d = spawn(cmd, sock, args.share, dlog)
+        d = start(cmd, sock, args.share, dlog)
         lg = loadgen(args, sock, ["--workload", "none", "--idle-before", "2", "--hold-inodes", str(args.inodes),
                                   "--hold-after", "3", "--json", os.path.join(tmp, f"{name}-inodes.json")], lf)
         if not wait_for(llog, "loadgen: IDLE", lg, 60):
@@ -130,7 +120,7 @@ def density(name, cmd, args, tmp):
             llog = os.path.join(tmp, f"{name}-dens{i}.loadgen.log")
             lf = open(llog, "wb")
             logs += [dlog, lf]
-            procs.append(spawn(cmd, sock, args.share, dlog))
+            procs.append(start(cmd, sock, args.share, dlog))
             lgs.append((loadgen(args, sock, ["--workload", "none", "--idle-before", "600"], lf), llog))
         for lg, llog in lgs:
             if not wait_for(llog, "loadgen: IDLE", lg, 120):
@@ -154,11 +144,7 @@ def density(name, cmd, args, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--loadgen", required=True)
-    ap.add_argument("--share", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--daemon", nargs=2, action="append", metavar=("NAME", "CMD"), required=True)
-    ap.add_argument("--startup-runs", type=int, default=20)
+    common_args(ap)
     ap.add_argument("--inodes", type=int, default=1_000_000)
     ap.add_argument("--density", type=int, default=100)
     args = ap.parse_args()
