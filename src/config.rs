@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, ValueEnum};
 
 use crate::device::MAX_REQUEST_QUEUES;
+use crate::fs::file_handle::FileHandleMode;
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, CacheMode, Limits, ShareSpec};
 use crate::sandbox::{SandboxMode, SeccompMode};
@@ -16,7 +17,6 @@ use crate::sandbox::{SandboxMode, SeccompMode};
 /// launcher that relies on one learns it at once instead of getting other behaviour.
 pub const UNSUPPORTED_VIRTIOFSD_OPTIONS: &[&str] = &[
     "--announce-submounts",
-    "--inode-file-handles",
     "--xattrmap",
     "--posix-acl",
     "--security-label",
@@ -60,6 +60,26 @@ impl From<CacheArg> for CacheMode {
             CacheArg::None | CacheArg::Never => CacheMode::None,
             CacheArg::Auto => CacheMode::Auto,
             CacheArg::Always => CacheMode::Always,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum FileHandlesArg {
+    Never,
+    Prefer,
+    /// virtiofsd's deprecated alias of `prefer`.
+    #[value(hide = true)]
+    Fallback,
+    Mandatory,
+}
+
+impl From<FileHandlesArg> for FileHandleMode {
+    fn from(a: FileHandlesArg) -> Self {
+        match a {
+            FileHandlesArg::Never => FileHandleMode::Never,
+            FileHandlesArg::Prefer | FileHandlesArg::Fallback => FileHandleMode::Prefer,
+            FileHandlesArg::Mandatory => FileHandleMode::Mandatory,
         }
     }
 }
@@ -194,6 +214,14 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "kill")]
     pub seccomp: SeccompMode,
 
+    /// How nodes refer to host inodes, as in virtiofsd: `never` (an `O_PATH` fd
+    /// each), `prefer` (a file handle where the file system makes them, else an fd)
+    /// or `mandatory` (file handles only; a share without them is refused). Handles
+    /// cost no fd and do not keep unlinked files alive; opening one needs
+    /// CAP_DAC_READ_SEARCH (without it `prefer` keeps fds).
+    #[arg(long, value_enum, default_value = "never")]
+    pub inode_file_handles: FileHandlesArg,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,
@@ -228,6 +256,7 @@ pub struct Config {
     pub rlimit_nofile: Option<u64>,
     pub sandbox: SandboxMode,
     pub seccomp: SeccompMode,
+    pub file_handles: FileHandleMode,
 }
 
 #[derive(Debug, Eq, PartialEq)]
@@ -335,6 +364,7 @@ impl Args {
             rlimit_nofile: self.rlimit_nofile,
             sandbox: self.sandbox,
             seccomp: self.seccomp,
+            file_handles: self.inode_file_handles.into(),
         })
     }
 }

@@ -83,6 +83,7 @@ pub fn run(config: Config) -> Result<(), String> {
             privileged_xattrs: config.privileged_xattrs,
             limits: config.limits,
             proc_self_fd: Some(Arc::new(outside.proc_self_fd)),
+            file_handles: config.file_handles,
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
@@ -94,6 +95,7 @@ pub fn run(config: Config) -> Result<(), String> {
         seccomp: config.seccomp,
         drop_caps: true,
         privileged_xattrs: config.privileged_xattrs,
+        file_handles: config.file_handles != crate::fs::file_handle::FileHandleMode::Never,
     });
     spawn_signal_thread(term, socket_files.clone());
     crate::logging::spawn_summary_thread()?;

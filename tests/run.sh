@@ -73,6 +73,13 @@ for mode in chroot none; do
 		env VOLFSD_TEST_SANDBOX=$mode cargo test --locked -p volfsd-harness --test hostile_guest
 done
 
+# The guest-facing suites again with nodes kept by file handle instead of O_PATH fds.
+for suite in hostile_guest fs_ops; do
+	stage "$suite suite, --inode-file-handles prefer"
+	cargo_counted "$suite (file handles)" \
+		env VOLFSD_TEST_FILE_HANDLES=prefer cargo test --locked -p volfsd-harness --test $suite
+done
+
 # Runs a script that ends with "N passed, N failed" and records its counts.
 run_counted() { # name command...
 	local name=$1 log rc counts p f

@@ -1,5 +1,5 @@
-//! The inode table: FUSE node ids handed to the guest, each bound to an `O_PATH` fd
-//! inside one share.
+//! The inode table: FUSE node ids handed to the guest, each bound to a host inode
+//! inside one share, by an `O_PATH` fd or a file handle (see `file_handle.rs`).
 //!
 //! Node ids come from a 64-bit counter and are never reused, so a stale or forged id
 //! can only miss (ENOENT/ESTALE), never alias a newer inode. A node is registered only
@@ -12,8 +12,9 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::file_handle::{InodeFd, InodeRef};
 use super::id_map::IdMap;
-use super::session::{reserve, unreserve, FdBudget, Session};
+use super::session::{reserve, reserve_without_fd, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
 
@@ -27,8 +28,8 @@ pub struct InodeKey {
 
 pub struct InodeData {
     pub nodeid: u64,
-    /// `O_PATH | O_NOFOLLOW` fd of the host inode.
-    pub file: File,
+    /// The host inode: an `O_PATH | O_NOFOLLOW` fd, or a file handle.
+    inode: InodeRef,
     pub key: InodeKey,
     /// `S_IFMT` bits of the host inode.
     pub file_type: u32,
@@ -56,6 +57,33 @@ impl InodeData {
     /// Share roots are the fixed nodes: they live as long as the share is attached.
     pub fn is_share_root(&self) -> bool {
         self.fixed
+    }
+
+    /// An `O_PATH` fd of the host inode, for one request: the node's own fd, or one
+    /// opened from its file handle (ESTALE once the inode is gone).
+    pub fn fd(&self) -> io::Result<InodeFd<'_>> {
+        match &self.inode {
+            InodeRef::Fd(f) => Ok(InodeFd::Borrowed(f)),
+            InodeRef::Handle(h) => self
+                .share
+                .mounts
+                .open(self.key.mnt_id, h, libc::O_PATH)
+                .map(InodeFd::Owned),
+        }
+    }
+
+    pub fn inode_ref(&self) -> &InodeRef {
+        &self.inode
+    }
+}
+
+/// Gives back what a node took when it goes: its place under the volume's bound and,
+/// if it held an fd, its fd from the budget.
+fn release(data: &InodeData, budget: &FdBudget) {
+    if data.inode.holds_fd() {
+        unreserve(&data.share.usage.nodes, 1, budget);
+    } else {
+        data.share.usage.nodes.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -140,7 +168,7 @@ impl InodeStore {
         reserve(&share.usage.nodes, usize::MAX, &self.budget)?;
         let data = Arc::new(InodeData {
             nodeid,
-            file,
+            inode: InodeRef::Fd(file),
             key,
             file_type,
             share,
@@ -154,12 +182,13 @@ impl InodeStore {
     }
 
     /// Finds the node for `key` in `parent`'s share and takes one lookup reference on
-    /// it, or inserts a new node built from `file`. Fails with ENOENT when `parent`
+    /// it, or inserts a new node built from `inode`. Fails with ENOENT when `parent`
     /// belongs to a detached share or an earlier session, and with ENFILE past the
-    /// volume's node limit or the fd budget.
+    /// volume's node limit or the fd budget. A node kept by a handle that differs from
+    /// `inode`'s is a dead inode whose number was reused: the new inode gets a new node.
     pub fn insert_or_ref(
         &self,
-        file: File,
+        inode: InodeRef,
         key: InodeKey,
         file_type: u32,
         parent: &InodeData,
@@ -172,7 +201,7 @@ impl InodeStore {
                 return Err(errno(libc::ENOENT));
             }
             if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
-                if Arc::ptr_eq(&data.share, share) {
+                if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
                     data.refcount.fetch_add(1, Ordering::AcqRel);
                     return Ok(data.clone());
                 }
@@ -183,16 +212,20 @@ impl InodeStore {
             return Err(errno(libc::ENOENT));
         }
         if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
-            if Arc::ptr_eq(&data.share, share) {
+            if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
                 data.refcount.fetch_add(1, Ordering::AcqRel);
                 return Ok(data.clone());
             }
         }
-        reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
+        if inode.holds_fd() {
+            reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
+        } else {
+            reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
+        }
         let nodeid = self.next_id.fetch_add(1, Ordering::Relaxed);
         let data = Arc::new(InodeData {
             nodeid,
-            file,
+            inode,
             key,
             file_type,
             share: share.clone(),
@@ -232,7 +265,7 @@ impl InodeStore {
         if new == 0 {
             let key = data.key;
             if let Some(gone) = maps.by_id.remove(&nodeid) {
-                unreserve(&gone.share.usage.nodes, 1, &self.budget);
+                release(&gone, &self.budget);
             }
             if maps.by_key.get(&key) == Some(&nodeid) {
                 maps.by_key.remove(&key);
@@ -249,12 +282,18 @@ impl InodeStore {
     /// The caller revoked the share first, so nothing can be re-registered under it.
     pub fn remove_share(&self, share: &Arc<Share>) -> usize {
         let mut maps = self.maps.write().unwrap();
-        let before = maps.by_id.len();
-        maps.by_id.retain(|_, d| !Arc::ptr_eq(&d.share, share));
+        let mut gone = 0;
+        let budget = &self.budget;
+        maps.by_id.retain(|_, d| {
+            let keep = !Arc::ptr_eq(&d.share, share);
+            if !keep {
+                release(d, budget);
+                gone += 1;
+            }
+            keep
+        });
         let Maps { by_id, by_key } = &mut *maps;
         by_key.retain(|_, id| by_id.contains_key(id));
-        let gone = before - maps.by_id.len();
-        unreserve(&share.usage.nodes, gone, &self.budget);
         gone
     }
 
@@ -268,10 +307,10 @@ impl InodeStore {
         let mut dropped = 0;
         for (nodeid, data) in old.by_id {
             let carried = if data.fixed {
-                match data.file.try_clone() {
-                    Ok(file) => Some(Arc::new(InodeData {
+                match data.inode.try_clone() {
+                    Ok(inode) => Some(Arc::new(InodeData {
                         nodeid,
-                        file,
+                        inode,
                         key: data.key,
                         file_type: data.file_type,
                         share: data.share.clone(),
@@ -296,7 +335,7 @@ impl InodeStore {
                     maps.by_id.insert(nodeid, root);
                 }
                 None => {
-                    unreserve(&data.share.usage.nodes, 1, &self.budget);
+                    release(&data, &self.budget);
                     dropped += 1;
                 }
             }
@@ -348,7 +387,12 @@ mod tests {
     }
 
     fn child(store: &InodeStore, parent: &InodeData, ino: u64) -> io::Result<Arc<InodeData>> {
-        store.insert_or_ref(File::open("/").unwrap(), key(ino), libc::S_IFDIR, parent)
+        store.insert_or_ref(
+            InodeRef::Fd(File::open("/").unwrap()),
+            key(ino),
+            libc::S_IFDIR,
+            parent,
+        )
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! TMPFILE, SETLKW) reach the stack through [`ExtraOps`] (`extra_ops.rs`).
 
 pub mod extra_ops;
+pub mod file_handle;
 pub mod handles;
 pub mod id_map;
 pub mod inodes;

@@ -146,6 +146,16 @@ pub fn reserve(counter: &AtomicUsize, max: usize, budget: &FdBudget) -> io::Resu
 }
 
 /// Gives back what [`reserve`] took, `n` times.
+/// As [`reserve`], for an object that holds no fd (a node kept by file handle): only
+/// the per-volume bound applies.
+pub fn reserve_without_fd(counter: &AtomicUsize, max: usize) -> io::Result<()> {
+    if counter.load(Ordering::Relaxed) >= max {
+        return Err(errno(libc::ENFILE));
+    }
+    counter.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
 pub fn unreserve(counter: &AtomicUsize, n: usize, budget: &FdBudget) {
     if n > 0 {
         counter.fetch_sub(n, Ordering::Relaxed);

@@ -1,9 +1,15 @@
 //! A share: one host directory the guest sees, with its read-only flag, counters, and
 //! what it holds open for the guest.
 
+use std::fs::File;
+use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::RwLock;
 use std::time::SystemTime;
+
+use super::file_handle::FileHandle;
+use super::sys::errno;
 
 /// Per-share counters, bumped on the hot path with relaxed atomics and read on demand.
 #[derive(Default)]
@@ -29,6 +35,43 @@ pub struct ShareUsage {
     pub lock_files: AtomicUsize,
 }
 
+/// An fd on each mount of a share whose nodes are kept by file handle, by mount id:
+/// `open_by_handle_at` opens a handle on the mount of the fd it is given. A share
+/// has one mount, plus one per submount the guest has reached.
+#[derive(Default)]
+pub struct MountFds(RwLock<Vec<(u64, File)>>);
+
+impl MountFds {
+    /// Opens `handle` on mount `mnt_id`; ESTALE if no fd of that mount is kept.
+    pub fn open(&self, mnt_id: u64, handle: &FileHandle, flags: libc::c_int) -> io::Result<File> {
+        let mounts = self.0.read().unwrap();
+        match mounts.iter().find(|(id, _)| *id == mnt_id) {
+            Some((_, fd)) => handle.open(fd, flags),
+            None => Err(errno(libc::ESTALE)),
+        }
+    }
+
+    pub fn contains(&self, mnt_id: u64) -> bool {
+        self.0.read().unwrap().iter().any(|(id, _)| *id == mnt_id)
+    }
+
+    /// Keeps `fd` as the fd of mount `mnt_id`, unless one is kept already.
+    pub fn insert(&self, mnt_id: u64, fd: File) {
+        let mut mounts = self.0.write().unwrap();
+        if !mounts.iter().any(|(id, _)| *id == mnt_id) {
+            mounts.push((mnt_id, fd));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.read().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 pub struct Share {
     /// The path the guest sees it at, relative to the mount root (empty for a share
     /// that is the whole mount).
@@ -41,6 +84,10 @@ pub struct Share {
     pub attached_at: SystemTime,
     pub stats: ShareStats,
     pub usage: ShareUsage,
+    /// Whether new nodes of this share are kept by file handle (set at attach, from
+    /// `--inode-file-handles` and what the share's file system supports).
+    use_handles: AtomicBool,
+    pub mounts: MountFds,
     /// Set once, when the share is detached: from then on nothing may be registered
     /// under it, so a request in flight during the detach leaves nothing behind.
     revoked: AtomicBool,
@@ -56,6 +103,8 @@ impl Share {
             attached_at: SystemTime::now(),
             stats: ShareStats::default(),
             usage: ShareUsage::default(),
+            use_handles: AtomicBool::new(false),
+            mounts: MountFds::default(),
             revoked: AtomicBool::new(false),
         }
     }
@@ -68,6 +117,14 @@ impl Share {
 
     pub fn is_revoked(&self) -> bool {
         self.revoked.load(Ordering::Acquire)
+    }
+
+    pub fn set_use_handles(&self, on: bool) {
+        self.use_handles.store(on, Ordering::Release);
+    }
+
+    pub fn uses_handles(&self) -> bool {
+        self.use_handles.load(Ordering::Acquire)
     }
 
     #[cfg(test)]

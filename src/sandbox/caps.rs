@@ -47,12 +47,16 @@ impl CapSet {
 ///   on write and chmod), `SETUID`/`SETGID` (setfsuid/setfsgid to create files as the
 ///   guest's caller), `MKNOD` (guest MKNOD of device nodes, which the nodev mounts
 ///   make unopenable), `SETFCAP` (`security.capability` with --xattr), and
-///   `SYS_ADMIN` only with --allow-privileged-xattrs (`trusted.*`).
+///   `SYS_ADMIN` only with --allow-privileged-xattrs (`trusted.*`), and
+///   `DAC_READ_SEARCH` only with --inode-file-handles=prefer|mandatory
+///   (`open_by_handle_at` of a node kept by file handle).
 /// - the control thread attaches volumes: `SYS_ADMIN` (open_tree clone and
 ///   mount_setattr of the volume's private nodev,nosuid[,ro] mount) and
 ///   `DAC_READ_SEARCH` (reach the volume's directory whatever its mode).
-/// - lock waiters, the vhost-user thread, the signal and log threads need none.
-pub fn kept(role: ThreadRole, privileged_xattrs: bool) -> CapSet {
+/// - lock waiters open the lock file of a node: `DAC_READ_SEARCH` only with
+///   --inode-file-handles=prefer|mandatory (`open_by_handle_at`), else none.
+/// - the vhost-user thread, the signal and log threads need none.
+pub fn kept(role: ThreadRole, privileged_xattrs: bool, file_handles: bool) -> CapSet {
     match role {
         ThreadRole::Worker => {
             let mut set = CapSet::of(&[
@@ -68,9 +72,13 @@ pub fn kept(role: ThreadRole, privileged_xattrs: bool) -> CapSet {
             if privileged_xattrs {
                 set.0 |= 1u64 << CAP_SYS_ADMIN;
             }
+            if file_handles {
+                set.0 |= 1u64 << CAP_DAC_READ_SEARCH;
+            }
             set
         }
         ThreadRole::Control => CapSet::of(&[CAP_SYS_ADMIN, CAP_DAC_READ_SEARCH]),
+        ThreadRole::LockWaiter if file_handles => CapSet::of(&[CAP_DAC_READ_SEARCH]),
         ThreadRole::Main
         | ThreadRole::LockWaiter
         | ThreadRole::Signals
@@ -200,14 +208,16 @@ mod tests {
 
     #[test]
     fn roles_keep_what_their_work_needs() {
-        let w = kept(ThreadRole::Worker, false);
+        let w = kept(ThreadRole::Worker, false, false);
         assert!(w.contains(CAP_CHOWN) && w.contains(CAP_SETUID) && w.contains(CAP_MKNOD));
         assert!(!w.contains(CAP_SYS_ADMIN));
-        assert!(kept(ThreadRole::Worker, true).contains(CAP_SYS_ADMIN));
-        let c = kept(ThreadRole::Control, false);
+        assert!(kept(ThreadRole::Worker, true, false).contains(CAP_SYS_ADMIN));
+        assert!(!w.contains(CAP_DAC_READ_SEARCH), "only with file handles");
+        assert!(kept(ThreadRole::Worker, false, true).contains(CAP_DAC_READ_SEARCH));
+        let c = kept(ThreadRole::Control, false, false);
         assert_eq!(c, CapSet::of(&[CAP_SYS_ADMIN, CAP_DAC_READ_SEARCH]));
-        assert_eq!(kept(ThreadRole::LockWaiter, true), CapSet::EMPTY);
-        assert_eq!(kept(ThreadRole::Main, true), CapSet::EMPTY);
+        assert_eq!(kept(ThreadRole::LockWaiter, true, false), CapSet::EMPTY);
+        assert_eq!(kept(ThreadRole::Main, true, false), CapSet::EMPTY);
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub struct Policy {
     pub drop_caps: bool,
     /// `--allow-privileged-xattrs`: the workers keep CAP_SYS_ADMIN for `trusted.*`.
     pub privileged_xattrs: bool,
+    /// `--inode-file-handles` other than `never`: the workers keep
+    /// CAP_DAC_READ_SEARCH for `open_by_handle_at`.
+    pub file_handles: bool,
 }
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
@@ -110,7 +113,7 @@ pub fn confine_thread(role: ThreadRole) -> Result<(), String> {
         return Ok(());
     };
     if p.drop_caps {
-        caps::restrict_thread(caps::kept(role, p.privileged_xattrs))
+        caps::restrict_thread(caps::kept(role, p.privileged_xattrs, p.file_handles))
             .map_err(|e| format!("{role:?} thread: dropping capabilities: {e}"))?;
     }
     seccomp::apply(role, p.seccomp).map_err(|e| format!("{role:?} thread: {e}"))

@@ -274,6 +274,8 @@ static ALLOWED: &[Allowed] = &[
     // Files.
     allow!(SYS_openat, WORKER | CONTROL | LOCKW, "open relative to a node's fd (lock files too)"),
     allow!(SYS_openat2, CONTROL, "attach: RESOLVE_BENEATH open of a volume"),
+    allow!(SYS_name_to_handle_at, WORKER | CONTROL, "--inode-file-handles: a new node's file handle; attach checks a volume makes them"),
+    allow!(SYS_open_by_handle_at, WORKER | CONTROL | LOCKW, "--inode-file-handles: reach a node kept by file handle (a lock wait opens its lock file); attach checks it opens"),
     allow!(SYS_newfstatat, MAIN | WORKER | CONTROL | SIGNALS, "stat, fstat; a socket file checked before it is removed"),
     allow!(SYS_statx, WORKER | CONTROL | SUPER, "stat (std)"),
     allow!(SYS_readlink, CONTROL, "attach: a volume's path through /proc/self/fd"),

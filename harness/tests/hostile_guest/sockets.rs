@@ -333,7 +333,13 @@ fn start_at_fd_limit(test: &str) -> Option<Daemon> {
     let ctl = format!("--control-socket={}", dir.control_socket().display());
     Some(Daemon::start_in(
         dir,
-        &[&ctl, "--allowed-dir=v", "--rlimit-nofile=64"],
+        // Lookups must cost fds here: nodes keep O_PATH fds, not file handles.
+        &[
+            &ctl,
+            "--allowed-dir=v",
+            "--rlimit-nofile=64",
+            "--inode-file-handles=never",
+        ],
     ))
 }
 

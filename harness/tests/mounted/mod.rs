@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::transport::FuseSession;
+use volfsd::fs::file_handle::FileHandleMode;
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -92,7 +93,10 @@ impl Mounted {
             &shared,
             specs.as_deref(),
             opts.readonly,
-            PassthroughConfig::new(opts.cache, opts.xattr),
+            PassthroughConfig {
+                file_handles: file_handles_from_env(),
+                ..PassthroughConfig::new(opts.cache, opts.xattr)
+            },
         )
         .expect("building the file system stack");
         let server = Arc::new(FsServer::new(&fs));
@@ -137,5 +141,16 @@ impl Drop for Mounted {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+/// `VOLFSD_TEST_FILE_HANDLES=prefer|mandatory` mounts with nodes kept by file handle
+/// (as the daemon's `--inode-file-handles`); unset or `never`: O_PATH fds.
+fn file_handles_from_env() -> FileHandleMode {
+    match std::env::var("VOLFSD_TEST_FILE_HANDLES").as_deref() {
+        Ok("prefer") => FileHandleMode::Prefer,
+        Ok("mandatory") => FileHandleMode::Mandatory,
+        Ok("never") | Err(_) => FileHandleMode::Never,
+        Ok(other) => panic!("VOLFSD_TEST_FILE_HANDLES={other}: never, prefer or mandatory"),
     }
 }

@@ -20,18 +20,20 @@ impl PassthroughFs {
         args: &CreateIn,
     ) -> io::Result<File> {
         let flags = Self::host_open_flags(args.flags);
+        // Before the switch: opening a node's file handle needs the daemon's own ids.
+        let dir_fd = dir.fd()?;
         let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
         let exclusive = flags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         // A name that disappears between EEXIST and the lookup is created anew; a few
         // rounds settle any race with another writer of the directory.
         for _ in 0..4 {
-            match sys::openat(&dir.file, name, exclusive, args.mode & !args.umask) {
+            match sys::openat(&dir_fd, name, exclusive, args.mode & !args.umask) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EEXIST)
                         && args.flags as libc::c_int & libc::O_EXCL == 0 => {}
                 other => return other,
             }
-            let path_fd = match sys::openat(&dir.file, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            let path_fd = match sys::openat(&dir_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                 other => other?,
             };
@@ -65,12 +67,13 @@ impl PassthroughFs {
         if inode.file_type != libc::S_IFREG {
             return Ok(());
         }
-        let st = sys::stat_fd(&inode.file)?;
+        let inode_fd = inode.fd()?;
+        let st = sys::stat_fd(&inode_fd)?;
         match fd {
             Some(fd) => kill_suidgid_fd(fd, &st),
             None => match suidgid_cleared(st.st_mode) {
                 Some(mode) => {
-                    let name = ProcFdName::new(inode.file.as_raw_fd());
+                    let name = ProcFdName::new(inode_fd.as_raw_fd());
                     // SAFETY: fchmodat through the magic link of our own fd.
                     cvt(unsafe {
                         libc::fchmodat(
@@ -267,10 +270,11 @@ impl ExtraOps for PassthroughFs {
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let dir = self.inode(parent)?;
         let flags = Self::host_open_flags(args.flags) | libc::O_TMPFILE;
+        let dir_fd = dir.fd()?;
         let file = {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
             sys::openat(
-                &dir.file,
+                &dir_fd,
                 c".",
                 flags & !libc::O_NOFOLLOW,
                 args.mode & !args.umask,

@@ -33,6 +33,8 @@ pub struct PassthroughConfig {
     /// `/proc/self/fd`, when it was opened before the sandbox changed the root
     /// (inside it there is no /proc); None opens it here.
     pub proc_self_fd: Option<Arc<File>>,
+    /// `--inode-file-handles`: how nodes refer to their host inodes.
+    pub file_handles: FileHandleMode,
 }
 
 impl PassthroughConfig {
@@ -44,6 +46,7 @@ impl PassthroughConfig {
             privileged_xattrs: false,
             limits: Limits::DEFAULT,
             proc_self_fd: None,
+            file_handles: FileHandleMode::Never,
         }
     }
 }
@@ -86,6 +89,7 @@ mod prelude {
         ZeroCopyWriter,
     };
 
+    pub(super) use super::super::file_handle::{FileHandle, FileHandleMode, InodeRef};
     pub(super) use super::super::handles::HandleData;
     pub(super) use super::super::inodes::{InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
@@ -158,16 +162,108 @@ impl PassthroughFs {
             ino: st.st_ino,
             mnt_id: sys::mount_id(&root),
         };
+        if self.cfg.file_handles != FileHandleMode::Never {
+            self.enable_handles(&share, &root, key.mnt_id)?;
+        }
         self.inodes
             .insert_fixed(nodeid, root, key, libc::S_IFDIR, share)?;
         Ok(())
+    }
+
+    /// Decides whether `share`'s nodes are kept by file handle: its file system must
+    /// make handles, and the daemon must be able to open them (CAP_DAC_READ_SEARCH).
+    /// `prefer` falls back to fds with a warning; `mandatory` refuses the share.
+    fn enable_handles(&self, share: &Share, root: &File, mnt_id: u64) -> io::Result<()> {
+        let ctx = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+        let works = FileHandle::of(root)
+            .map_err(|e| ctx("name_to_handle_at", e))
+            .and_then(|h| {
+                let mount = self.mount_fd(root)?;
+                h.open(&mount, libc::O_PATH)
+                    .map(|_| mount)
+                    .map_err(|e| ctx("open_by_handle_at", e))
+            });
+        match works {
+            Ok(mount) => {
+                share.mounts.insert(mnt_id, mount);
+                share.set_use_handles(true);
+                Ok(())
+            }
+            Err(e) if self.cfg.file_handles == FileHandleMode::Mandatory => Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "share {:?} ({}): --inode-file-handles=mandatory, but file handles do \
+                     not work there: {e}",
+                    share.name,
+                    share.host_path.display()
+                ),
+            )),
+            Err(e) => {
+                log::warn!(
+                    "share {:?} ({}): file handles do not work there ({e}); its nodes keep \
+                     an O_PATH fd each",
+                    share.name,
+                    share.host_path.display()
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// The fd `open_by_handle_at` is given for the mount `dir` (an `O_PATH` fd of a
+    /// directory) is on: the kernel takes no `O_PATH` fd there, so it is reopened.
+    fn mount_fd(&self, dir: &File) -> io::Result<File> {
+        self.reopen_fd(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK)
+    }
+
+    /// What a new node of `share` keeps of the inode `file` (an `O_PATH` fd of type
+    /// `file_type` on mount `mnt_id`): its file handle where the share uses handles,
+    /// else the fd. A submount is entered through its root directory, which gives the
+    /// mount its fd for reopening handles; until then its nodes keep fds.
+    fn inode_ref_for(
+        &self,
+        share: &Share,
+        file: File,
+        file_type: u32,
+        mnt_id: u64,
+    ) -> io::Result<InodeRef> {
+        if !share.uses_handles() {
+            return Ok(InodeRef::Fd(file));
+        }
+        match FileHandle::of(&file) {
+            Ok(h) => {
+                if !share.mounts.contains(mnt_id) {
+                    if file_type != libc::S_IFDIR {
+                        // A file bind-mounted on its own: no directory to anchor it.
+                        return match self.cfg.file_handles {
+                            FileHandleMode::Mandatory => Err(errno(libc::EOPNOTSUPP)),
+                            _ => Ok(InodeRef::Fd(file)),
+                        };
+                    }
+                    share.mounts.insert(mnt_id, self.mount_fd(&file)?);
+                }
+                Ok(InodeRef::Handle(h))
+            }
+            Err(e) if self.cfg.file_handles == FileHandleMode::Mandatory => Err(e),
+            // A submount whose file system makes no handles: fds there.
+            Err(_) => Ok(InodeRef::Fd(file)),
+        }
+    }
+
+    /// Whether the live node `data` is the inode `file` refers to (see
+    /// [`InodeRef::same_inode`]).
+    fn is_same_inode(data: &InodeData, file: &File) -> bool {
+        match data.inode_ref() {
+            InodeRef::Fd(_) => true,
+            InodeRef::Handle(h) => FileHandle::of(file).is_ok_and(|f| f == *h),
+        }
     }
 
     /// The entry of a share root as seen from the virtual directory above it: announced
     /// as a submount, so each share has its own st_dev in the guest.
     pub fn share_root_entry(&self, nodeid: u64) -> io::Result<Entry> {
         let data = self.inode(nodeid)?;
-        let st = sys::stat_fd(&data.file)?;
+        let st = sys::stat_fd(&data.fd()?)?;
         let mut entry = self.entry_from(&data, st, None);
         entry.attr_flags |= ATTR_SUBMOUNT;
         Ok(entry)
@@ -228,7 +324,15 @@ impl PassthroughFs {
                 libc::EBADF
             }));
         }
-        self.reopen_fd(&inode.file, flags)
+        match inode.inode_ref() {
+            InodeRef::Fd(f) => self.reopen_fd(f, flags),
+            // The handle opens the inode itself with the real flags: no O_PATH step.
+            InodeRef::Handle(h) => inode.share.mounts.open(
+                inode.key.mnt_id,
+                h,
+                flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL),
+            ),
+        }
     }
 
     /// Reopens an `O_PATH` fd whose type the caller checked.
@@ -270,9 +374,9 @@ impl PassthroughFs {
             ino: st.st_ino,
             mnt_id: sys::mount_id(&file),
         };
-        let node = self
-            .inodes
-            .insert_or_ref(file, key, st.st_mode & libc::S_IFMT, parent)?;
+        let file_type = st.st_mode & libc::S_IFMT;
+        let inode = self.inode_ref_for(&parent.share, file, file_type, key.mnt_id)?;
+        let node = self.inodes.insert_or_ref(inode, key, file_type, parent)?;
         Ok(self.entry_from(&node, st, Some(parent)))
     }
 
@@ -318,7 +422,7 @@ impl PassthroughFs {
                 return sys::stat_fd(&h.file);
             }
         }
-        sys::stat_fd(&inode.file)
+        sys::stat_fd(&inode.fd()?)
     }
 }
 

@@ -37,7 +37,7 @@ impl PassthroughFs {
         if name.to_bytes() == b".." {
             return self.lookup_dotdot(parent);
         }
-        let file = sys::openat(&parent.file, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let file = sys::openat(&parent.fd()?, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         self.register(file, parent)
     }
 
@@ -48,7 +48,7 @@ impl PassthroughFs {
             // The virtual layer answers `..` of a share root; here it stays put.
             return self.ref_existing(parent);
         }
-        let file = sys::openat(&parent.file, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let file = sys::openat(&parent.fd()?, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;
         let st = sys::stat_fd(&file)?;
         let key = InodeKey {
             dev: st.st_dev,
@@ -56,7 +56,10 @@ impl PassthroughFs {
             mnt_id: sys::mount_id(&file),
         };
         match self.inodes.lookup_key(&key) {
-            Some(existing) if Arc::ptr_eq(&existing.share, &parent.share) => {
+            Some(existing)
+                if Arc::ptr_eq(&existing.share, &parent.share)
+                    && Self::is_same_inode(&existing, &file) =>
+            {
                 self.ref_existing(&existing)
             }
             _ => Err(errno(libc::ENOENT)),
@@ -64,8 +67,8 @@ impl PassthroughFs {
     }
 
     pub(super) fn ref_existing(&self, data: &Arc<InodeData>) -> io::Result<Entry> {
-        let st = sys::stat_fd(&data.file)?;
-        let dup = data.file.try_clone()?;
+        let st = sys::stat_fd(&data.fd()?)?;
+        let dup = data.inode_ref().try_clone()?;
         let node = self
             .inodes
             .insert_or_ref(dup, data.key, data.file_type, data)?;
@@ -105,7 +108,8 @@ impl PassthroughFs {
     ) -> io::Result<(stat64, Duration)> {
         let data = self.inode(inode)?;
         let h = handle.and_then(|fh| self.handle(fh, inode).ok());
-        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+        let data_fd = data.fd()?;
+        let proc_name = ProcFdName::new(data_fd.as_raw_fd());
 
         if valid.contains(SetattrValid::MODE) {
             // SAFETY: fchmodat on the /proc/self/fd magic link of our own fd.
@@ -135,7 +139,7 @@ impl PassthroughFs {
             // SAFETY: fchownat with an empty path acts on the fd itself.
             cvt(unsafe {
                 libc::fchownat(
-                    data.file.as_raw_fd(),
+                    data_fd.as_raw_fd(),
                     c"".as_ptr(),
                     uid,
                     gid,
@@ -202,7 +206,7 @@ impl PassthroughFs {
                 match &h {
                     Some(h) => libc::futimens(h.file.as_raw_fd(), times.as_ptr()),
                     None if data.file_type == libc::S_IFLNK => libc::utimensat(
-                        data.file.as_raw_fd(),
+                        data_fd.as_raw_fd(),
                         c"".as_ptr(),
                         times.as_ptr(),
                         libc::AT_EMPTY_PATH,
@@ -216,7 +220,7 @@ impl PassthroughFs {
                 }
             })?;
         }
-        Ok((sys::stat_fd(&data.file)?, self.timeout))
+        Ok((sys::stat_fd(&data_fd)?, self.timeout))
     }
 
     pub(super) fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -225,7 +229,7 @@ impl PassthroughFs {
         // SAFETY: readlinkat with an empty path reads the symlink the fd refers to.
         let n = unsafe {
             libc::readlinkat(
-                data.file.as_raw_fd(),
+                data.fd()?.as_raw_fd(),
                 c"".as_ptr(),
                 buf.as_mut_ptr() as *mut libc::c_char,
                 buf.len(),
@@ -245,12 +249,11 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EEXIST)?;
+        let dir_fd = dir.fd()?;
         {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
             // SAFETY: both strings are NUL-terminated.
-            cvt(unsafe {
-                libc::symlinkat(linkname.as_ptr(), dir.file.as_raw_fd(), name.as_ptr())
-            })?;
+            cvt(unsafe { libc::symlinkat(linkname.as_ptr(), dir_fd.as_raw_fd(), name.as_ptr()) })?;
         }
         self.do_lookup(&dir, name)
     }
@@ -266,12 +269,13 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EEXIST)?;
+        let dir_fd = dir.fd()?;
         {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
             // SAFETY: NUL-terminated name, dir fd owned by the inode.
             cvt(unsafe {
                 libc::mknodat(
-                    dir.file.as_raw_fd(),
+                    dir_fd.as_raw_fd(),
                     name.as_ptr(),
                     mode & !umask,
                     rdev as libc::dev_t,
@@ -291,10 +295,11 @@ impl PassthroughFs {
     ) -> io::Result<Entry> {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EEXIST)?;
+        let dir_fd = dir.fd()?;
         {
             let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
             // SAFETY: NUL-terminated name, dir fd owned by the inode.
-            cvt(unsafe { libc::mkdirat(dir.file.as_raw_fd(), name.as_ptr(), mode & !umask) })?;
+            cvt(unsafe { libc::mkdirat(dir_fd.as_raw_fd(), name.as_ptr(), mode & !umask) })?;
         }
         self.do_lookup(&dir, name)
     }
@@ -306,7 +311,7 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         }
         // SAFETY: NUL-terminated name, dir fd owned by the inode.
-        cvt(unsafe { libc::unlinkat(dir.file.as_raw_fd(), name.as_ptr(), 0) }).map(|_| ())
+        cvt(unsafe { libc::unlinkat(dir.fd()?.as_raw_fd(), name.as_ptr(), 0) }).map(|_| ())
     }
 
     pub(super) fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -318,7 +323,7 @@ impl PassthroughFs {
             _ => {}
         }
         // SAFETY: NUL-terminated name, dir fd owned by the inode.
-        cvt(unsafe { libc::unlinkat(dir.file.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+        cvt(unsafe { libc::unlinkat(dir.fd()?.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
             .map(|_| ())
     }
 
@@ -338,7 +343,7 @@ impl PassthroughFs {
         if !Arc::ptr_eq(&od.share, &nd.share) {
             return Err(errno(libc::EXDEV));
         }
-        sys::renameat2(&od.file, oldname, &nd.file, newname, flags)
+        sys::renameat2(&od.fd()?, oldname, &nd.fd()?, newname, flags)
     }
 
     pub(super) fn link(
@@ -354,13 +359,14 @@ impl PassthroughFs {
         if !Arc::ptr_eq(&data.share, &dir.share) {
             return Err(errno(libc::EXDEV));
         }
-        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+        let data_fd = data.fd()?;
+        let proc_name = ProcFdName::new(data_fd.as_raw_fd());
         // SAFETY: linkat through the /proc/self/fd magic link of our own fd.
         cvt(unsafe {
             libc::linkat(
                 self.proc_self_fd.as_raw_fd(),
                 proc_name.as_cstr().as_ptr(),
-                dir.file.as_raw_fd(),
+                dir.fd()?.as_raw_fd(),
                 newname.as_ptr(),
                 libc::AT_SYMLINK_FOLLOW,
             )
@@ -372,7 +378,7 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         let mut out = MaybeUninit::<statvfs64>::zeroed();
         // SAFETY: fstatvfs fills `out`; the result is checked.
-        cvt(unsafe { libc::fstatvfs64(data.file.as_raw_fd(), out.as_mut_ptr()) })?;
+        cvt(unsafe { libc::fstatvfs64(data.fd()?.as_raw_fd(), out.as_mut_ptr()) })?;
         // SAFETY: fstatvfs succeeded.
         let mut st = unsafe { out.assume_init() };
         if data.share.read_only {
@@ -383,7 +389,8 @@ impl PassthroughFs {
 
     pub(super) fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
         let data = self.inode(inode)?;
-        let proc_name = ProcFdName::new(data.file.as_raw_fd());
+        let data_fd = data.fd()?;
+        let proc_name = ProcFdName::new(data_fd.as_raw_fd());
         let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
         // faccessat2 with AT_EACCESS checks as the fs ids just switched to; plain
         // faccessat would check the daemon's real ids (root) and allow everything.

@@ -1,0 +1,187 @@
+//! `--inode-file-handles`: with `prefer` (or `mandatory`) a node the guest holds is
+//! kept by file handle, so it costs the daemon no fd and does not keep an unlinked
+//! file alive on the host; a reused inode number is a new node, never the old one.
+//! Each test runs the real daemon with its default sandbox and seccomp filter, so the
+//! capability and the system calls the handles need are checked too.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use volfsd_harness::fixtures::guest::errno_of;
+use volfsd_harness::fixtures::host::fd_count;
+use volfsd_harness::fixtures::{self, Daemon, TestDir, RDONLY, ROOT};
+use volfsd_harness::frontend::FuseOps;
+
+const FILES: usize = 3_000;
+
+fn skip_for_virtiofsd() -> bool {
+    if fixtures::is_virtiofsd() {
+        eprintln!("skipped: volfsd's own fd accounting and logs");
+        return true;
+    }
+    false
+}
+
+/// The daemon's fds that still point at a deleted file.
+fn deleted_fds(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|l| l.display().to_string())
+        .filter(|l| l.ends_with("(deleted)"))
+        // The frontend's guest RAM is a memfd: not a file of the share.
+        .filter(|l| !l.contains("memfd:"))
+        .collect()
+}
+
+#[test]
+fn with_prefer_held_inodes_cost_no_fds_and_still_serve() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    let dir = TestDir::new("fh-prefer");
+    for i in 0..FILES {
+        std::fs::write(dir.shared().join(format!("f{i}")), format!("data {i}")).unwrap();
+    }
+    let d = Daemon::start_in(dir, &["--inode-file-handles=prefer"]);
+    let mut c = d.client();
+    c.set_timeout(Duration::from_secs(30));
+    let before = fd_count(d.pid());
+    let mut nodes = Vec::new();
+    for i in 0..FILES {
+        let e = c.lookup(ROOT, &format!("f{i}")).unwrap();
+        assert_eq!(e.attr.size, format!("data {i}").len() as u64);
+        nodes.push(e.nodeid);
+    }
+    let held = fd_count(d.pid());
+    assert!(
+        held < before + 10,
+        "{FILES} held inodes took {} fds (before {before}, now {held})",
+        held - before
+    );
+    // Every held node still reaches its own file: attributes, data, a write.
+    for (i, &n) in nodes.iter().enumerate().step_by(97) {
+        let a = c.getattr(n).unwrap();
+        assert_eq!(a.attr.size, format!("data {i}").len() as u64, "f{i}");
+    }
+    let (n7, want) = (nodes[7], b"data 7");
+    let fh = c.open(n7, RDONLY).unwrap().fh;
+    assert_eq!(c.read(n7, fh, 0, 64).unwrap(), want);
+    c.release(n7, fh, RDONLY).unwrap();
+    let rw = c.open(nodes[8], libc::O_RDWR as u32).unwrap().fh;
+    c.write(nodes[8], rw, 0, b"DATA").unwrap();
+    c.release(nodes[8], rw, libc::O_RDWR as u32).unwrap();
+    let host = std::fs::read(d.dir.shared().join("f8")).unwrap();
+    assert_eq!(host, b"DATA 8");
+    // A directory kept by handle works as a parent.
+    let sub = c.mkdir(ROOT, "sub", 0o755).unwrap().nodeid;
+    let inner = c.mkdir(sub, "inner", 0o755).unwrap();
+    assert_eq!(c.lookup(sub, "inner").unwrap().nodeid, inner.nodeid);
+    assert!(d.dir.shared().join("sub/inner").is_dir());
+    // Forgetting gives nothing back that was not taken: the count stays flat.
+    for &n in &nodes {
+        c.forget(n, 1).unwrap();
+    }
+    assert!(fd_count(d.pid()) < before + 10);
+    let log = d.log();
+    assert!(!log.contains("file handles do not work"), "{log}");
+}
+
+#[test]
+fn with_prefer_an_unlinked_file_is_not_kept_alive() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    for mode in ["never", "prefer"] {
+        let dir = TestDir::new(&format!("fh-unlinked-{mode}"));
+        std::fs::write(dir.shared().join("gone"), vec![1u8; 1 << 20]).unwrap();
+        let arg = format!("--inode-file-handles={mode}");
+        let d = Daemon::start_in(dir, &[&arg]);
+        let mut c = d.client();
+        let node = c.lookup(ROOT, "gone").unwrap().nodeid;
+        std::fs::remove_file(d.dir.shared().join("gone")).unwrap();
+        let kept = deleted_fds(d.pid());
+        if mode == "never" {
+            // The O_PATH fd of the held node pins the inode, as in virtiofsd.
+            assert_eq!(kept.len(), 1, "{kept:?}");
+            assert_eq!(c.getattr(node).unwrap().attr.nlink, 0);
+        } else {
+            assert!(kept.is_empty(), "the daemon keeps {kept:?} alive");
+            let e = errno_of("getattr of a deleted node", c.getattr(node));
+            assert_eq!(e, libc::ESTALE);
+        }
+        c.forget(node, 1).unwrap();
+    }
+}
+
+#[test]
+fn with_prefer_a_reused_inode_number_is_a_new_node() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    let dir = TestDir::new("fh-reuse");
+    std::fs::write(dir.shared().join("old"), b"old").unwrap();
+    let d = Daemon::start_in(dir, &["--inode-file-handles=prefer"]);
+    let mut c = d.client();
+    let old = c.lookup(ROOT, "old").unwrap();
+    let shared = d.dir.shared();
+    std::fs::remove_file(shared.join("old")).unwrap();
+    // ext4 hands the freed inode number out again at once; try a few names.
+    let mut reused = None;
+    for i in 0..64 {
+        let p = shared.join(format!("new{i}"));
+        std::fs::write(&p, b"new content").unwrap();
+        if std::fs::metadata(&p).unwrap().ino() == old.attr.ino {
+            reused = Some(format!("new{i}"));
+            break;
+        }
+    }
+    let Some(name) = reused else {
+        eprintln!("skipped: this file system did not reuse the inode number");
+        return;
+    };
+    let new = c.lookup(ROOT, &name).unwrap();
+    assert_eq!(new.attr.ino, old.attr.ino, "same inode number on the host");
+    assert_ne!(new.nodeid, old.nodeid, "a new inode must get a new node id");
+    assert_eq!(c.getattr(new.nodeid).unwrap().attr.size, 11);
+    let e = errno_of("getattr of the old node", c.getattr(old.nodeid));
+    assert_eq!(e, libc::ESTALE);
+    // The old node goes on forget without taking the new one along.
+    c.forget(old.nodeid, 1).unwrap();
+    assert_eq!(c.getattr(new.nodeid).unwrap().attr.size, 11);
+}
+
+#[test]
+fn mandatory_serves_a_share_that_makes_handles() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    let dir = TestDir::new("fh-mandatory");
+    std::fs::write(dir.shared().join("f"), b"hello").unwrap();
+    let d = Daemon::start_in(dir, &["--inode-file-handles=mandatory"]);
+    let mut c = d.client();
+    let before = fd_count(d.pid());
+    let f = c.lookup(ROOT, "f").unwrap().nodeid;
+    assert_eq!(fd_count(d.pid()), before, "no fd for a node kept by handle");
+    let fh = c.open(f, RDONLY).unwrap().fh;
+    assert_eq!(c.read(f, fh, 0, 16).unwrap(), b"hello");
+}
+
+#[test]
+fn an_unknown_mode_is_refused_by_name() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    let out = std::process::Command::new(fixtures::daemon_binary())
+        .args([
+            "--socket-path=/nonexistent/s",
+            "--shared-dir=/",
+            "--inode-file-handles=sometimes",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--inode-file-handles"), "{err}");
+}
