@@ -159,8 +159,8 @@ pub struct Args {
           value_parser = clap::value_parser!(u16).range(1..=MAX_REQUEST_QUEUES as i64))]
     pub num_request_queues: u16,
 
-    /// Most node ids the guest may hold in one volume (each keeps a host fd open);
-    /// past it, lookups of new files get ENFILE.
+    /// Most node ids the guest may hold in one volume (each keeps a host fd open,
+    /// unless kept by file handle); past it, lookups of new files get ENFILE.
     #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_nodes,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_inodes: usize,

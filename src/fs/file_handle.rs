@@ -28,10 +28,6 @@ pub enum FileHandleMode {
     Mandatory,
 }
 
-/// Handles up to this size are kept inline (ext4, xfs, tmpfs and FUSE use 8–12 bytes);
-/// larger ones (btrfs, overlayfs) go to the heap.
-const INLINE_HANDLE: usize = 12;
-
 /// The kernel's `MAX_HANDLE_SZ`.
 const MAX_HANDLE_SZ: usize = 128;
 
@@ -43,104 +39,147 @@ struct RawHandle {
     f_handle: [u8; MAX_HANDLE_SZ],
 }
 
-#[derive(Clone, Debug, Eq, PartialEq)]
-enum HandleBytes {
-    Inline { len: u8, bytes: [u8; INLINE_HANDLE] },
-    Heap(Box<[u8]>),
-}
-
-/// An opaque file handle of a host inode.
+/// An opaque file handle of a host inode, as `name_to_handle_at` made it.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct FileHandle {
     handle_type: libc::c_int,
-    bytes: HandleBytes,
+    bytes: Box<[u8]>,
 }
 
 impl FileHandle {
     /// The handle of the inode `fd` refers to (an `O_PATH` fd works), without following
     /// a symlink. EOPNOTSUPP where the file system cannot make one.
     pub fn of(fd: &impl AsRawFd) -> io::Result<FileHandle> {
-        let mut raw = RawHandle {
-            handle_bytes: MAX_HANDLE_SZ as u32,
-            handle_type: 0,
-            f_handle: [0; MAX_HANDLE_SZ],
-        };
-        let mut mount_id: libc::c_int = 0;
-        // SAFETY: `raw` has room for MAX_HANDLE_SZ bytes as its header says; the empty
-        // path with AT_EMPTY_PATH names the fd itself.
-        cvt(unsafe {
-            libc::syscall(
-                libc::SYS_name_to_handle_at,
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                &mut raw as *mut RawHandle,
-                &mut mount_id as *mut libc::c_int,
-                libc::AT_EMPTY_PATH,
-            ) as libc::c_int
-        })?;
-        let len = raw.handle_bytes as usize;
-        if len > MAX_HANDLE_SZ {
-            return Err(errno(libc::EOVERFLOW));
-        }
-        let bytes = if len <= INLINE_HANDLE {
-            let mut inline = [0u8; INLINE_HANDLE];
-            inline[..len].copy_from_slice(&raw.f_handle[..len]);
-            HandleBytes::Inline {
-                len: len as u8,
-                bytes: inline,
-            }
-        } else {
-            HandleBytes::Heap(raw.f_handle[..len].into())
-        };
+        let (handle_type, bytes, len) = name_to_handle(fd)?;
         Ok(FileHandle {
-            handle_type: raw.handle_type,
-            bytes,
+            handle_type,
+            bytes: bytes[..len].into(),
         })
     }
 
-    fn as_bytes(&self) -> &[u8] {
-        match &self.bytes {
-            HandleBytes::Inline { len, bytes } => &bytes[..*len as usize],
-            HandleBytes::Heap(b) => b,
-        }
-    }
-
     /// Opens the inode with `flags` (`O_CLOEXEC` is added), on the mount `mount_fd`
-    /// is on. ESTALE once the inode is gone (unlinked and closed everywhere).
+    /// is on (not an `O_PATH` fd: the kernel refuses those there). ESTALE once the
+    /// inode is gone (unlinked and closed everywhere).
     pub fn open(&self, mount_fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
-        let src = self.as_bytes();
-        let mut raw = RawHandle {
-            handle_bytes: src.len() as u32,
-            handle_type: self.handle_type,
-            f_handle: [0; MAX_HANDLE_SZ],
-        };
-        raw.f_handle[..src.len()].copy_from_slice(src);
-        // SAFETY: `raw` is a valid file_handle of `handle_bytes` bytes; the returned fd
-        // is checked and owned.
-        let fd = cvt(unsafe {
-            libc::syscall(
-                libc::SYS_open_by_handle_at,
-                mount_fd.as_raw_fd(),
-                &mut raw as *mut RawHandle,
-                flags | libc::O_CLOEXEC,
-            ) as libc::c_int
-        })?;
-        // SAFETY: `fd` was just returned by open_by_handle_at and nobody else owns it.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        open_by_handle(mount_fd, self.handle_type, &self.bytes, flags)
     }
 }
 
-/// What a node holds to reach its host inode.
+fn name_to_handle(fd: &impl AsRawFd) -> io::Result<(libc::c_int, [u8; MAX_HANDLE_SZ], usize)> {
+    let mut raw = RawHandle {
+        handle_bytes: MAX_HANDLE_SZ as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `raw` has room for MAX_HANDLE_SZ bytes as its header says; the empty
+    // path with AT_EMPTY_PATH names the fd itself.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            &mut raw as *mut RawHandle,
+            &mut mount_id as *mut libc::c_int,
+            libc::AT_EMPTY_PATH,
+        ) as libc::c_int
+    })?;
+    let len = raw.handle_bytes as usize;
+    if len > MAX_HANDLE_SZ {
+        return Err(errno(libc::EOVERFLOW));
+    }
+    Ok((raw.handle_type, raw.f_handle, len))
+}
+
+fn open_by_handle(
+    mount_fd: &impl AsRawFd,
+    handle_type: libc::c_int,
+    bytes: &[u8],
+    flags: libc::c_int,
+) -> io::Result<File> {
+    let mut raw = RawHandle {
+        handle_bytes: bytes.len() as u32,
+        handle_type,
+        f_handle: [0; MAX_HANDLE_SZ],
+    };
+    raw.f_handle[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: `raw` is a valid file_handle of `handle_bytes` bytes; the returned fd
+    // is checked and owned.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            &mut raw as *mut RawHandle,
+            flags | libc::O_CLOEXEC,
+        ) as libc::c_int
+    })?;
+    // SAFETY: `fd` was just returned by open_by_handle_at and nobody else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Handles up to this size whose type fits a byte are kept inline in the node:
+/// ext4 and xfs make 8 bytes, tmpfs and FUSE (s3fs, JuiceFS) 12. Larger ones
+/// (btrfs, overlayfs) go to the heap.
+const INLINE_HANDLE: usize = 12;
+
+/// A file handle small enough to keep inline (16 bytes with the enum's tag).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct SmallHandle {
+    handle_type: u8,
+    len: u8,
+    bytes: [u8; INLINE_HANDLE],
+}
+
+/// What a node holds to reach its host inode. A million of these are held by a guest
+/// that holds a million inodes, so it is kept to 16 bytes.
+#[derive(Debug)]
 pub enum InodeRef {
     Fd(File),
-    Handle(FileHandle),
+    Small(SmallHandle),
+    Big(Box<FileHandle>),
 }
 
 impl InodeRef {
+    /// The file handle of the inode `fd` refers to (see [`FileHandle::of`]).
+    pub fn handle_of(fd: &impl AsRawFd) -> io::Result<InodeRef> {
+        let (handle_type, bytes, len) = name_to_handle(fd)?;
+        Ok(match u8::try_from(handle_type) {
+            Ok(t) if len <= INLINE_HANDLE => {
+                let mut inline = [0u8; INLINE_HANDLE];
+                inline[..len].copy_from_slice(&bytes[..len]);
+                InodeRef::Small(SmallHandle {
+                    handle_type: t,
+                    len: len as u8,
+                    bytes: inline,
+                })
+            }
+            _ => InodeRef::Big(Box::new(FileHandle {
+                handle_type,
+                bytes: bytes[..len].into(),
+            })),
+        })
+    }
+
+    /// Opens a node kept by handle with `flags`, on the mount of `mount_fd`.
+    /// EBADF for a node kept by fd (callers use the fd).
+    pub fn open_handle(&self, mount_fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
+        match self {
+            InodeRef::Fd(_) => Err(errno(libc::EBADF)),
+            InodeRef::Small(h) => open_by_handle(
+                mount_fd,
+                libc::c_int::from(h.handle_type),
+                &h.bytes[..h.len as usize],
+                flags,
+            ),
+            InodeRef::Big(h) => h.open(mount_fd, flags),
+        }
+    }
+
     pub fn try_clone(&self) -> io::Result<InodeRef> {
         Ok(match self {
             InodeRef::Fd(f) => InodeRef::Fd(f.try_clone()?),
-            InodeRef::Handle(h) => InodeRef::Handle(h.clone()),
+            InodeRef::Small(h) => InodeRef::Small(*h),
+            InodeRef::Big(h) => InodeRef::Big(h.clone()),
         })
     }
 
@@ -154,8 +193,10 @@ impl InodeRef {
     /// handles differ when the number was reused by a new inode (its generation).
     pub fn same_inode(&self, other: &InodeRef) -> bool {
         match (self, other) {
-            (InodeRef::Handle(a), InodeRef::Handle(b)) => a == b,
-            _ => true,
+            (InodeRef::Fd(_), _) | (_, InodeRef::Fd(_)) => true,
+            (InodeRef::Small(a), InodeRef::Small(b)) => a == b,
+            (InodeRef::Big(a), InodeRef::Big(b)) => a == b,
+            _ => false,
         }
     }
 }
@@ -188,24 +229,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inline_and_heap_handles_compare_by_content() {
-        let a = FileHandle {
-            handle_type: 1,
-            bytes: HandleBytes::Inline {
+    fn a_node_reference_stays_16_bytes() {
+        assert_eq!(std::mem::size_of::<InodeRef>(), 16);
+    }
+
+    #[test]
+    fn handles_compare_by_type_and_content() {
+        let small = |t: u8, b: u8| {
+            InodeRef::Small(SmallHandle {
+                handle_type: t,
                 len: 8,
-                bytes: [1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0],
-            },
+                bytes: [b; INLINE_HANDLE],
+            })
         };
-        let mut b = a.clone();
-        assert_eq!(a, b);
-        b.handle_type = 2;
-        assert_ne!(a, b, "the type is part of the handle");
-        let heap = FileHandle {
+        assert!(small(1, 1).same_inode(&small(1, 1)));
+        assert!(
+            !small(1, 1).same_inode(&small(2, 1)),
+            "the type is part of it"
+        );
+        assert!(!small(1, 1).same_inode(&small(1, 2)));
+        let big = InodeRef::Big(Box::new(FileHandle {
             handle_type: 1,
-            bytes: HandleBytes::Heap(vec![9u8; 20].into()),
-        };
-        assert_eq!(heap.as_bytes().len(), 20);
-        assert_ne!(a, heap);
+            bytes: vec![1u8; 20].into(),
+        }));
+        assert!(!big.same_inode(&small(1, 1)));
+        assert!(big.same_inode(&big.try_clone().unwrap()));
     }
 
     #[test]
@@ -214,7 +262,7 @@ mod tests {
         let path = dir.join(format!("volfsd-fh-{}", std::process::id()));
         std::fs::write(&path, b"x").unwrap();
         let f = File::open(&path).unwrap();
-        let h = match FileHandle::of(&f) {
+        let h = match InodeRef::handle_of(&f) {
             Ok(h) => h,
             // A temp dir on a file system without handles: nothing to check here.
             Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
@@ -224,7 +272,7 @@ mod tests {
             Err(e) => panic!("name_to_handle_at: {e}"),
         };
         let mount = File::open(&dir).unwrap();
-        match h.open(&mount, libc::O_PATH) {
+        match h.open_handle(&mount, libc::O_PATH) {
             Ok(g) => {
                 let (a, b) = (
                     super::super::sys::stat_fd(&f).unwrap(),

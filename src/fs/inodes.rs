@@ -5,15 +5,19 @@
 //! can only miss (ENOENT/ESTALE), never alias a newer inode. A node is registered only
 //! while its share is attached and its parent belongs to the current session (see
 //! `session.rs`), and only within the per-volume limit and the fd budget.
+//!
+//! A guest may hold a million nodes, so a node is kept small: 72 bytes behind its
+//! `Arc`, and one pointer in each of the two indexes (by node id, by host inode),
+//! which hold the node itself rather than a copy of its key.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use hashbrown::hash_table::{Entry, HashTable};
+
 use super::file_handle::{InodeFd, InodeRef};
-use super::id_map::IdMap;
 use super::session::{reserve, reserve_without_fd, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
@@ -26,32 +30,87 @@ pub struct InodeKey {
     pub mnt_id: u64,
 }
 
+impl InodeKey {
+    /// Spreads (dev, ino, mount) over the table: inode numbers are often sequential.
+    /// The host file system picks them, not the guest, so there is no flood to resist.
+    fn hash(&self) -> u64 {
+        let x = self.ino ^ self.dev.rotate_left(24) ^ self.mnt_id.rotate_left(48);
+        let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+}
+
+/// Node ids are counters the daemon allocates: one multiplication spreads them.
+fn id_hash(nodeid: u64) -> u64 {
+    nodeid.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 pub struct InodeData {
     pub nodeid: u64,
     /// The host inode: an `O_PATH | O_NOFOLLOW` fd, or a file handle.
     inode: InodeRef,
-    pub key: InodeKey,
+    dev: u64,
+    ino: u64,
+    /// The mount id statx gives (`STATX_MNT_ID`: the kernel's int mount id).
+    mnt_id: u32,
     /// `S_IFMT` bits of the host inode.
-    pub file_type: u32,
+    file_type: u16,
+    /// Fixed nodes (share roots) are never dropped by FORGET.
+    fixed: bool,
     pub share: Arc<Share>,
     /// The session this node was handed out in.
     pub epoch: u64,
     /// Lookups the guest holds on this node id (FUSE's nlookup).
     refcount: AtomicU64,
-    /// Fixed nodes (share roots) are never dropped by FORGET.
-    fixed: bool,
 }
 
 impl InodeData {
+    fn new(
+        nodeid: u64,
+        inode: InodeRef,
+        key: InodeKey,
+        file_type: u32,
+        share: Arc<Share>,
+        epoch: u64,
+        fixed: bool,
+    ) -> Self {
+        InodeData {
+            nodeid,
+            inode,
+            dev: key.dev,
+            ino: key.ino,
+            // Legacy mount ids are ints; a wider one never comes from STATX_MNT_ID.
+            mnt_id: key.mnt_id as u32,
+            file_type: (file_type & libc::S_IFMT) as u16,
+            fixed,
+            share,
+            epoch,
+            refcount: AtomicU64::new(1),
+        }
+    }
+
+    pub fn key(&self) -> InodeKey {
+        InodeKey {
+            dev: self.dev,
+            ino: self.ino,
+            mnt_id: u64::from(self.mnt_id),
+        }
+    }
+
+    /// `S_IFMT` bits of the host inode.
+    pub fn file_type(&self) -> u32 {
+        u32::from(self.file_type)
+    }
+
     pub fn is_dir(&self) -> bool {
-        self.file_type == libc::S_IFDIR
+        self.file_type() == libc::S_IFDIR
     }
 
     /// Regular files and directories are the only inodes the daemon ever opens with
     /// real access; everything else (FIFOs, sockets, device nodes) is reached only
     /// through its `O_PATH` fd. The guest kernel serves FIFOs and devices itself.
     pub fn is_openable(&self) -> bool {
-        matches!(self.file_type, libc::S_IFREG | libc::S_IFDIR)
+        matches!(self.file_type(), libc::S_IFREG | libc::S_IFDIR)
     }
 
     /// Share roots are the fixed nodes: they live as long as the share is attached.
@@ -64,10 +123,10 @@ impl InodeData {
     pub fn fd(&self) -> io::Result<InodeFd<'_>> {
         match &self.inode {
             InodeRef::Fd(f) => Ok(InodeFd::Borrowed(f)),
-            InodeRef::Handle(h) => self
+            handle => self
                 .share
                 .mounts
-                .open(self.key.mnt_id, h, libc::O_PATH)
+                .open(self.key().mnt_id, handle, libc::O_PATH)
                 .map(InodeFd::Owned),
         }
     }
@@ -89,8 +148,55 @@ fn release(data: &InodeData, budget: &FdBudget) {
 
 #[derive(Default)]
 struct Maps {
-    by_id: IdMap<Arc<InodeData>>,
-    by_key: HashMap<InodeKey, u64>,
+    /// Every live node, by node id.
+    by_id: HashTable<Arc<InodeData>>,
+    /// The node each host inode currently has (a node whose inode died and whose
+    /// number was reused stays in `by_id` only, until the guest forgets it).
+    by_key: HashTable<Arc<InodeData>>,
+}
+
+impl Maps {
+    fn get(&self, nodeid: u64) -> Option<&Arc<InodeData>> {
+        self.by_id.find(id_hash(nodeid), |d| d.nodeid == nodeid)
+    }
+
+    fn get_key(&self, key: &InodeKey) -> Option<&Arc<InodeData>> {
+        self.by_key.find(key.hash(), |d| d.key() == *key)
+    }
+
+    fn insert(&mut self, data: Arc<InodeData>) {
+        let key = data.key();
+        match self
+            .by_key
+            .entry(key.hash(), |d| d.key() == key, |d| d.key().hash())
+        {
+            Entry::Occupied(mut e) => *e.get_mut() = data.clone(),
+            Entry::Vacant(e) => {
+                e.insert(data.clone());
+            }
+        }
+        self.by_id
+            .insert_unique(id_hash(data.nodeid), data, |d| id_hash(d.nodeid));
+    }
+
+    /// Removes node `nodeid` from both indexes.
+    fn remove(&mut self, nodeid: u64) -> Option<Arc<InodeData>> {
+        let gone = match self
+            .by_id
+            .find_entry(id_hash(nodeid), |d| d.nodeid == nodeid)
+        {
+            Ok(e) => e.remove().0,
+            Err(_) => return None,
+        };
+        let key = gone.key();
+        if let Ok(e) = self
+            .by_key
+            .find_entry(key.hash(), |d| d.key() == key && d.nodeid == nodeid)
+        {
+            e.remove();
+        }
+        Some(gone)
+    }
 }
 
 pub struct InodeStore {
@@ -125,8 +231,7 @@ impl InodeStore {
         self.maps
             .read()
             .unwrap()
-            .by_id
-            .get(&nodeid)
+            .get(nodeid)
             .filter(|d| !d.share.is_revoked())
             .cloned()
             .ok_or_else(|| errno(libc::ENOENT))
@@ -138,18 +243,13 @@ impl InodeStore {
         self.maps
             .read()
             .unwrap()
-            .by_id
-            .get(&nodeid)
+            .get(nodeid)
             .map(|d| d.share.clone())
     }
 
     /// The live node for a host inode, if the guest holds one.
     pub fn lookup_key(&self, key: &InodeKey) -> Option<Arc<InodeData>> {
-        let maps = self.maps.read().unwrap();
-        maps.by_key
-            .get(key)
-            .and_then(|id| maps.by_id.get(id))
-            .cloned()
+        self.maps.read().unwrap().get_key(key).cloned()
     }
 
     /// Inserts a fixed node (a share root) that is never forgotten.
@@ -166,18 +266,17 @@ impl InodeStore {
             return Err(errno(libc::ENOENT));
         }
         reserve(&share.usage.nodes, usize::MAX, &self.budget)?;
-        let data = Arc::new(InodeData {
+        let epoch = self.session.current();
+        let data = Arc::new(InodeData::new(
             nodeid,
-            inode: InodeRef::Fd(file),
+            InodeRef::Fd(file),
             key,
             file_type,
             share,
-            epoch: self.session.current(),
-            refcount: AtomicU64::new(1),
-            fixed: true,
-        });
-        maps.by_key.insert(key, nodeid);
-        maps.by_id.insert(nodeid, data.clone());
+            epoch,
+            true,
+        ));
+        maps.insert(data.clone());
         Ok(data)
     }
 
@@ -194,28 +293,30 @@ impl InodeStore {
         parent: &InodeData,
     ) -> io::Result<Arc<InodeData>> {
         let share = &parent.share;
+        let existing = |maps: &Maps| -> Option<Arc<InodeData>> {
+            let data = maps.get_key(&key)?;
+            if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
+                data.refcount.fetch_add(1, Ordering::AcqRel);
+                return Some(data.clone());
+            }
+            None
+        };
         // Fast path under the read lock: an existing node only needs its count bumped.
         {
             let maps = self.maps.read().unwrap();
             if !self.session.admits(share, parent.epoch) {
                 return Err(errno(libc::ENOENT));
             }
-            if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
-                if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
-                    data.refcount.fetch_add(1, Ordering::AcqRel);
-                    return Ok(data.clone());
-                }
+            if let Some(data) = existing(&maps) {
+                return Ok(data);
             }
         }
         let mut maps = self.maps.write().unwrap();
         if !self.session.admits(share, parent.epoch) {
             return Err(errno(libc::ENOENT));
         }
-        if let Some(data) = maps.by_key.get(&key).and_then(|id| maps.by_id.get(id)) {
-            if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
-                data.refcount.fetch_add(1, Ordering::AcqRel);
-                return Ok(data.clone());
-            }
+        if let Some(data) = existing(&maps) {
+            return Ok(data);
         }
         if inode.holds_fd() {
             reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
@@ -223,18 +324,16 @@ impl InodeStore {
             reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
         }
         let nodeid = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let data = Arc::new(InodeData {
+        let data = Arc::new(InodeData::new(
             nodeid,
             inode,
             key,
             file_type,
-            share: share.clone(),
-            epoch: parent.epoch,
-            refcount: AtomicU64::new(1),
-            fixed: false,
-        });
-        maps.by_key.insert(key, nodeid);
-        maps.by_id.insert(nodeid, data.clone());
+            share.clone(),
+            parent.epoch,
+            false,
+        ));
+        maps.insert(data.clone());
         Ok(data)
     }
 
@@ -252,7 +351,7 @@ impl InodeStore {
     }
 
     fn forget_locked(&self, maps: &mut Maps, nodeid: u64, count: u64) {
-        let Some(data) = maps.by_id.get(&nodeid) else {
+        let Some(data) = maps.get(nodeid) else {
             return;
         };
         if data.fixed {
@@ -263,12 +362,8 @@ impl InodeStore {
         let new = cur.saturating_sub(count);
         data.refcount.store(new, Ordering::Release);
         if new == 0 {
-            let key = data.key;
-            if let Some(gone) = maps.by_id.remove(&nodeid) {
+            if let Some(gone) = maps.remove(nodeid) {
                 release(&gone, &self.budget);
-            }
-            if maps.by_key.get(&key) == Some(&nodeid) {
-                maps.by_key.remove(&key);
             }
         }
     }
@@ -284,7 +379,7 @@ impl InodeStore {
         let mut maps = self.maps.write().unwrap();
         let mut gone = 0;
         let budget = &self.budget;
-        maps.by_id.retain(|_, d| {
+        maps.by_id.retain(|d| {
             let keep = !Arc::ptr_eq(&d.share, share);
             if !keep {
                 release(d, budget);
@@ -292,8 +387,7 @@ impl InodeStore {
             }
             keep
         });
-        let Maps { by_id, by_key } = &mut *maps;
-        by_key.retain(|_, id| by_id.contains_key(id));
+        maps.by_key.retain(|d| !Arc::ptr_eq(&d.share, share));
         gone
     }
 
@@ -305,19 +399,18 @@ impl InodeStore {
         let epoch = self.session.advance();
         let old = std::mem::take(&mut *maps);
         let mut dropped = 0;
-        for (nodeid, data) in old.by_id {
+        for data in old.by_id {
             let carried = if data.fixed {
                 match data.inode.try_clone() {
-                    Ok(inode) => Some(Arc::new(InodeData {
-                        nodeid,
+                    Ok(inode) => Some(Arc::new(InodeData::new(
+                        data.nodeid,
                         inode,
-                        key: data.key,
-                        file_type: data.file_type,
-                        share: data.share.clone(),
+                        data.key(),
+                        data.file_type(),
+                        data.share.clone(),
                         epoch,
-                        refcount: AtomicU64::new(1),
-                        fixed: true,
-                    })),
+                        true,
+                    ))),
                     Err(e) => {
                         log::error!(
                             "share {}: keeping its root across a reset: {e}",
@@ -330,10 +423,7 @@ impl InodeStore {
                 None
             };
             match carried {
-                Some(root) => {
-                    maps.by_key.insert(root.key, nodeid);
-                    maps.by_id.insert(nodeid, root);
-                }
+                Some(root) => maps.insert(root),
                 None => {
                     release(&data, &self.budget);
                     dropped += 1;
@@ -393,6 +483,12 @@ mod tests {
             libc::S_IFDIR,
             parent,
         )
+    }
+
+    #[test]
+    fn a_node_stays_small() {
+        // 72 bytes + the Arc's two counts: a 96-byte malloc chunk per held inode.
+        assert!(std::mem::size_of::<InodeData>() <= 72);
     }
 
     #[test]

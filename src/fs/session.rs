@@ -27,7 +27,7 @@ impl Limits {
     /// Sized for one busy guest: a build tree of a million files, tens of thousands
     /// of open files, a lock owner per process and file.
     pub const DEFAULT: Limits = Limits {
-        max_nodes: 1_000_000,
+        max_nodes: 1 << 20,
         max_handles: 65_536,
         max_lock_files: 4_096,
     };

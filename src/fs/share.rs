@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
 use std::time::SystemTime;
 
-use super::file_handle::FileHandle;
+use super::file_handle::InodeRef;
 use super::sys::errno;
 
 /// Per-share counters, bumped on the hot path with relaxed atomics and read on demand.
@@ -42,11 +42,12 @@ pub struct ShareUsage {
 pub struct MountFds(RwLock<Vec<(u64, File)>>);
 
 impl MountFds {
-    /// Opens `handle` on mount `mnt_id`; ESTALE if no fd of that mount is kept.
-    pub fn open(&self, mnt_id: u64, handle: &FileHandle, flags: libc::c_int) -> io::Result<File> {
+    /// Opens the node kept by `handle` on mount `mnt_id`; ESTALE if no fd of that
+    /// mount is kept.
+    pub fn open(&self, mnt_id: u64, handle: &InodeRef, flags: libc::c_int) -> io::Result<File> {
         let mounts = self.0.read().unwrap();
         match mounts.iter().find(|(id, _)| *id == mnt_id) {
-            Some((_, fd)) => handle.open(fd, flags),
+            Some((_, fd)) => handle.open_handle(fd, flags),
             None => Err(errno(libc::ESTALE)),
         }
     }

@@ -64,7 +64,7 @@ impl PassthroughFs {
         inode: &InodeData,
         fd: Option<libc::c_int>,
     ) -> io::Result<()> {
-        if inode.file_type != libc::S_IFREG {
+        if inode.file_type() != libc::S_IFREG {
             return Ok(());
         }
         let inode_fd = inode.fd()?;

@@ -230,7 +230,7 @@ impl PassthroughFs {
         if !share.uses_handles() {
             return Ok(InodeRef::Fd(file));
         }
-        match FileHandle::of(&file) {
+        match InodeRef::handle_of(&file) {
             Ok(h) => {
                 if !share.mounts.contains(mnt_id) {
                     if file_type != libc::S_IFDIR {
@@ -242,7 +242,7 @@ impl PassthroughFs {
                     }
                     share.mounts.insert(mnt_id, self.mount_fd(&file)?);
                 }
-                Ok(InodeRef::Handle(h))
+                Ok(h)
             }
             Err(e) if self.cfg.file_handles == FileHandleMode::Mandatory => Err(e),
             // A submount whose file system makes no handles: fds there.
@@ -255,7 +255,7 @@ impl PassthroughFs {
     fn is_same_inode(data: &InodeData, file: &File) -> bool {
         match data.inode_ref() {
             InodeRef::Fd(_) => true,
-            InodeRef::Handle(h) => FileHandle::of(file).is_ok_and(|f| f == *h),
+            handle => InodeRef::handle_of(file).is_ok_and(|f| f.same_inode(handle)),
         }
     }
 
@@ -318,7 +318,7 @@ impl PassthroughFs {
     /// anything else EBADF, as in virtiofsd.
     fn reopen(&self, inode: &InodeData, flags: libc::c_int) -> io::Result<File> {
         if !inode.is_openable() {
-            return Err(errno(if inode.file_type == libc::S_IFLNK {
+            return Err(errno(if inode.file_type() == libc::S_IFLNK {
                 libc::ELOOP
             } else {
                 libc::EBADF
@@ -327,9 +327,9 @@ impl PassthroughFs {
         match inode.inode_ref() {
             InodeRef::Fd(f) => self.reopen_fd(f, flags),
             // The handle opens the inode itself with the real flags: no O_PATH step.
-            InodeRef::Handle(h) => inode.share.mounts.open(
-                inode.key.mnt_id,
-                h,
+            handle => inode.share.mounts.open(
+                inode.key().mnt_id,
+                handle,
                 flags & !(libc::O_NOFOLLOW | libc::O_CREAT | libc::O_EXCL),
             ),
         }
@@ -353,7 +353,9 @@ impl PassthroughFs {
         // A directory on another mount than its parent is announced as a submount, so
         // the guest gives it its own st_dev and inode numbers never collide.
         if let Some(p) = parent {
-            if data.is_dir() && (p.key.dev != data.key.dev || p.key.mnt_id != data.key.mnt_id) {
+            if data.is_dir()
+                && (p.key().dev != data.key().dev || p.key().mnt_id != data.key().mnt_id)
+            {
                 attr_flags |= ATTR_SUBMOUNT;
             }
         }

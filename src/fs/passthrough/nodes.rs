@@ -71,7 +71,7 @@ impl PassthroughFs {
         let dup = data.inode_ref().try_clone()?;
         let node = self
             .inodes
-            .insert_or_ref(dup, data.key, data.file_type, data)?;
+            .insert_or_ref(dup, data.key(), data.file_type(), data)?;
         Ok(self.entry_from(&node, st, None))
     }
 
@@ -151,7 +151,7 @@ impl PassthroughFs {
             }
         }
         if valid.contains(SetattrValid::SIZE) {
-            match data.file_type {
+            match data.file_type() {
                 libc::S_IFREG => {}
                 libc::S_IFDIR => return Err(errno(libc::EISDIR)),
                 // truncate(2) of a FIFO, socket or device: never opened here.
@@ -205,7 +205,7 @@ impl PassthroughFs {
             cvt(unsafe {
                 match &h {
                     Some(h) => libc::futimens(h.file.as_raw_fd(), times.as_ptr()),
-                    None if data.file_type == libc::S_IFLNK => libc::utimensat(
+                    None if data.file_type() == libc::S_IFLNK => libc::utimensat(
                         data_fd.as_raw_fd(),
                         c"".as_ptr(),
                         times.as_ptr(),

@@ -7,7 +7,7 @@ impl PassthroughFs {
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
-        match inode.file_type {
+        match inode.file_type() {
             libc::S_IFREG | libc::S_IFDIR => self.reopen(inode, libc::O_RDONLY | libc::O_NONBLOCK),
             // xattrs of special files and symlinks would need a path-based call.
             _ => Err(errno(libc::ENOTSUP)),
