@@ -35,6 +35,8 @@
 #   virtiofsd-matched  --sandbox=none --seccomp=none --inode-file-handles=never
 #   volfsd-q2          volfsd's defaults with 2 queues (its own row, never a ratio
 #                      against a 1-queue daemon)
+#   volfsd-fh          volfsd's defaults with --inode-file-handles prefer (nodes
+#                      kept by file handle, as in virtiofsd's defaults)
 # Guest fio: 1 queue against 1 queue at 1 and 2 vCPUs, and volfsd with 2 queues
 # at 2 vCPUs as a separate row.
 #
@@ -193,7 +195,7 @@ volfsd_cmd() { echo "$VOLFSD --socket-path $1 --shared-dir $2 --cache none --log
 virtiofsd_cmd() { echo "$VIRTIOFSD --socket-path=$1 --shared-dir=$2 --cache=never --log-level=warn $3"; }
 
 # ---------------------------------------------------------------- loadgen
-LOADGEN_CONFIGS=(volfsd volfsd-open virtiofsd virtiofsd-matched volfsd-q2)
+LOADGEN_CONFIGS=(volfsd volfsd-open virtiofsd virtiofsd-matched volfsd-q2 volfsd-fh)
 
 # loadgen_run NAME REP: one daemon on a fresh socket, every workload.
 loadgen_run() {
@@ -203,6 +205,7 @@ loadgen_run() {
 	volfsd) cmd=$(volfsd_cmd "$sock" "$SHARE" "") ;;
 	volfsd-open) cmd=$(volfsd_cmd "$sock" "$SHARE" "--sandbox none --seccomp none") ;;
 	volfsd-q2) queues=2 cmd=$(volfsd_cmd "$sock" "$SHARE" "--num-request-queues 2") ;;
+	volfsd-fh) cmd=$(volfsd_cmd "$sock" "$SHARE" "--inode-file-handles prefer") ;;
 	virtiofsd) cmd=$(virtiofsd_cmd "$sock" "$SHARE" "") ;;
 	virtiofsd-matched) cmd=$(virtiofsd_cmd "$sock" "$SHARE" "--sandbox=none --seccomp=none --inode-file-handles=never") ;;
 	*) die "unknown configuration $name" ;;
@@ -268,6 +271,7 @@ if [[ $DO_FOOTPRINT == 1 ]]; then
 	python3 "$HERE/scale.py" --loadgen "$LOADGEN" --share "$SHARE" --out "$OUT/scale.json" \
 		--startup-runs $((QUICK == 1 ? 5 : 20)) --inodes "$INODES" --density "$DENSITY" \
 		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
+		--daemon volfsd-fh "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn --inode-file-handles prefer" \
 		--daemon virtiofsd "$VIRTIOFSD --socket-path={sock} --shared-dir={share} --cache=never --log-level=warn" \
 		--daemon virtiofsd-matched "$VIRTIOFSD --socket-path={sock} --shared-dir={share} --cache=never --log-level=warn --sandbox=none --seccomp=none --inode-file-handles=never" >&2
 fi

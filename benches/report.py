@@ -237,6 +237,7 @@ def main():
 
     if lg.runs:
         loadgen_section(P, lg, targets, readings)
+        file_handles_section(P, lg, readings)
     if fp:
         footprint_section(P, fp, targets)
     sc_scale = os.path.join(data, "scale.json")
@@ -312,6 +313,8 @@ def loadgen_section(P, lg, targets, readings):
     P("| virtiofsd | virtiofsd | defaults: `--sandbox namespace --seccomp kill --inode-file-handles prefer` |")
     P("| virtiofsd-matched | virtiofsd | `--sandbox=none --seccomp=none --inode-file-handles=never` |")
     P("| volfsd-q2 | volfsd | defaults, `--num-request-queues 2`, the load generator on 2 queues |")
+    if lg.runs.get("volfsd-fh"):
+        P("| volfsd-fh | volfsd | defaults, `--inode-file-handles prefer` |")
     P("")
 
     # Headline: CPU per request.
@@ -412,6 +415,31 @@ def loadgen_section(P, lg, targets, readings):
         P("")
 
 
+def file_handles_section(P, lg, readings):
+    if not lg.runs.get("volfsd-fh"):
+        return
+    P("### volfsd with file handles (`--inode-file-handles prefer`)\n")
+    P("Nodes kept by file handle, as virtiofsd's defaults keep them: a request that needs the "
+      "inode opens the handle (`open_by_handle_at`) and closes it again. `volfsd-fh/virtiofsd` "
+      "compares the two daemons with file handles, sandbox and seccomp on both sides; "
+      "`volfsd-fh/volfsd` is what the handles cost volfsd.\n")
+    P("| workload | volfsd CPU µs | volfsd-fh CPU µs | virtiofsd CPU µs | volfsd-fh/virtiofsd | volfsd-fh/volfsd |")
+    P("|---|---|---|---|---|---|")
+    for w in WORKLOADS + QD1:
+        if not lg.vals("volfsd-fh", w, "cpu"):
+            continue
+        P(f"| {w} | {cell(lg.vals('volfsd', w, 'cpu'), 2)} | {cell(lg.vals('volfsd-fh', w, 'cpu'), 2)} | "
+          f"{cell(lg.vals('virtiofsd', w, 'cpu'), 2)} | {rcell(lg.ratios('volfsd-fh', 'virtiofsd', w, 'cpu'))} | "
+          f"{rcell(lg.ratios('volfsd-fh', 'volfsd', w, 'cpu'))} |")
+    P("")
+    both = [(w, lg.ratios("volfsd-fh", "virtiofsd", w, "cpu")) for w in WORKLOADS + QD1]
+    both = [(w, r) for w, r in both if r]
+    if both:
+        readings.append(
+            "With file handles on both sides (volfsd-fh against virtiofsd's defaults), CPU per request: "
+            + ", ".join(f"{w} {med(r):.2f}×" for w, r in both) + ".")
+
+
 def footprint_section(P, fp, targets):
     P("## Footprint and startup\n")
     P("Sum over the daemon's process tree (every process's `/proc/PID/status`; virtiofsd runs as a "
@@ -447,7 +475,7 @@ def footprint_section(P, fp, targets):
 
 
 def scale_section(P, sc, targets, readings):
-    names = [n for n in ("volfsd", "virtiofsd", "virtiofsd-matched") if n in sc]
+    names = [n for n in ("volfsd", "volfsd-fh", "virtiofsd", "virtiofsd-matched") if n in sc]
     P("## Scale: start-up to INIT, held inodes, density\n")
     P("`benches/scale.py`. *Start-up*: the daemon and a load generator are started at the same "
       "instant; the load generator connects as soon as the socket answers (1 ms retries) and "
@@ -470,17 +498,23 @@ def scale_section(P, sc, targets, readings):
         row("fds per held inode", lambda r: fmt(r["inodes"]["fds_per_inode"], 3))
         row("lookups per second while filling (QD 1)", lambda r: fmt(r["inodes"]["lookups_per_s"] or float("nan")))
         v = sc["volfsd"]["inodes"]
-        targets.append(("held inodes: RssAnon ≤ 150 B per inode", [v["rss_anon_bytes_per_inode"] / 150.0],
-                        v["rss_anon_bytes_per_inode"] <= 150))
-        targets.append((f"held inodes: volfsd holds all {v['requested']:,} asked", [v["held"] / v["requested"]],
-                        v["held"] == v["requested"]))
+        fh = sc.get("volfsd-fh", {}).get("inodes")
+        if fh:
+            targets.append(("held inodes (`--inode-file-handles prefer`): RssAnon ≤ 150 B per inode",
+                            [fh["rss_anon_bytes_per_inode"] / 150.0], fh["rss_anon_bytes_per_inode"] <= 150))
+            targets.append(("held inodes (`--inode-file-handles prefer`): 0 fds per inode, all held",
+                            [fh["held"] / fh["requested"]],
+                            fh["held"] == fh["requested"] and fh["fds_per_inode"] < 0.001))
+        vf = sc["virtiofsd"]["inodes"]
         readings.append(
-            f"Held inodes: volfsd keeps one O_PATH fd per inode, so it held {v['held']:,} of "
-            f"{v['requested']:,} before its fd budget answered ENFILE "
-            f"({v['rss_anon_bytes_per_inode']:.0f} B of RssAnon each); virtiofsd with file handles "
-            f"held {sc['virtiofsd']['inodes']['held']:,} at {sc['virtiofsd']['inodes']['fds_per_inode']:.3f} fds "
-            f"and {sc['virtiofsd']['inodes']['rss_anon_bytes_per_inode']:.0f} B each. volfsd has no "
-            "`--inode-file-handles` yet.")
+            f"Held inodes: with its default (`--inode-file-handles never`) volfsd keeps one O_PATH fd per "
+            f"inode, so it held {v['held']:,} of {v['requested']:,} before its fd budget answered ENFILE "
+            f"({v['rss_anon_bytes_per_inode']:.0f} B of RssAnon each)"
+            + (f"; with `prefer` it held {fh['held']:,} at {fh['fds_per_inode']:.3f} fds and "
+               f"{fh['rss_anon_bytes_per_inode']:.0f} B each ({fh['rss_anon_bytes_per_inode'] / vf['rss_anon_bytes_per_inode']:.2f}× "
+               "virtiofsd's per inode)" if fh else "")
+            + f"; virtiofsd with file handles held {vf['held']:,} at {vf['fds_per_inode']:.3f} fds "
+            f"and {vf['rss_anon_bytes_per_inode']:.0f} B each.")
     if all("density" in sc[n] for n in names):
         d = {n: sc[n]["density"] for n in names}
         row(f"density: daemons", lambda r: str(r["density"]["daemons"]))
@@ -640,9 +674,10 @@ def differences(P):
       "so its `readdirplus` row compares a request virtiofsd's guests would not send; the guest "
       "metadata rows show what each guest really does.")
     P("- **Inode references.** virtiofsd's default (`--inode-file-handles=prefer`) keeps a file "
-      "handle per inode and opens it with `open_by_handle_at` when needed; volfsd (and "
-      "virtiofsd-matched) keep one `O_PATH` fd per inode. This trades fds for system calls; the "
-      "footprint section counts the fds.")
+      "handle per inode and opens it with `open_by_handle_at` when needed; volfsd's default "
+      "(`never`, as virtiofsd-matched) keeps one `O_PATH` fd per inode. This trades fds for system "
+      "calls; the scale section counts the fds. The `volfsd-fh` row runs volfsd with `prefer`, "
+      "so that file handles are on both sides of `volfsd-fh/virtiofsd`.")
     P("- **Queues.** Every 1-queue row is 1 queue against 1. volfsd's 2-queue figures are shown "
       "apart and are never divided by a 1-queue daemon's.")
     P("- **Threads.** Both serve a request queue on one thread that runs each request to its end; "

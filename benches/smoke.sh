@@ -133,8 +133,9 @@ if [[ -x $VOLFSD && -x $LOADGEN ]]; then
 	if timeout 120 python3 "$HERE/scale.py" --loadgen "$LOADGEN" --share "$WORK/share-scale" \
 		--out "$WORK/scale.json" --startup-runs 2 --inodes 300 --density 2 \
 		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
+		--daemon volfsd-fh "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn --inode-file-handles prefer" \
 		>"$WORK/scale.log" 2>&1 &&
-		python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["volfsd"]; assert r["inodes"]["held"]==300 and r["inodes"]["fds_per_inode"]>0 and r["density"]["daemons"]==2 and len(r["startup_init_ms"])==2' "$WORK/scale.json"; then
+		python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); r=a["volfsd"]; h=a["volfsd-fh"]["inodes"]; assert r["inodes"]["held"]==300 and r["inodes"]["fds_per_inode"]>0 and r["density"]["daemons"]==2 and len(r["startup_init_ms"])==2 and h["held"]==300 and h["fds_per_inode"]<0.02, (r, h)' "$WORK/scale.json"; then
 		pass scale
 	else
 		fail scale "$(tail -n 2 "$WORK/scale.log" | tr '\n' ' ')"
