@@ -23,6 +23,9 @@ SUITES=(
 	"control-qemu        --vmm qemu --suite control"
 	"reboot-qemu         --vmm qemu --suite reboot --allow-reboot"
 	"pjdfstest-qemu      --vmm qemu --suite pjdfstest"
+	# nodes kept by file handle instead of O_PATH fds
+	"basic-file-handles  --vmm qemu --suite basic --daemon-args --inode-file-handles=prefer"
+	"pjdfstest-file-handles --vmm qemu --suite pjdfstest --daemon-args --inode-file-handles=prefer"
 	# basic suite with volfsd and QEMU run by a non-root user (user namespace)
 	"basic-unprivileged  run:run-unprivileged.sh"
 	# Add more suites here, one line each.
