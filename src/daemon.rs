@@ -28,6 +28,7 @@ pub fn run(config: Config) -> Result<(), String> {
     .chain(config.control_socket.iter().cloned())
     .collect();
     sandbox::malloc::fix_arena_limit()?;
+    sandbox::malloc::settle_heap_trim()?;
     // Namespaces first, while the process has one thread: namespace mode forks, and
     // only the sandboxed child returns.
     sandbox::enter(config.sandbox, config.seccomp, socket_paths.clone())?;

@@ -5,7 +5,8 @@
 //! `/sys/devices/system/cpu/online`. That happens whenever contention first occurs,
 //! long after the filters are on, in threads that may not open files (the
 //! vhost-user thread was killed this way under load). With `M_ARENA_MAX` set, glibc
-//! takes the limit from it and never asks.
+//! takes the limit from it and never asks. The same goes for the first trim of a
+//! thread arena's heap (see [`settle_heap_trim`]).
 
 /// Sets glibc's arena limit to its own default for this machine (8 per CPU on
 /// 64-bit), computed now, before any filter. Call before the first thread starts.
@@ -18,6 +19,29 @@ pub fn fix_arena_limit() -> Result<(), String> {
         return Err(format!("mallopt(M_ARENA_MAX, {arenas}) failed"));
     }
     Ok(())
+}
+
+/// The first time glibc gives back the top of a thread arena's heap (`shrink_heap`,
+/// after a free of 64 KiB or more leaves more than the trim threshold free at the
+/// top), it opens `/proc/sys/vm/overcommit_memory` and caches what it read
+/// (`check_may_shrink_heap`). That happened at exit, when the main thread dropped the
+/// inode table of a guest that held 10,000 nodes the workers had allocated: Main may
+/// not open files, and `--seccomp kill` ended the daemon with SIGSYS instead of exit
+/// 0. Any thread that frees what another allocated could meet it. This makes glibc
+/// ask once now, in a thread of its own (so in an arena of its own), before any
+/// filter; the answer is cached for the process and the children it forks.
+pub fn settle_heap_trim() -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("volfsd-malloc".into())
+        .spawn(|| {
+            // Each block is below the mmap threshold (128 KiB), so it comes from the
+            // arena's heap, and at least 64 KiB, so its free runs heap_trim.
+            let blocks: Vec<Vec<u8>> = (0..4).map(|_| vec![1u8; 100 << 10]).collect();
+            drop(std::hint::black_box(blocks));
+        })
+        .map_err(|e| format!("starting the malloc set-up thread: {e}"))?
+        .join()
+        .map_err(|_| "the malloc set-up thread panicked".to_string())
 }
 
 /// glibc's default: `NARENAS_FROM_NCORES(n)` is 8 × n on 64-bit targets.
