@@ -26,8 +26,9 @@ impl ShareStats {
     }
 }
 
-/// What the guest holds in a share: each of these keeps one host fd open. Changed
-/// only under the lock of the table that holds the object, read lock-free.
+/// What the guest holds in a share: each of these keeps one host fd open (but a node
+/// kept by file handle, which holds none). Changed only under the lock of the table
+/// that holds the object, read lock-free.
 #[derive(Default)]
 pub struct ShareUsage {
     pub nodes: AtomicUsize,
