@@ -28,10 +28,12 @@ pub fn run(config: Config) -> Result<(), String> {
     .chain(config.control_socket.iter().cloned())
     .collect();
     sandbox::malloc::fix_arena_limit()?;
-    sandbox::malloc::settle_heap_trim()?;
     // Namespaces first, while the process has one thread: namespace mode forks, and
     // only the sandboxed child returns.
     sandbox::enter(config.sandbox, config.seccomp, socket_paths.clone())?;
+    // In the child only: the single-threaded supervisor never trims a thread arena,
+    // and would otherwise carry a copy of the set-up thread's arena.
+    sandbox::malloc::settle_heap_trim()?;
     crate::logging::init(config.log_level, config.syslog)?;
     sandbox::rlimits::set_nofile(config.rlimit_nofile)?;
     sandbox::rlimits::no_core_dumps()?;
