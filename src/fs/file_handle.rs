@@ -39,30 +39,11 @@ struct RawHandle {
     f_handle: [u8; MAX_HANDLE_SZ],
 }
 
-/// An opaque file handle of a host inode, as `name_to_handle_at` made it.
+/// A file handle too large to keep inline, as `name_to_handle_at` made it.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct FileHandle {
     handle_type: libc::c_int,
     bytes: Box<[u8]>,
-}
-
-impl FileHandle {
-    /// The handle of the inode `fd` refers to (an `O_PATH` fd works), without following
-    /// a symlink. EOPNOTSUPP where the file system cannot make one.
-    pub fn of(fd: &impl AsRawFd) -> io::Result<FileHandle> {
-        let (handle_type, bytes, len) = name_to_handle(fd)?;
-        Ok(FileHandle {
-            handle_type,
-            bytes: bytes[..len].into(),
-        })
-    }
-
-    /// Opens the inode with `flags` (`O_CLOEXEC` is added), on the mount `mount_fd`
-    /// is on (not an `O_PATH` fd: the kernel refuses those there). ESTALE once the
-    /// inode is gone (unlinked and closed everywhere).
-    pub fn open(&self, mount_fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
-        open_by_handle(mount_fd, self.handle_type, &self.bytes, flags)
-    }
 }
 
 fn name_to_handle(fd: &impl AsRawFd) -> io::Result<(libc::c_int, [u8; MAX_HANDLE_SZ], usize)> {
@@ -140,7 +121,8 @@ pub enum InodeRef {
 }
 
 impl InodeRef {
-    /// The file handle of the inode `fd` refers to (see [`FileHandle::of`]).
+    /// The file handle of the inode `fd` refers to (an `O_PATH` fd works), without
+    /// following a symlink. EOPNOTSUPP where the file system cannot make one.
     pub fn handle_of(fd: &impl AsRawFd) -> io::Result<InodeRef> {
         let (handle_type, bytes, len) = name_to_handle(fd)?;
         Ok(match u8::try_from(handle_type) {
@@ -160,8 +142,10 @@ impl InodeRef {
         })
     }
 
-    /// Opens a node kept by handle with `flags`, on the mount of `mount_fd`.
-    /// EBADF for a node kept by fd (callers use the fd).
+    /// Opens a node kept by handle with `flags` (`O_CLOEXEC` is added), on the mount
+    /// `mount_fd` is on (not an `O_PATH` fd: the kernel refuses those there). ESTALE
+    /// once the inode is gone (unlinked and closed everywhere); EBADF for a node kept
+    /// by fd (callers use the fd).
     pub fn open_handle(&self, mount_fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<File> {
         match self {
             InodeRef::Fd(_) => Err(errno(libc::EBADF)),
@@ -171,7 +155,7 @@ impl InodeRef {
                 &h.bytes[..h.len as usize],
                 flags,
             ),
-            InodeRef::Big(h) => h.open(mount_fd, flags),
+            InodeRef::Big(h) => open_by_handle(mount_fd, h.handle_type, &h.bytes, flags),
         }
     }
 

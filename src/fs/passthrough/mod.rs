@@ -89,7 +89,7 @@ mod prelude {
         ZeroCopyWriter,
     };
 
-    pub(super) use super::super::file_handle::{FileHandle, FileHandleMode, InodeRef};
+    pub(super) use super::super::file_handle::{FileHandleMode, InodeRef};
     pub(super) use super::super::handles::HandleData;
     pub(super) use super::super::inodes::{InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
@@ -175,11 +175,11 @@ impl PassthroughFs {
     /// `prefer` falls back to fds with a warning; `mandatory` refuses the share.
     fn enable_handles(&self, share: &Share, root: &File, mnt_id: u64) -> io::Result<()> {
         let ctx = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
-        let works = FileHandle::of(root)
+        let works = InodeRef::handle_of(root)
             .map_err(|e| ctx("name_to_handle_at", e))
             .and_then(|h| {
                 let mount = self.mount_fd(root)?;
-                h.open(&mount, libc::O_PATH)
+                h.open_handle(&mount, libc::O_PATH)
                     .map(|_| mount)
                     .map_err(|e| ctx("open_by_handle_at", e))
             });
