@@ -22,6 +22,21 @@ fn skip_for_virtiofsd() -> bool {
     false
 }
 
+/// The daemon with `--inode-file-handles=MODE` (and `extra`) on a share holding
+/// `files` (relative path, contents; parent directories are made).
+fn daemon_with(test: &str, mode: &str, files: &[(&str, &[u8])], extra: &[&str]) -> Daemon {
+    let dir = TestDir::new(test);
+    for (rel, data) in files {
+        let p = dir.shared().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    }
+    let arg = format!("--inode-file-handles={mode}");
+    let mut args = vec![arg.as_str()];
+    args.extend_from_slice(extra);
+    Daemon::start_in(dir, &args)
+}
+
 /// The daemon's fds that still point at a deleted file.
 fn deleted_fds(pid: i32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -94,10 +109,13 @@ fn with_prefer_an_unlinked_file_is_not_kept_alive() {
         return;
     }
     for mode in ["never", "prefer"] {
-        let dir = TestDir::new(&format!("fh-unlinked-{mode}"));
-        std::fs::write(dir.shared().join("gone"), vec![1u8; 1 << 20]).unwrap();
-        let arg = format!("--inode-file-handles={mode}");
-        let d = Daemon::start_in(dir, &[&arg]);
+        let data = vec![1u8; 1 << 20];
+        let d = daemon_with(
+            &format!("fh-unlinked-{mode}"),
+            mode,
+            &[("gone", &data)],
+            &[],
+        );
         let mut c = d.client();
         let node = c.lookup(ROOT, "gone").unwrap().nodeid;
         std::fs::remove_file(d.dir.shared().join("gone")).unwrap();
@@ -120,9 +138,7 @@ fn with_prefer_a_reused_inode_number_is_a_new_node() {
     if skip_for_virtiofsd() {
         return;
     }
-    let dir = TestDir::new("fh-reuse");
-    std::fs::write(dir.shared().join("old"), b"old").unwrap();
-    let d = Daemon::start_in(dir, &["--inode-file-handles=prefer"]);
+    let d = daemon_with("fh-reuse", "prefer", &[("old", b"old")], &[]);
     let mut c = d.client();
     let old = c.lookup(ROOT, "old").unwrap();
     let shared = d.dir.shared();
@@ -157,15 +173,58 @@ fn mandatory_serves_a_share_that_makes_handles() {
     if skip_for_virtiofsd() {
         return;
     }
-    let dir = TestDir::new("fh-mandatory");
-    std::fs::write(dir.shared().join("f"), b"hello").unwrap();
-    let d = Daemon::start_in(dir, &["--inode-file-handles=mandatory"]);
+    let d = daemon_with("fh-mandatory", "mandatory", &[("f", b"hello")], &[]);
     let mut c = d.client();
     let before = fd_count(d.pid());
     let f = c.lookup(ROOT, "f").unwrap().nodeid;
     assert_eq!(fd_count(d.pid()), before, "no fd for a node kept by handle");
     let fh = c.open(f, RDONLY).unwrap().fh;
     assert_eq!(c.read(f, fh, 0, 16).unwrap(), b"hello");
+}
+
+/// The mount fd a handle is opened on is the share's own mount, so a file of a
+/// read-only volume opened through its handle is on the volume's read-only mount:
+/// the kernel refuses writes to it whatever the daemon's own EROFS guard does.
+#[test]
+fn with_prefer_a_read_only_volume_is_reopened_on_its_read_only_mount() {
+    if skip_for_virtiofsd() {
+        return;
+    }
+    let d = daemon_with(
+        "fh-ro-mount",
+        "prefer",
+        &[("ro/f", b"read-only data")],
+        &["--allowed-dir=ro:ro"],
+    );
+    let mut c = d.client();
+    let vol = c.lookup(ROOT, "ro").unwrap().nodeid;
+    let node = c.lookup(vol, "f").unwrap().nodeid;
+    let fh = c.open(node, RDONLY).unwrap().fh;
+    assert_eq!(c.read(node, fh, 0, 64).unwrap(), b"read-only data");
+    let host = std::fs::metadata(d.host("ro/f")).unwrap();
+    let pid = d.pid();
+    let mut seen = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(m) = std::fs::metadata(e.path()) else {
+            continue;
+        };
+        if (m.dev(), m.ino()) != (host.dev(), host.ino()) {
+            continue;
+        }
+        // statvfs through the magic link reports the flags of the mount the fd is on
+        // (the volume's private mount, detached, so not in any mountinfo).
+        let st = nix::sys::statvfs::statvfs(&e.path()).unwrap();
+        assert!(
+            st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY),
+            "fd {:?} of the read-only volume's file is on a writable mount",
+            e.file_name()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 1, "the open file is the one fd onto the inode");
 }
 
 #[test]
