@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use volfsd_harness::fixtures::guest::errno_of;
-use volfsd_harness::fixtures::host::fd_count;
+use volfsd_harness::fixtures::host::{fd_count, poll};
 use volfsd_harness::fixtures::{self, Daemon, TestDir, RDONLY, ROOT};
 use volfsd_harness::frontend::FuseOps;
 
@@ -118,7 +118,13 @@ fn with_prefer_an_unlinked_file_is_not_kept_alive() {
         );
         let mut c = d.client();
         let node = c.lookup(ROOT, "gone").unwrap().nodeid;
-        std::fs::remove_file(d.dir.shared().join("gone")).unwrap();
+        // Written back first: writeback in flight would hold the inode a moment
+        // past the unlink, and a handle opens an inode the kernel still holds.
+        std::fs::File::open(d.host("gone"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        std::fs::remove_file(d.host("gone")).unwrap();
         let kept = deleted_fds(d.pid());
         if mode == "never" {
             // The O_PATH fd of the held node pins the inode, as in virtiofsd.
@@ -126,6 +132,13 @@ fn with_prefer_an_unlinked_file_is_not_kept_alive() {
             assert_eq!(c.getattr(node).unwrap().attr.nlink, 0);
         } else {
             assert!(kept.is_empty(), "the daemon keeps {kept:?} alive");
+            // Gone once nothing else on the host holds it (at once, here).
+            let mut last = None;
+            let gone = poll(Duration::from_secs(5), || {
+                last = Some(c.getattr(node).map(|a| a.attr.nlink));
+                last.as_ref().is_some_and(|r| r.is_err())
+            });
+            assert!(gone, "getattr of a deleted node: {last:?}");
             let e = errno_of("getattr of a deleted node", c.getattr(node));
             assert_eq!(e, libc::ESTALE);
         }
