@@ -28,23 +28,12 @@ pub fn run(config: Config) -> Result<(), String> {
     .chain(config.control_socket.iter().cloned())
     .collect();
     sandbox::malloc::fix_arena_limit()?;
-    // Namespaces first, while the process has one thread: namespace mode forks, and
-    // only the sandboxed child returns.
-    sandbox::enter(config.sandbox, config.seccomp, socket_paths.clone())?;
-    // In the child only: the single-threaded supervisor never trims a thread arena,
-    // and would otherwise carry a copy of the set-up thread's arena.
-    sandbox::malloc::settle_heap_trim()?;
+    // Logging starts before the sandbox: it may connect to /dev/log.
     crate::logging::init(config.log_level, config.syslog)?;
-    sandbox::rlimits::set_nofile(config.rlimit_nofile)?;
-    sandbox::rlimits::no_core_dumps()?;
-    // Both sockets are bound under umask 077, whatever umask we were started with: no
-    // other user may connect to them before their final modes are set. Only once they
-    // exist, and before any guest request runs, is the umask cleared for the guest's
-    // files (see below).
-    // SAFETY: umask only changes this process's file mode creation mask.
-    unsafe { libc::umask(0o077) };
-
-    // Block the termination signals in every thread; one thread waits for them.
+    // Block the termination signals in every thread; one thread waits for them. From
+    // the start: a launcher may signal as soon as the socket exists, and in namespace
+    // mode the serving child is pid 1 of its namespace, which the kernel spares any
+    // signal it neither handles nor blocks: SIGTERM would be lost, not queued.
     let mut term = SigSet::empty();
     term.add(Signal::SIGTERM);
     term.add(Signal::SIGINT);
@@ -56,25 +45,71 @@ pub fn run(config: Config) -> Result<(), String> {
     wake.add(Signal::SIGUSR1);
     wake.thread_block()
         .map_err(|e| format!("blocking SIGUSR1: {e}"))?;
-
-    // Everything the daemon needs from outside SharedDir is opened before the root
-    // changes: its sockets (and the files to remove them by), /proc/self/fd, the log.
-    // The control socket first: once the vhost-user socket exists, a launcher may
-    // expect both.
+    // Both sockets are bound under umask 077, whatever umask we were started with: no
+    // other user may connect to them before their final modes are set. Only once they
+    // exist, and before any guest request runs, is the umask cleared for the guest's
+    // files (see `serve`).
+    // SAFETY: umask only changes this process's file mode creation mask.
+    unsafe { libc::umask(0o077) };
+    // The sockets are bound first, before the sandbox, as virtiofsd binds its own: a
+    // launcher waits for the socket file, and the namespaces and the fork cost about a
+    // millisecond it need not wait for. The control socket first: once the vhost-user
+    // socket exists, a launcher may expect both.
     let control = match &config.control_socket {
         Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
         None => None,
     };
-    let mut listener = make_listener(&config.socket, config.socket_group)?;
-    if control.is_some() && config.sandbox == SandboxMode::Namespace {
-        warn_unless_shared(&config.shared_dir);
-    }
+    let listener = make_listener(&config.socket, config.socket_group).inspect_err(|_| {
+        if let Some(c) = &control {
+            c.remove_socket();
+        }
+    })?;
+    // Removable after the root changed (by directory fd and name), and removed if
+    // set-up fails from here on: nothing is left behind half-started.
     let socket_files: Arc<Vec<SocketFile>> = Arc::new(
         socket_paths
             .iter()
             .map(|p| SocketFile::open(p))
             .collect::<Result<_, _>>()?,
     );
+    let result = serve(config, control, listener, socket_files.clone(), term);
+    if result.is_err() {
+        for f in socket_files.iter() {
+            f.remove();
+        }
+    }
+    result
+}
+
+/// Everything after the sockets exist: the sandbox, the file system stack, and the
+/// one frontend until it disconnects.
+fn serve(
+    config: Config,
+    control: Option<ControlServer>,
+    mut listener: Listener,
+    socket_files: Arc<Vec<SocketFile>>,
+    term: SigSet,
+) -> Result<(), String> {
+    let socket_paths: Vec<PathBuf> = socket_files.iter().map(|f| f.path.clone()).collect();
+    // The supervisor namespace mode leaves outside closes the listening sockets: only
+    // the serving child may hold them.
+    let listening: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
+        .chain(control.iter().flat_map(ControlServer::fds))
+        .collect();
+    // Namespaces first, while the process has one thread: namespace mode forks, and
+    // only the sandboxed child returns.
+    sandbox::enter(config.sandbox, config.seccomp, socket_paths, &listening)?;
+    // In the child only: the single-threaded supervisor never trims a thread arena,
+    // and would otherwise carry a copy of the set-up thread's arena.
+    sandbox::malloc::settle_heap_trim()?;
+    sandbox::rlimits::set_nofile(config.rlimit_nofile)?;
+    sandbox::rlimits::no_core_dumps()?;
+
+    if control.is_some() && config.sandbox == SandboxMode::Namespace {
+        warn_unless_shared(&config.shared_dir);
+    }
+    // Everything else the daemon needs from outside SharedDir is opened before the
+    // root changes: /proc/self/fd (the sockets and the log are open already).
     let outside = sandbox::mounts::open_outside()?;
     let root = sandbox::change_root(config.sandbox, &config.shared_dir)?;
 
@@ -216,6 +251,7 @@ fn warn_unless_shared(shared_dir: &Path) {
 /// A socket file the daemon created, removable after the root changed: by its
 /// directory's fd and its name, and only while it is still a socket.
 struct SocketFile {
+    path: PathBuf,
     dir: std::fs::File,
     name: std::ffi::CString,
 }
@@ -234,7 +270,11 @@ impl SocketFile {
             .map_err(|e| format!("{}: opening its directory: {e}", path.display()))?;
         let name = std::ffi::CString::new(name.as_bytes())
             .map_err(|_| format!("{}: NUL in name", path.display()))?;
-        Ok(SocketFile { dir, name })
+        Ok(SocketFile {
+            path: path.to_path_buf(),
+            dir,
+            name,
+        })
     }
 
     fn remove(&self) {

@@ -124,6 +124,23 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
 }
 
 impl ControlServer {
+    /// The fds this server holds (the socket and its reserve), for a process that
+    /// forks to close in the branch that does not serve.
+    pub fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        std::iter::once(self.listener.as_raw_fd())
+            .chain(self.reserve_fd.iter().map(AsRawFd::as_raw_fd))
+            .collect()
+    }
+
+    /// Removes the socket file, if it is still a socket: set-up failed after it was
+    /// bound.
+    pub fn remove_socket(&self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
     /// Creates the socket with mode 0600. A stale socket file is replaced; any other
     /// file at `path` is an error.
     pub fn bind(path: &Path, extra_uids: &[u32]) -> Result<Self, String> {

@@ -11,7 +11,12 @@
 /// Sets glibc's arena limit to its own default for this machine (8 per CPU on
 /// 64-bit), computed now, before any filter. Call before the first thread starts.
 pub fn fix_arena_limit() -> Result<(), String> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // glibc's own count (`__get_nprocs`, the online CPUs): one read of
+    // /sys/devices/system/cpu/online, where available_parallelism also reads the
+    // cgroup's CPU quota, a dozen system calls on the way to the socket.
+    // SAFETY: sysconf only reads system information.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let cpus = usize::try_from(online).map_or(1, |n| n.max(1));
     let arenas = arena_limit(cpus);
     // SAFETY: mallopt only changes malloc's tunables; no thread allocates concurrently
     // (the caller runs before any thread starts).

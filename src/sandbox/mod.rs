@@ -136,10 +136,11 @@ pub fn enter(
     mode: SandboxMode,
     seccomp_mode: SeccompMode,
     sockets: Vec<PathBuf>,
+    listening: &[std::os::fd::RawFd],
 ) -> Result<(), String> {
     let ids = Ids::current();
     match mode {
-        SandboxMode::Namespace => namespaces::enter(ids, seccomp_mode, sockets),
+        SandboxMode::Namespace => namespaces::enter(ids, seccomp_mode, sockets, listening),
         SandboxMode::Chroot if !ids.is_root() => Err(format!(
             "--sandbox chroot needs root (running as uid {}); use --sandbox namespace, which \
              works unprivileged in a user namespace",

@@ -15,7 +15,7 @@
 //! with EINVAL.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::sched::{unshare, CloneFlags};
@@ -56,8 +56,14 @@ impl Ids {
 /// Unshares the user namespace (unprivileged only) and the pid namespace, forks, and
 /// returns in the child only, after it unshared the mount, net, ipc and uts
 /// namespaces. The parent supervises and never returns. `sockets` are removed by the
-/// parent when the child dies without removing them itself.
-pub fn enter(ids: Ids, seccomp_mode: SeccompMode, sockets: Vec<PathBuf>) -> Result<(), String> {
+/// parent when the child dies without removing them itself; the parent closes its
+/// copies of the `listening` fds at once, so that only the child serves them.
+pub fn enter(
+    ids: Ids,
+    seccomp_mode: SeccompMode,
+    sockets: Vec<PathBuf>,
+    listening: &[RawFd],
+) -> Result<(), String> {
     let mut flags = CloneFlags::CLONE_NEWPID;
     if !ids.is_root() {
         flags |= CloneFlags::CLONE_NEWUSER;
@@ -98,7 +104,13 @@ pub fn enter(ids: Ids, seccomp_mode: SeccompMode, sockets: Vec<PathBuf>) -> Resu
     // SAFETY: no other thread exists yet (the sandbox is entered first thing), so the
     // child may run any code.
     match unsafe { fork() }.map_err(|e| format!("sandbox: fork: {e}"))? {
-        ForkResult::Parent { child } => supervise(child, forwarded, seccomp_mode, &sockets),
+        ForkResult::Parent { child } => {
+            for &fd in listening {
+                // SAFETY: the parent never uses these fds again: it only supervises.
+                unsafe { libc::close(fd) };
+            }
+            supervise(child, forwarded, seccomp_mode, &sockets)
+        }
         ForkResult::Child => {
             // SAFETY: prctl with integer arguments.
             if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } < 0 {
