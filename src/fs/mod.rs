@@ -19,6 +19,7 @@ pub mod extra_ops;
 pub mod file_handle;
 pub mod handles;
 pub mod id_map;
+pub mod init;
 pub mod inodes;
 pub mod layer;
 pub mod locks;

@@ -9,7 +9,7 @@
 //!
 //! Routing:
 //! - INIT, DESTROY: session bookkeeping here (a second INIT or a DESTROY starts a new
-//!   session), then fuse-backend-rs's `Server`;
+//!   session); INIT is answered by [`init`], DESTROY here;
 //! - WRITE: decoded here, with the data read in place;
 //! - IOCTL: ENOTTY here, without decoding its sizes;
 //! - COPY_FILE_RANGE, SYNCFS, TMPFILE, SETLKW: [`extra_ops`];
@@ -30,7 +30,7 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::{extra_ops, reply, Stack, VolFs, Volumes};
+use super::{extra_ops, init, reply, Stack, VolFs, Volumes};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -166,15 +166,21 @@ impl FsServer {
                 // connection: nothing of the old session may survive into the new.
                 self.volumes.reset_session();
             }
-            return self
-                .server
-                .handle_message(local_reader(request), writer, None, None)
-                .map_err(|e| {
+            let answer = match init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]) {
+                Ok(body) => reply::reply(&mut writer, header.unique, 0, &body),
+                Err(errno) => {
                     if !was {
                         self.initialized.store(false, Ordering::Release);
                     }
-                    failed(e.to_string())
-                });
+                    reply::reply_error(&mut writer, header.unique, errno)
+                }
+            };
+            return answer.map_err(|e| {
+                if !was {
+                    self.initialized.store(false, Ordering::Release);
+                }
+                failed(e.to_string())
+            });
         }
         if !self.initialized.load(Ordering::Acquire) {
             return reply_errno(&mut writer, libc::EIO);

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -700,6 +701,101 @@ static int cmd_mode(int argc, char **argv)
 	return report(0, 0, "");
 }
 
+/*
+ * mmap write FILE OFFSET STRING sync|unmap: map FILE shared and read-write, copy
+ *   STRING at OFFSET into the map, then either msync(MS_SYNC) while still mapped
+ *   (sync) or only munmap and close (unmap). FILE must be large enough already.
+ * mmap read FILE OFFSET LEN: map FILE shared and read-only; print LEN bytes.
+ * mmap private FILE OFFSET STRING: map FILE private and read-write, write STRING
+ *   into the map; the map must read it back and the file (pread) must not.
+ * mmap rwmap-rdonly FILE: open FILE read-only and ask for a shared read-write
+ *   map (the kernel refuses it: EACCES).
+ */
+static int cmd_mmap(int argc, char **argv)
+{
+	const char *help = "mmap write FILE OFFSET STRING sync|unmap | read FILE OFFSET LEN | "
+			   "private FILE OFFSET STRING | rwmap-rdonly FILE";
+	if (argc < 3)
+		usage_exit(help);
+	const char *mode = argv[1], *path = argv[2];
+	int rdwr = !strcmp(mode, "write") || !strcmp(mode, "private");
+	if (!rdwr && strcmp(mode, "read") && strcmp(mode, "rwmap-rdonly"))
+		usage_exit(help);
+	if ((!strcmp(mode, "write") && argc != 6) || (!strcmp(mode, "read") && argc != 5) ||
+	    (!strcmp(mode, "private") && argc != 5) || (!strcmp(mode, "rwmap-rdonly") && argc != 3))
+		usage_exit(help);
+	int fd = open(path, rdwr ? O_RDWR : O_RDONLY);
+	if (fd < 0)
+		return report(-1, errno, path);
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return report(-1, errno, "fstat");
+	size_t len = st.st_size ? (size_t)st.st_size : 1;
+	if (!strcmp(mode, "rwmap-rdonly")) {
+		void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		int e = errno;
+		if (p != MAP_FAILED)
+			munmap(p, len);
+		close(fd);
+		return report(p == MAP_FAILED ? -1 : 0, e, "mmap shared read-write of a read-only open");
+	}
+	size_t off = num(argv[3]);
+	if (!strcmp(mode, "read")) {
+		size_t n = num(argv[4]);
+		if (off + n > (size_t)st.st_size) {
+			fprintf(stderr, "fsops: mmap read: %zu bytes at %zu past the end (%lld)\n", n, off,
+				(long long)st.st_size);
+			return 1;
+		}
+		char *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			return report(-1, errno, "mmap shared read-only");
+		if (!errno_mode)
+			fwrite(p + off, 1, n, stdout);
+		munmap(p, len);
+		close(fd);
+		return report(0, 0, "");
+	}
+	const char *s = argv[4];
+	size_t n = strlen(s);
+	if (off + n > (size_t)st.st_size) {
+		fprintf(stderr, "fsops: mmap %s: %zu bytes at %zu past the end (%lld)\n", mode, n, off,
+			(long long)st.st_size);
+		return 1;
+	}
+	int private = !strcmp(mode, "private");
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, private ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return report(-1, errno, private ? "mmap private read-write" : "mmap shared read-write");
+	memcpy(p + off, s, n);
+	if (private) {
+		char *back = malloc(n);
+		if (!back)
+			die("malloc");
+		if (memcmp(p + off, s, n)) {
+			fprintf(stderr, "fsops: mmap private: the map does not read back what was written\n");
+			return 1;
+		}
+		if (pread(fd, back, n, off) != (ssize_t)n)
+			die("pread");
+		if (!memcmp(back, s, n)) {
+			fprintf(stderr, "fsops: mmap private: the write reached the file\n");
+			return 1;
+		}
+		free(back);
+	} else if (!strcmp(argv[5], "sync")) {
+		if (msync(p, len, MS_SYNC) < 0)
+			return report(-1, errno, "msync");
+	} else if (strcmp(argv[5], "unmap")) {
+		usage_exit(help);
+	}
+	if (munmap(p, len) < 0)
+		return report(-1, errno, "munmap");
+	if (close(fd) < 0)
+		return report(-1, errno, "close");
+	return report(0, 0, "");
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -739,6 +835,7 @@ static const struct {
 	{"mode", cmd_mode, "PATH (prints the octal mode & 07777)"},
 	{"lockhold", cmd_lockhold, "FILE (POSIX write lock + flock, held until killed)"},
 	{"trylock", cmd_trylock, "posix|flock FILE (non-blocking; EAGAIN if held)"},
+	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
 };
 
 int main(int argc, char **argv)

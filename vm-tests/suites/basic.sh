@@ -295,6 +295,26 @@ t_guest_to_host() {
 	host_ok absent basic/gcoh-renamed
 }
 
+# Shared mmap with cache=none: volfsd grants FUSE_DIRECT_IO_ALLOW_MMAP, so the
+# guest may map its direct-I/O files shared (without it: ENODEV). What is written
+# through the map is on the host after msync(MS_SYNC), and after munmap and close;
+# a private map stays private; a new map sees what the host changed.
+t_mmap() {
+	printf 'aaaaaaaaaaaaaaaa' >mm
+	fsops mmap write mm 0 HELLO sync
+	host_ok content basic/mm HELLOaaaaaaaaaaa
+	eq "read() after msync" "$(cat mm)" HELLOaaaaaaaaaaa
+	fsops mmap write mm 8 WORLD unmap
+	host_ok content basic/mm HELLOaaaWORLDaaa
+	eq "read back through a shared map" "$(fsops mmap read mm 0 16)" HELLOaaaWORLDaaa
+	fsops mmap private mm 0 XXXXX
+	host_ok content basic/mm HELLOaaaWORLDaaa
+	host_ok modify basic/mm bbbbbbbbbbbbbbb
+	eq "a new map sees the host's change" "$(fsops mmap read mm 0 15)" bbbbbbbbbbbbbbb
+	errno EACCES mmap rwmap-rdonly mm
+	rm mm
+}
+
 run create-write-read-append-truncate t_create_write_read
 run mkdir-rmdir t_mkdir_rmdir
 run rename t_rename
@@ -303,6 +323,7 @@ run chmod-chown-utimes t_attrs
 run fsync t_fsync
 run coherence-host-to-guest t_host_to_guest
 run coherence-guest-to-host t_guest_to_host
+run mmap-shared-cache-none t_mmap
 run sparse-fallocate-seek t_sparse
 run odirect t_odirect
 run copy-file-range t_copy_file_range

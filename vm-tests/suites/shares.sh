@@ -73,6 +73,11 @@ t_b_readonly() {
 	errno EROFS open "$f" a
 	errno EROFS open "$f" wt
 	errno EROFS truncate "$f" 0
+	# mmap: no writable shared map (the file cannot be opened for writing, and a
+	# read-only open refuses one); a read-only shared map works.
+	errno EROFS mmap write "$f" 0 x sync
+	errno EACCES mmap rwmap-rdonly "$f"
+	eq "shared read-only map of b/readme.txt" "$(fsops mmap read "$f" 0 17)" "read-only share b"
 	errno EROFS truncate "$f" 100000
 	errno EROFS fallocate alloc "$f" 0 4096
 	errno EROFS mkdir "$Bro/newdir"
