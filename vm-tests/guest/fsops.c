@@ -604,26 +604,48 @@ static int cmd_readfd(int argc, char **argv)
 
 /* Take an exclusive POSIX (fcntl F_SETLK F_WRLCK, whole file) or flock lock on
  * fd without waiting; returns what the syscall returned (errno set). */
+#ifndef F_OFD_SETLK
+#define F_OFD_SETLK 37
+#define F_OFD_SETLKW 38
+#endif
+
+/* A write lock of kind posix (fcntl, per process), ofd (fcntl, per open file) or
+ * flock on all of fd's file; wait: block until it is granted. */
+static int take_lock_as(int fd, const char *kind, int wait)
+{
+	if (!strcmp(kind, "posix") || !strcmp(kind, "ofd")) {
+		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+		int ofd = !strcmp(kind, "ofd");
+		int cmd = ofd ? (wait ? F_OFD_SETLKW : F_OFD_SETLK) : (wait ? F_SETLKW : F_SETLK);
+		return fcntl(fd, cmd, &fl);
+	}
+	return flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
+}
+
 static int take_lock(int fd, const char *kind)
 {
-	if (!strcmp(kind, "posix")) {
-		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-		return fcntl(fd, F_SETLK, &fl);
-	}
-	return flock(fd, LOCK_EX | LOCK_NB);
+	return take_lock_as(fd, kind, 0);
+}
+
+static int lock_kind_ok(const char *kind)
+{
+	return !strcmp(kind, "posix") || !strcmp(kind, "ofd") || !strcmp(kind, "flock");
 }
 
 /* lockhold FILE: open FILE read-write, take a POSIX write lock and an flock on
  * it (both non-blocking), print "locked" and hold them until killed. */
+/* lockhold FILE [posix|ofd]: a write lock of that kind (posix by default) and
+ * an flock on FILE, held until killed; prints "locked" once both are held */
 static int cmd_lockhold(int argc, char **argv)
 {
-	if (argc != 2)
-		usage_exit("lockhold FILE");
+	if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "posix") && strcmp(argv[2], "ofd")))
+		usage_exit("lockhold FILE [posix|ofd]");
+	const char *kind = argc == 3 ? argv[2] : "posix";
 	int fd = open(argv[1], O_RDWR);
 	if (fd < 0)
 		die(argv[1]);
-	if (take_lock(fd, "posix") < 0)
-		die("fcntl F_SETLK F_WRLCK");
+	if (take_lock(fd, kind) < 0)
+		die(!strcmp(kind, "ofd") ? "fcntl F_OFD_SETLK F_WRLCK" : "fcntl F_SETLK F_WRLCK");
 	if (take_lock(fd, "flock") < 0)
 		die("flock LOCK_EX|LOCK_NB");
 	printf("locked\n");
@@ -633,19 +655,38 @@ static int cmd_lockhold(int argc, char **argv)
 	return 0;
 }
 
-/* trylock posix|flock FILE: try to take that lock without waiting (EAGAIN:
+/* trylock posix|ofd|flock FILE: try to take that lock without waiting (EAGAIN:
  * someone else holds it), then release it */
 static int cmd_trylock(int argc, char **argv)
 {
-	if (argc != 3 || (strcmp(argv[1], "posix") && strcmp(argv[1], "flock")))
-		usage_exit("trylock posix|flock FILE");
+	if (argc != 3 || !lock_kind_ok(argv[1]))
+		usage_exit("trylock posix|ofd|flock FILE");
 	int fd = open(argv[2], O_RDWR);
 	if (fd < 0)
 		return report(-1, errno, argv[2]);
 	int r = take_lock(fd, argv[1]);
 	int err = errno;
-	close(fd); /* releases either lock */
-	return report(r, err, !strcmp(argv[1], "posix") ? "fcntl F_SETLK F_WRLCK" : "flock LOCK_EX|LOCK_NB");
+	close(fd); /* releases any of them */
+	return report(r, err, !strcmp(argv[1], "flock") ? "flock LOCK_EX|LOCK_NB" : "fcntl F_WRLCK");
+}
+
+/* lockwait posix|ofd|flock FILE: wait for that lock (F_SETLKW, F_OFD_SETLKW or
+ * a blocking flock); print "locked" once it is granted, then release it and exit */
+static int cmd_lockwait(int argc, char **argv)
+{
+	if (argc != 3 || !lock_kind_ok(argv[1]))
+		usage_exit("lockwait posix|ofd|flock FILE");
+	int fd = open(argv[2], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[2]);
+	int r = take_lock_as(fd, argv[1], 1);
+	int err = errno;
+	if (r == 0 && !errno_mode) {
+		printf("locked\n");
+		fflush(stdout);
+	}
+	close(fd);
+	return report(r, err, "waiting for the lock");
 }
 
 /* asuser UID GID CMD [ARGS...]: drop all supplementary groups, set the real,
@@ -833,8 +874,9 @@ static const struct {
 	{"asuser", cmd_asuser, "UID GID CMD [ARGS...] (no supplementary groups)"},
 	{"write", cmd_write, "FILE STRING (O_WRONLY, no create/truncate)"},
 	{"mode", cmd_mode, "PATH (prints the octal mode & 07777)"},
-	{"lockhold", cmd_lockhold, "FILE (POSIX write lock + flock, held until killed)"},
-	{"trylock", cmd_trylock, "posix|flock FILE (non-blocking; EAGAIN if held)"},
+	{"lockhold", cmd_lockhold, "FILE [posix|ofd] (that write lock + flock, held until killed)"},
+	{"trylock", cmd_trylock, "posix|ofd|flock FILE (non-blocking; EAGAIN if held)"},
+	{"lockwait", cmd_lockwait, "posix|ofd|flock FILE (blocks until granted, prints locked, releases)"},
 	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
 };
 
