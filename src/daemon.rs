@@ -59,20 +59,30 @@ pub fn run(config: Config) -> Result<(), String> {
         Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
         None => None,
     };
-    let listener = make_listener(&config.socket, config.socket_group).inspect_err(|_| {
-        if let Some(c) = &control {
-            c.remove_socket();
+    // The socket files stay removable after the root changed (by directory fd and
+    // name); set-up that fails from here on removes them: nothing is left behind
+    // half-started.
+    let bound = make_listener(&config.socket, config.socket_group).and_then(|listener| {
+        let files = socket_paths.iter().map(|p| SocketFile::open(p));
+        Ok((listener, files.collect::<Result<Vec<_>, _>>()?))
+    });
+    let (listener, socket_files) = match bound {
+        Ok((listener, files)) => (listener, Arc::new(files)),
+        Err(e) => {
+            socket_paths
+                .iter()
+                .for_each(|p| sandbox::namespaces::remove_socket(p));
+            return Err(e);
         }
-    })?;
-    // Removable after the root changed (by directory fd and name), and removed if
-    // set-up fails from here on: nothing is left behind half-started.
-    let socket_files: Arc<Vec<SocketFile>> = Arc::new(
-        socket_paths
-            .iter()
-            .map(|p| SocketFile::open(p))
-            .collect::<Result<_, _>>()?,
+    };
+    let result = serve(
+        config,
+        control,
+        listener,
+        &socket_paths,
+        socket_files.clone(),
+        term,
     );
-    let result = serve(config, control, listener, socket_files.clone(), term);
     if result.is_err() {
         for f in socket_files.iter() {
             f.remove();
@@ -87,18 +97,23 @@ fn serve(
     config: Config,
     control: Option<ControlServer>,
     mut listener: Listener,
+    socket_paths: &[PathBuf],
     socket_files: Arc<Vec<SocketFile>>,
     term: SigSet,
 ) -> Result<(), String> {
-    let socket_paths: Vec<PathBuf> = socket_files.iter().map(|f| f.path.clone()).collect();
-    // The supervisor namespace mode leaves outside closes the listening sockets: only
-    // the serving child may hold them.
+    // The supervisor that namespace mode leaves outside closes its copies of the
+    // listening sockets: only the serving child holds them.
     let listening: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
         .chain(control.iter().flat_map(ControlServer::fds))
         .collect();
     // Namespaces first, while the process has one thread: namespace mode forks, and
     // only the sandboxed child returns.
-    sandbox::enter(config.sandbox, config.seccomp, socket_paths, &listening)?;
+    sandbox::enter(
+        config.sandbox,
+        config.seccomp,
+        socket_paths.to_vec(),
+        &listening,
+    )?;
     // In the child only: the single-threaded supervisor never trims a thread arena,
     // and would otherwise carry a copy of the set-up thread's arena.
     sandbox::malloc::settle_heap_trim()?;
@@ -251,7 +266,6 @@ fn warn_unless_shared(shared_dir: &Path) {
 /// A socket file the daemon created, removable after the root changed: by its
 /// directory's fd and its name, and only while it is still a socket.
 struct SocketFile {
-    path: PathBuf,
     dir: std::fs::File,
     name: std::ffi::CString,
 }
@@ -270,11 +284,7 @@ impl SocketFile {
             .map_err(|e| format!("{}: opening its directory: {e}", path.display()))?;
         let name = std::ffi::CString::new(name.as_bytes())
             .map_err(|_| format!("{}: NUL in name", path.display()))?;
-        Ok(SocketFile {
-            path: path.to_path_buf(),
-            dir,
-            name,
-        })
+        Ok(SocketFile { dir, name })
     }
 
     fn remove(&self) {

@@ -127,7 +127,9 @@ fn the_root_is_the_shared_dir_and_no_path_leads_out() {
 
 #[test]
 fn its_namespaces_are_its_own() {
-    let d = Daemon::start("namespaces", &[]);
+    let dir = with_files("namespaces");
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let d = Daemon::start_in(dir, &[&ctl]);
     let _c = d.client();
     let (pid, sup) = (d.pid().to_string(), d.launched_pid().to_string());
     for kind in ["mnt", "pid", "net", "ipc", "uts"] {
@@ -146,6 +148,15 @@ fn its_namespaces_are_its_own() {
     // The supervisor stays in the host's namespaces (it removes the sockets).
     assert_eq!(ns(&sup, "mnt"), ns("self", "mnt"));
     assert_eq!(ns(&sup, "net"), ns("self", "net"));
+    // The sockets are bound before the fork; the supervisor closed its copies, so a
+    // frontend can only ever be accepted by the serving child.
+    let sockets: Vec<String> = std::fs::read_dir(format!("/proc/{sup}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|l| l.display().to_string())
+        .filter(|l| l.starts_with("socket:"))
+        .collect();
+    assert!(sockets.is_empty(), "the supervisor holds {sockets:?}");
 }
 
 #[test]

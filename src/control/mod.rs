@@ -133,14 +133,6 @@ impl ControlServer {
             .collect()
     }
 
-    /// Removes the socket file, if it is still a socket: set-up failed after it was
-    /// bound.
-    pub fn remove_socket(&self) {
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
     /// Creates the socket with mode 0600. A stale socket file is replaced; any other
     /// file at `path` is an error.
     pub fn bind(path: &Path, extra_uids: &[u32]) -> Result<Self, String> {

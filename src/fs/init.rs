@@ -6,6 +6,10 @@
 //! granted through it. The one volfsd needs is `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux
 //! 6.6): with `cache=none` every file is opened with `FOPEN_DIRECT_IO`, and without
 //! this flag the guest refuses `mmap(MAP_SHARED)` of such a file with ENODEV.
+//!
+//! fuse-backend-rs's `Server` then keeps its default protocol version (7.33) for its
+//! own compatibility choices; the only one, a LOOKUP reply for minors before 4, no
+//! guest that speaks virtio-fs (7.31 and later) can meet.
 
 use std::io;
 use std::mem::size_of;

@@ -166,21 +166,15 @@ impl FsServer {
                 // connection: nothing of the old session may survive into the new.
                 self.volumes.reset_session();
             }
-            let answer = match init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]) {
-                Ok(body) => reply::reply(&mut writer, header.unique, 0, &body),
-                Err(errno) => {
-                    if !was {
-                        self.initialized.store(false, Ordering::Release);
-                    }
-                    reply::reply_error(&mut writer, header.unique, errno)
-                }
+            let body = init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]);
+            let answer = match &body {
+                Ok(body) => reply::reply(&mut writer, header.unique, 0, body),
+                Err(errno) => reply::reply_error(&mut writer, header.unique, *errno),
             };
-            return answer.map_err(|e| {
-                if !was {
-                    self.initialized.store(false, Ordering::Release);
-                }
-                failed(e.to_string())
-            });
+            if !was && (body.is_err() || answer.is_err()) {
+                self.initialized.store(false, Ordering::Release);
+            }
+            return answer.map_err(|e| failed(e.to_string()));
         }
         if !self.initialized.load(Ordering::Acquire) {
             return reply_errno(&mut writer, libc::EIO);

@@ -4,9 +4,11 @@
 //! and no way to start a process.
 //!
 //! Order, in [`enter`] and then the daemon:
-//! 1. namespaces (namespace mode; forks, the parent supervises: `namespaces.rs`);
-//! 2. what is needed from outside SharedDir is opened (`/proc/self/fd`; the daemon
-//!    has already bound its sockets and connected the log);
+//! 0. before any of it, the daemon binds its sockets and connects the log (a launcher
+//!    waits for the socket, not for the sandbox; virtiofsd binds first too);
+//! 1. namespaces (namespace mode; forks, the parent supervises and closes its copies
+//!    of the listening sockets: `namespaces.rs`);
+//! 2. what else is needed from outside SharedDir is opened (`/proc/self/fd`);
 //! 3. the root changes to SharedDir (`mounts.rs`);
 //! 4. rlimits, and process-wide capability lock-down (`caps.rs`) before any thread;
 //! 5. each thread confines itself for its role when it starts ([`confine_thread`]):

@@ -328,8 +328,9 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
     }
 }
 
-/// Removes a socket the dead child left; never any other kind of file.
-fn remove_socket(path: &PathBuf) {
+/// Removes a socket left behind (by a dead child, or a set-up that failed after the
+/// bind); never any other kind of file.
+pub fn remove_socket(path: &Path) {
     use std::os::unix::fs::FileTypeExt;
     if let Ok(m) = std::fs::symlink_metadata(path) {
         if m.file_type().is_socket() {
