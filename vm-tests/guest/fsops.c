@@ -655,38 +655,37 @@ static int cmd_lockhold(int argc, char **argv)
 	return 0;
 }
 
+/* Takes a lock of kind argv[1] on argv[2] (waiting for it if wait), reports the
+ * outcome, and releases it by closing the file. */
+static int lock_once(int argc, char **argv, int wait, const char *usage)
+{
+	if (argc != 3 || !lock_kind_ok(argv[1]))
+		usage_exit(usage);
+	int fd = open(argv[2], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[2]);
+	int r = take_lock_as(fd, argv[1], wait);
+	int err = errno;
+	if (r == 0 && wait && !errno_mode) {
+		printf("locked\n");
+		fflush(stdout);
+	}
+	close(fd); /* releases any of them */
+	return report(r, err, !strcmp(argv[1], "flock") ? "flock LOCK_EX" : "fcntl F_WRLCK");
+}
+
 /* trylock posix|ofd|flock FILE: try to take that lock without waiting (EAGAIN:
  * someone else holds it), then release it */
 static int cmd_trylock(int argc, char **argv)
 {
-	if (argc != 3 || !lock_kind_ok(argv[1]))
-		usage_exit("trylock posix|ofd|flock FILE");
-	int fd = open(argv[2], O_RDWR);
-	if (fd < 0)
-		return report(-1, errno, argv[2]);
-	int r = take_lock(fd, argv[1]);
-	int err = errno;
-	close(fd); /* releases any of them */
-	return report(r, err, !strcmp(argv[1], "flock") ? "flock LOCK_EX|LOCK_NB" : "fcntl F_WRLCK");
+	return lock_once(argc, argv, 0, "trylock posix|ofd|flock FILE");
 }
 
 /* lockwait posix|ofd|flock FILE: wait for that lock (F_SETLKW, F_OFD_SETLKW or
  * a blocking flock); print "locked" once it is granted, then release it and exit */
 static int cmd_lockwait(int argc, char **argv)
 {
-	if (argc != 3 || !lock_kind_ok(argv[1]))
-		usage_exit("lockwait posix|ofd|flock FILE");
-	int fd = open(argv[2], O_RDWR);
-	if (fd < 0)
-		return report(-1, errno, argv[2]);
-	int r = take_lock_as(fd, argv[1], 1);
-	int err = errno;
-	if (r == 0 && !errno_mode) {
-		printf("locked\n");
-		fflush(stdout);
-	}
-	close(fd);
-	return report(r, err, "waiting for the lock");
+	return lock_once(argc, argv, 1, "lockwait posix|ofd|flock FILE");
 }
 
 /* asuser UID GID CMD [ARGS...]: drop all supplementary groups, set the real,
