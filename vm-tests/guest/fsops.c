@@ -602,24 +602,41 @@ static int cmd_readfd(int argc, char **argv)
 	return report(0, 0, "");
 }
 
-/* Take an exclusive POSIX (fcntl F_SETLK F_WRLCK, whole file) or flock lock on
- * fd without waiting; returns what the syscall returned (errno set). */
 #ifndef F_OFD_SETLK
 #define F_OFD_SETLK 37
 #define F_OFD_SETLKW 38
 #endif
 
-/* A write lock of kind posix (fcntl, per process), ofd (fcntl, per open file) or
- * flock on all of fd's file; wait: block until it is granted. */
+/* Lock kinds: posix (fcntl, per process), ofd (fcntl, per open file) or flock,
+ * each a write (exclusive) lock on the whole file; with "-read" appended, a read
+ * (shared) lock taken on a read-only open, as a read-only volume allows. */
+static int lock_kind_ok(const char *kind)
+{
+	static const char *const kinds[] = {"posix", "ofd", "flock", "posix-read", "ofd-read", "flock-read"};
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+		if (!strcmp(kind, kinds[i]))
+			return 1;
+	return 0;
+}
+
+static int lock_is_read(const char *kind)
+{
+	size_t n = strlen(kind);
+	return n > 5 && !strcmp(kind + n - 5, "-read");
+}
+
+/* Take a lock of that kind on all of fd's file; wait: block until it is granted.
+ * Returns what the syscall returned (errno set). */
 static int take_lock_as(int fd, const char *kind, int wait)
 {
-	if (!strcmp(kind, "posix") || !strcmp(kind, "ofd")) {
-		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-		int ofd = !strcmp(kind, "ofd");
+	int rd = lock_is_read(kind);
+	if (!strncmp(kind, "posix", 5) || !strncmp(kind, "ofd", 3)) {
+		struct flock fl = {.l_type = rd ? F_RDLCK : F_WRLCK, .l_whence = SEEK_SET};
+		int ofd = !strncmp(kind, "ofd", 3);
 		int cmd = ofd ? (wait ? F_OFD_SETLKW : F_OFD_SETLK) : (wait ? F_SETLKW : F_SETLK);
 		return fcntl(fd, cmd, &fl);
 	}
-	return flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
+	return flock(fd, (rd ? LOCK_SH : LOCK_EX) | (wait ? 0 : LOCK_NB));
 }
 
 static int take_lock(int fd, const char *kind)
@@ -627,13 +644,6 @@ static int take_lock(int fd, const char *kind)
 	return take_lock_as(fd, kind, 0);
 }
 
-static int lock_kind_ok(const char *kind)
-{
-	return !strcmp(kind, "posix") || !strcmp(kind, "ofd") || !strcmp(kind, "flock");
-}
-
-/* lockhold FILE: open FILE read-write, take a POSIX write lock and an flock on
- * it (both non-blocking), print "locked" and hold them until killed. */
 /* lockhold FILE [posix|ofd]: a write lock of that kind (posix by default) and
  * an flock on FILE, held until killed; prints "locked" once both are held */
 static int cmd_lockhold(int argc, char **argv)
@@ -661,7 +671,8 @@ static int lock_once(int argc, char **argv, int wait, const char *usage)
 {
 	if (argc != 3 || !lock_kind_ok(argv[1]))
 		usage_exit(usage);
-	int fd = open(argv[2], O_RDWR);
+	int rd = lock_is_read(argv[1]);
+	int fd = open(argv[2], rd ? O_RDONLY : O_RDWR);
 	if (fd < 0)
 		return report(-1, errno, argv[2]);
 	int r = take_lock_as(fd, argv[1], wait);
@@ -671,21 +682,23 @@ static int lock_once(int argc, char **argv, int wait, const char *usage)
 		fflush(stdout);
 	}
 	close(fd); /* releases any of them */
-	return report(r, err, !strcmp(argv[1], "flock") ? "flock LOCK_EX" : "fcntl F_WRLCK");
+	const char *what = !strncmp(argv[1], "flock", 5) ? (rd ? "flock LOCK_SH" : "flock LOCK_EX")
+							: (rd ? "fcntl F_RDLCK" : "fcntl F_WRLCK");
+	return report(r, err, what);
 }
 
-/* trylock posix|ofd|flock FILE: try to take that lock without waiting (EAGAIN:
- * someone else holds it), then release it */
+/* trylock KIND FILE: try to take that lock (see lock_kind_ok) without waiting
+ * (EAGAIN: someone else holds it), then release it */
 static int cmd_trylock(int argc, char **argv)
 {
-	return lock_once(argc, argv, 0, "trylock posix|ofd|flock FILE");
+	return lock_once(argc, argv, 0, "trylock posix|ofd|flock[-read] FILE");
 }
 
-/* lockwait posix|ofd|flock FILE: wait for that lock (F_SETLKW, F_OFD_SETLKW or
- * a blocking flock); print "locked" once it is granted, then release it and exit */
+/* lockwait KIND FILE: wait for that lock (F_SETLKW, F_OFD_SETLKW or a blocking
+ * flock); print "locked" once it is granted, then release it and exit */
 static int cmd_lockwait(int argc, char **argv)
 {
-	return lock_once(argc, argv, 1, "lockwait posix|ofd|flock FILE");
+	return lock_once(argc, argv, 1, "lockwait posix|ofd|flock[-read] FILE");
 }
 
 /* asuser UID GID CMD [ARGS...]: drop all supplementary groups, set the real,
@@ -753,7 +766,7 @@ static int cmd_mode(int argc, char **argv)
  */
 static int cmd_mmap(int argc, char **argv)
 {
-	const char *help = "mmap write FILE OFFSET STRING sync|unmap | read FILE OFFSET LEN | "
+	const char *help = "mmap write FILE OFFSET STRING sync|unmap|wait:GOFILE | read FILE OFFSET LEN | "
 			   "private FILE OFFSET STRING | rwmap-rdonly FILE";
 	if (argc < 3)
 		usage_exit(help);
@@ -826,6 +839,15 @@ static int cmd_mmap(int argc, char **argv)
 	} else if (!strcmp(argv[5], "sync")) {
 		if (msync(p, len, MS_SYNC) < 0)
 			return report(-1, errno, "msync");
+	} else if (!strncmp(argv[5], "wait:", 5)) {
+		/* Written but not synced: let another sandbox look, then msync once
+		 * the file named after "wait:" exists. */
+		printf("mapped\n");
+		fflush(stdout);
+		while (access(argv[5] + 5, F_OK) < 0)
+			usleep(10000);
+		if (msync(p, len, MS_SYNC) < 0)
+			return report(-1, errno, "msync");
 	} else if (strcmp(argv[5], "unmap")) {
 		usage_exit(help);
 	}
@@ -833,6 +855,42 @@ static int cmd_mmap(int argc, char **argv)
 		return report(-1, errno, "munmap");
 	if (close(fd) < 0)
 		return report(-1, errno, "close");
+	return report(0, 0, "");
+}
+
+/* uniform FILE: read FILE to its end (one open, 64 KiB reads); it must be one
+ * byte repeated. Prints "SIZE BYTE" (the byte as a character). A file that mixes
+ * two versions (a torn read) fails, naming the first offset that differs. */
+static int cmd_uniform(int argc, char **argv)
+{
+	if (argc != 2)
+		usage_exit("uniform FILE");
+	int fd = open(argv[1], O_RDONLY);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	static char buf[65536];
+	long long total = 0;
+	int first = -1;
+	for (;;) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n < 0)
+			return report(-1, errno, "read");
+		if (n == 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			if (first < 0)
+				first = (unsigned char)buf[i];
+			if ((unsigned char)buf[i] != first) {
+				fprintf(stderr, "fsops: uniform: %s: byte %lld is '%c', byte 0 is '%c' (torn read)\n",
+					argv[1], total + i, buf[i], first);
+				return 1;
+			}
+		}
+		total += n;
+	}
+	close(fd);
+	if (!errno_mode)
+		printf("%lld %c\n", total, first < 0 ? '-' : first);
 	return report(0, 0, "");
 }
 
@@ -874,9 +932,10 @@ static const struct {
 	{"write", cmd_write, "FILE STRING (O_WRONLY, no create/truncate)"},
 	{"mode", cmd_mode, "PATH (prints the octal mode & 07777)"},
 	{"lockhold", cmd_lockhold, "FILE [posix|ofd] (that write lock + flock, held until killed)"},
-	{"trylock", cmd_trylock, "posix|ofd|flock FILE (non-blocking; EAGAIN if held)"},
-	{"lockwait", cmd_lockwait, "posix|ofd|flock FILE (blocks until granted, prints locked, releases)"},
-	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
+	{"trylock", cmd_trylock, "posix|ofd|flock[-read] FILE (non-blocking; EAGAIN if held; -read: a read lock on a read-only open)"},
+	{"lockwait", cmd_lockwait, "posix|ofd|flock[-read] FILE (blocks until granted, prints locked, releases)"},
+	{"uniform", cmd_uniform, "FILE (one byte repeated? prints SIZE BYTE)"},
+	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap|wait:GOFILE | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
 };
 
 int main(int argc, char **argv)
