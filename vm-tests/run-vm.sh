@@ -369,6 +369,9 @@ ATTEMPT=1
 cmdline() {
 	local extra=""
 	((ATTEMPT > ${VMTEST_BREAK_BOOTS:-0})) || extra=" rdinit=/bin/false"
+	# VMTEST_BACKEND (set by run-backend.sh, run-pair.sh): what the share sits on,
+	# for the guest's backend_lacks (lib.sh).
+	[[ -z ${VMTEST_BACKEND:-} ]] || extra+=" vmtest.backend=$VMTEST_BACKEND"
 	echo "console=ttyS0 panic=-1 quiet vmtest.suite=$SUITE$extra"
 }
 
@@ -393,6 +396,7 @@ start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
 		-nodefaults -display none -monitor none -serial "file:$serial" \
 		-nic none "${reboot[@]}" >>"$log" 2>&1 &
 	VMM_PID=$!
+	echo "$VMM_PID" >"$WORK/vmm.pid" # for hooks that stop the VM (pair-a.hook.sh)
 	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)$([[ $ALLOW_REBOOT == 0 ]] || echo ', guest may reboot')"
 }
 

@@ -97,3 +97,56 @@ wait_until() {
 		usleep 100000
 	done
 }
+
+# backend_lacks FEATURE: true if the backend under the share (VMTEST_BACKEND,
+# from the kernel command line; empty for a local directory) is known to lack
+# FEATURE. Each gap is in docs/BACKENDS.md, and the test that meets it asserts
+# the backend's exact answer instead.
+#   cross-client-unlinked-open  a file one client has open stays readable when
+#                               another client (node) unlinks or renames over it
+backend_lacks() {
+	case "${VMTEST_BACKEND:-}:$1" in
+	juicefs:cross-client-unlinked-open) return 0 ;;
+	*) return 1 ;;
+	esac
+}
+
+# Two sandboxes on one volume (suites pair-a.sh and pair-b.sh, run side by side
+# by vm-tests/run-pair.sh, each VM with its own volfsd): they meet through marker
+# files in the volume's .pair directory. The read-write side (a) writes its own
+# markers; the read-only side (b) cannot, so it prints "VMTEST SYNC mark NAME"
+# and its host hook (pair-b.hook.sh) writes the marker on the host.
+PAIR_VOL=$M/vol
+PAIR_DIR=$PAIR_VOL/.pair
+PAIR_BROKEN=/tmp/pair-broken
+
+# pair_mark NAME [CONTENT]: make marker NAME (a-... from side a, b-... from b)
+pair_mark() {
+	case "$1" in
+	a-*)
+		printf '%s\n' "${2:-}" >"$PAIR_DIR/.$1.tmp"
+		mv "$PAIR_DIR/.$1.tmp" "$PAIR_DIR/$1"
+		;;
+	*) host_step "mark $1" ;;
+	esac
+}
+
+# pair_await NAME [SECS]: wait for the other side's marker NAME (60 s by
+# default). Once a wait has timed out on either side the pair is out of step:
+# that side marks SIDE-broken, and every later wait on both sides fails at once
+# instead of adding its own timeout.
+pair_await() {
+	case "$1" in a-*) _me=b ;; *) _me=a ;; esac
+	_deadline=$(($(date +%s) + ${2:-60}))
+	until [ -e "$PAIR_DIR/$1" ]; do
+		if [ -e $PAIR_BROKEN ] || [ -e "$PAIR_DIR/a-broken" ] || [ -e "$PAIR_DIR/b-broken" ]; then
+			die "the pair is out of step (a wait timed out); not waiting for $1"
+		fi
+		if [ "$(date +%s)" -ge $_deadline ]; then
+			: >$PAIR_BROKEN
+			pair_mark $_me-broken
+			die "the other sandbox never reached '$1' within ${2:-60}s"
+		fi
+		usleep 50000
+	done
+}
