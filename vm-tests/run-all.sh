@@ -28,6 +28,12 @@ SUITES=(
 	"pjdfstest-file-handles --vmm qemu --suite pjdfstest --daemon-args --inode-file-handles=prefer"
 	# basic suite with volfsd and QEMU run by a non-root user (user namespace)
 	"basic-unprivileged  run:run-unprivileged.sh"
+	# two sandboxes (two VMs, two volfsd) on one volume: A rw, B ro
+	"pair-local          run:run-pair.sh"
+	# the same on two JuiceFS clients of one volume, as two nodes mount it
+	"pair-juicefs        run:run-pair.sh --backend juicefs"
+	# the reference JuiceFS volume plugin, driven as a node agent drives it
+	"plugin-juicefs      run:run-plugin.sh"
 	# Add more suites here, one line each.
 )
 
