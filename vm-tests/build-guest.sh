@@ -4,7 +4,8 @@
 #   vmlinux            the same kernel as an ELF with a PVH entry, for cloud-hypervisor
 #   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
 #                      helper, pjdfstest (+ its shared libraries), the guest
-#                      init, vm-tests/guest/lib.sh and the guest suites
+#                      init, vm-tests/guest/lib.sh, the backend gap table
+#                      (guest/backend-gaps) and the guest suites
 #                      (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh /
 #                      *.setup.sh)
 #
@@ -203,6 +204,7 @@ build_initramfs() {
 	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/fsops" "$HERE/guest/fsops.c"
 	install -m 0755 "$HERE/guest/init" "$root/init"
 	install -m 0644 "$HERE/guest/lib.sh" "$root/lib/vmtest.sh"
+	install -m 0644 "$HERE/guest/backend-gaps" "$root/lib/backend-gaps"
 	while read -r suite; do
 		install -m 0755 "$suite" "$root/suites/$(basename "$suite")"
 	done < <(guest_suites)

@@ -8,19 +8,24 @@
 # "N passed, N failed" line.
 #
 # Usage: vm-tests/run-backend.sh juicefs|s3fs [--keep-work] [run-vm.sh args...]
-#   (default run-vm.sh args: --vmm qemu --suite basic)
+#   (the backend may come anywhere among the arguments, as run-all.sh passes
+#   --daemon first; run-vm.sh's defaults apply: --vmm qemu --suite basic)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-BACKEND=${1:?usage: run-backend.sh juicefs|s3fs [run-vm.sh args...]}
-shift
+BACKEND=""
 KEEP_WORK=0
-if [[ ${1:-} == --keep-work ]]; then
-	KEEP_WORK=1
-	shift
-fi
-ARGS=("$@")
-[[ ${#ARGS[@]} -gt 0 ]] || ARGS=(--vmm qemu --suite basic)
+ARGS=()
+for a in "$@"; do
+	case $a in
+	juicefs | s3fs) if [[ -z $BACKEND ]]; then BACKEND=$a; continue; fi ;;
+	--keep-work) KEEP_WORK=1; continue ;;
+	esac
+	ARGS+=("$a")
+done
+[[ -n $BACKEND ]] || { echo "usage: run-backend.sh juicefs|s3fs [--keep-work] [run-vm.sh args...]" >&2; exit 2; }
+# Logs apart from the same suite's on a local share (unless --log-dir is given).
+[[ " ${ARGS[*]-} " == *" --log-dir "* ]] || ARGS+=(--log-dir "$(cd "$HERE/.." && pwd)/build/vm-logs/backend-$BACKEND")
 
 log() { echo "run-backend: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -50,6 +55,11 @@ start_juicefs() {
 }
 
 start_s3fs() {
+	# moto answers each S3 listing by walking the whole bucket, so listing
+	# 10,000 files costs it O(n^2): 613 s in one run, over 25 minutes in another,
+	# with moto's one thread at 90% CPU and volfsd and s3fs nearly idle. 2,000
+	# files still list through several S3 pages (1,000 keys each).
+	export NFILES=${NFILES:-2000}
 	need_apt s3fs s3fs
 	need_pip moto_server 'moto[server]'
 	local port
@@ -78,6 +88,8 @@ s3fs) start_s3fs ;;
 *) die "unknown backend: $BACKEND (juicefs or s3fs)" ;;
 esac
 
+# The guest and the host checks learn the backend (backend_lacks, guest/backend-gaps).
+export VMTEST_BACKEND=$BACKEND
 rc=0
-"$HERE/run-vm.sh" --shared-dir "$MNT" "${ARGS[@]}" || rc=$?
+"$HERE/run-vm.sh" --shared-dir "$MNT" "${ARGS[@]+"${ARGS[@]}"}" || rc=$?
 exit $rc

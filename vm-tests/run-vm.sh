@@ -372,6 +372,8 @@ cmdline() {
 	# VMTEST_BACKEND (set by run-backend.sh, run-pair.sh): what the share sits on,
 	# for the guest's backend_lacks (lib.sh).
 	[[ -z ${VMTEST_BACKEND:-} ]] || extra+=" vmtest.backend=$VMTEST_BACKEND"
+	# NFILES: the basic suite's many-files count (basic.sh and basic.host.sh).
+	[[ -z ${NFILES:-} ]] || extra+=" vmtest.nfiles=$NFILES"
 	echo "console=ttyS0 panic=-1 quiet vmtest.suite=$SUITE$extra"
 }
 

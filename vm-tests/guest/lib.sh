@@ -100,15 +100,10 @@ wait_until() {
 
 # backend_lacks FEATURE: true if the backend under the share (VMTEST_BACKEND,
 # from the kernel command line; empty for a local directory) is known to lack
-# FEATURE. Each gap is in docs/BACKENDS.md, and the test that meets it asserts
-# the backend's exact answer instead.
-#   cross-client-unlinked-open  a file one client has open stays readable when
-#                               another client (node) unlinks or renames over it
+# FEATURE: a "BACKEND FEATURE" line of /lib/backend-gaps (vm-tests/guest/
+# backend-gaps, where each feature is described).
 backend_lacks() {
-	case "${VMTEST_BACKEND:-}:$1" in
-	juicefs:cross-client-unlinked-open) return 0 ;;
-	*) return 1 ;;
-	esac
+	[ -n "${VMTEST_BACKEND:-}" ] && grep -qx "$VMTEST_BACKEND $1" /lib/backend-gaps
 }
 
 # Two sandboxes on one volume (suites pair-a.sh and pair-b.sh, run side by side
