@@ -35,13 +35,14 @@ SUITES=(
 	"pair-juicefs        run:run-pair.sh --backend juicefs"
 	# the reference JuiceFS volume plugin, driven as a node agent drives it
 	"plugin-juicefs      run:run-plugin.sh"
-	# the basic suite with the share on one JuiceFS client
-	"basic-juicefs       run:run-backend.sh juicefs"
 	# Add more suites here, one line each.
 )
 
 # Too slow for every CI run (vm-tests/run-all.sh --weekly).
 WEEKLY_SUITES=(
+	# the basic suite with the share on one JuiceFS client (about 3.5 minutes;
+	# JuiceFS itself is in every run through pair-juicefs and plugin-juicefs)
+	"basic-juicefs       run:run-backend.sh juicefs"
 	# the basic suite on s3fs over a local S3 endpoint: about 12 minutes under TCG,
 	# most of it 10,000 files listed through the S3 API
 	"basic-s3fs          run:run-backend.sh s3fs --timeout 2400"
