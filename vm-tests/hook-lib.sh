@@ -1,6 +1,16 @@
 # Shared by the suites' host hooks (suites/NAME.hook.sh): follow the guest's
 # "VMTEST SYNC <step>" console lines and call `step <step>` once for each.
 # Needs SERIAL (the serial log path) and a `step` function in the caller.
+#
+# Hooks that make checks of their own set HOOK_NAME and RESULTS (a file their
+# NAME.host.sh reports) and use pass/fail/info; fail also adds the check to
+# FAILS, which a hook's ack turns into its answer to the guest.
+
+log() { echo "$HOOK_NAME: $*"; }
+result() { echo "VMTEST $*" >>"$RESULTS"; log "VMTEST $*"; }
+pass() { result "PASS $1"; }
+fail() { result "FAIL $1: $2"; FAILS="$FAILS $1"; }
+info() { result "INFO $*"; }
 
 # The SYNC steps in the serial log so far, complete lines only (the console
 # writes a line in pieces; a step must not be read before its newline).

@@ -22,11 +22,9 @@ MODELS=$W/vol-models
 RESULTS=$VMTEST_LOG_DIR/control-hook-results.log
 : >"$RESULTS"
 
-log() { echo "control-hook: $*"; }
-result() { echo "VMTEST $*" >>"$RESULTS"; log "VMTEST $*"; }
-pass() { result "PASS $1"; }
-fail() { result "FAIL $1: $2"; FAILS="$FAILS $1"; }
-info() { result "INFO $*"; }
+HOOK_NAME=control-hook
+# shellcheck source=../hook-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 ctl() { "$VOLFSD" ctl "$@" --control-socket "$SOCK"; }
 
 ack() { # ack STEP: "ok", or the checks of this step that failed
@@ -173,6 +171,4 @@ step() {
 }
 
 trap 'exit 0' TERM INT
-# shellcheck source=../hook-lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 follow_sync_steps

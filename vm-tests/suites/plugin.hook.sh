@@ -29,14 +29,10 @@ VOLID=${PLUGIN_VOLUME_ID:?}
 PRIVATE=${PLUGIN_PRIVATE_DATA:?}
 RESULTS=$VMTEST_LOG_DIR/plugin-hook-results.log
 : >"$RESULTS"
+
+HOOK_NAME=plugin-hook
 # shellcheck source=../hook-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
-
-log() { echo "plugin-hook: $*"; }
-result() { echo "VMTEST $*" >>"$RESULTS"; log "VMTEST $*"; }
-pass() { result "PASS $1"; }
-fail() { result "FAIL $1: $2"; FAILS="$FAILS $1"; }
-info() { result "INFO $*"; }
 ctl() { "$VOLFSD" ctl "$@" --control-socket "$SOCK"; }
 
 # json JSON KEY: a string field ("" if absent)

@@ -19,11 +19,9 @@ F=$S/reboot/locked-file
 RESULTS=$VMTEST_LOG_DIR/reboot-hook-results.log
 : >"$RESULTS"
 
-log() { echo "reboot-hook: $*"; }
-result() { echo "VMTEST $*" >>"$RESULTS"; log "VMTEST $*"; }
-pass() { result "PASS $1"; }
-fail() { result "FAIL $1: $2"; FAILS="$FAILS $1"; }
-info() { result "INFO $*"; }
+HOOK_NAME=reboot-hook
+# shellcheck source=../hook-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 
 ack() { # ack STEP: "ok", or the checks of this step that failed
 	local reply=ok
@@ -78,6 +76,4 @@ step() {
 }
 
 trap 'exit 0' TERM INT
-# shellcheck source=../hook-lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 follow_sync_steps

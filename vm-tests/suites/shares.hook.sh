@@ -13,7 +13,7 @@ A=$S/a
 STOP=${VMTEST_WORK:-/tmp}/shares-stop-renames
 LOOP_PID=""
 
-log() { echo "shares-hook: $*"; }
+HOOK_NAME=shares-hook # log() comes from hook-lib.sh
 
 rename_loop() {
 	local n=0
