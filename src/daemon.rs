@@ -30,6 +30,9 @@ pub fn run(config: Config) -> Result<(), String> {
     sandbox::malloc::fix_arena_limit()?;
     // Logging starts before the sandbox: it may connect to /dev/log.
     crate::logging::init(config.log_level, config.syslog)?;
+    for w in &config.warnings {
+        log::warn!("{w}");
+    }
     // Block the termination signals in every thread; one thread waits for them. From
     // the start: a launcher may signal as soon as the socket exists, and in namespace
     // mode the serving child is pid 1 of its namespace, which the kernel spares any
@@ -137,6 +140,11 @@ fn serve(
             limits: config.limits,
             proc_self_fd: Some(Arc::new(outside.proc_self_fd)),
             file_handles: config.file_handles,
+            allow_direct_io: config.allow_direct_io,
+            readdirplus: config.readdirplus,
+            posix_acl: config.posix_acl.into(),
+            uids: config.uids.clone(),
+            gids: config.gids.clone(),
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
@@ -204,6 +212,9 @@ fn serve(
         config.sandbox,
         config.seccomp,
     );
+    // virtiofsd's words: Kata's runtime-rs reads the daemon's stderr and takes this
+    // line as the sign that it started.
+    info!("Waiting for vhost-user socket connection...");
     daemon
         .start(&mut listener)
         .map_err(|e| format!("accepting the frontend: {e}"))?;

@@ -35,29 +35,51 @@ pub const SUMMARY_PERIOD: Duration = Duration::from_secs(2);
 /// Call sites tracked at once (there are a few hundred in the binary; bounded anyway).
 const MAX_SITES: usize = 4096;
 
+fn connect_syslog() -> std::io::Result<UnixDatagram> {
+    let sock = UnixDatagram::unbound()?;
+    sock.connect(SYSLOG_SOCKET)?;
+    Ok(sock)
+}
+
+fn stderr_sink() -> Sink {
+    Sink::Stderr(
+        env_logger::Builder::new()
+            .filter_level(LevelFilter::Trace)
+            .format_timestamp_millis()
+            .build(),
+    )
+}
+
 /// Crates whose log records can carry guest payloads; demoted to debug.
 const GUEST_PAYLOAD_TARGETS: &[&str] = &["fuse_backend_rs", "virtio_queue"];
 
+/// The syslog socket volfsd writes to with `--syslog`.
+pub const SYSLOG_SOCKET: &str = "/dev/log";
+
+/// Sets the process logger. With `--syslog` and no syslog daemon listening on
+/// [`SYSLOG_SOCKET`] (a container or a minimal host), logs go to stderr after one
+/// warning, as virtiofsd does: Kata always passes `--syslog`.
 pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
-    let sink = if syslog {
-        let sock = UnixDatagram::unbound().map_err(|e| format!("syslog socket: {e}"))?;
-        sock.connect("/dev/log")
-            .map_err(|e| format!("--syslog: connect /dev/log: {e}"))?;
-        Sink::Syslog {
-            sock: Mutex::new(sock),
-            pid: std::process::id(),
+    let (sink, fallback) = if syslog {
+        match connect_syslog() {
+            Ok(sock) => (
+                Sink::Syslog {
+                    sock: Mutex::new(sock),
+                    pid: std::process::id(),
+                },
+                None,
+            ),
+            Err(e) => (stderr_sink(), Some(e)),
         }
     } else {
-        Sink::Stderr(
-            env_logger::Builder::new()
-                .filter_level(LevelFilter::Trace)
-                .format_timestamp_millis()
-                .build(),
-        )
+        (stderr_sink(), None)
     };
     let logger = Arc::new(GuardLogger::new(level, sink));
     log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
     log::set_max_level(level);
+    if let Some(e) = fallback {
+        log::warn!("--syslog: cannot connect to {SYSLOG_SOCKET} ({e}); logging to stderr");
+    }
     let _ = LOGGER.set(logger);
     Ok(())
 }

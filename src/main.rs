@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use volfsd::config::{self, Args};
+use volfsd::config::{self, ParseError};
 use volfsd::daemon;
 
 fn main() -> ExitCode {
@@ -10,26 +10,19 @@ fn main() -> ExitCode {
     if argv.get(1).map(String::as_str) == Some("ctl") {
         return ctl(&argv[1..]);
     }
-    if let Err(e) = config::check_unsupported(&argv) {
-        eprintln!("volfsd: {e}");
-        return ExitCode::from(1);
+    if config::virtiofsd_compat::wants_capabilities(&argv) {
+        println!("{}", config::capabilities_json());
+        return ExitCode::SUCCESS;
     }
-    let args = match Args::try_parse_from(&argv) {
-        Ok(a) => a,
-        Err(e) => {
+    let config = match config::parse(&argv) {
+        Ok(c) => c,
+        Err(ParseError::Clap(e)) => {
             // --help and --version print and exit 0; real errors exit 1 (clap says 2).
             let code = if e.use_stderr() { 1 } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
-    };
-    if args.print_capabilities {
-        println!("{}", config::capabilities_json());
-        return ExitCode::SUCCESS;
-    }
-    let config = match args.into_config() {
-        Ok(c) => c,
-        Err(e) => {
+        Err(ParseError::Config(e)) => {
             eprintln!("volfsd: {e}");
             return ExitCode::from(1);
         }

@@ -19,6 +19,7 @@ pub mod extra_ops;
 pub mod file_handle;
 pub mod handles;
 pub mod id_map;
+pub mod id_translate;
 pub mod init;
 pub mod inodes;
 pub mod layer;
@@ -61,6 +62,9 @@ pub enum CacheMode {
     Auto,
     /// virtiofsd's `always`: long timeouts, cached pages and directories kept.
     Always,
+    /// virtiofsd's `metadata`: long timeouts and cached directories, file data never
+    /// cached (direct I/O on every file open).
+    Metadata,
 }
 
 impl CacheMode {
@@ -68,9 +72,19 @@ impl CacheMode {
         match self {
             CacheMode::None => Duration::ZERO,
             CacheMode::Auto => Duration::from_secs(1),
-            CacheMode::Always => Duration::from_secs(86400),
+            CacheMode::Always | CacheMode::Metadata => Duration::from_secs(86400),
         }
     }
+}
+
+/// When POSIX ACLs are negotiated with the guest (`--posix-acl`).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum AclMode {
+    Never,
+    /// When the guest kernel offers them.
+    Auto,
+    /// A guest kernel that does not offer them fails FUSE INIT (EPROTO).
+    Always,
 }
 
 /// FUSE requests outside fuse-backend-rs's `FileSystem` trait.

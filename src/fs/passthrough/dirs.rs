@@ -45,7 +45,7 @@ impl PassthroughFs {
         }
         let file = self.reopen(
             &data,
-            (Self::host_open_flags(flags) & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY,
+            (self.host_open_flags(flags) & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY,
         )?;
         let fh = self.handles.insert(data, file)?;
         Ok((Some(fh), self.open_options(true)))

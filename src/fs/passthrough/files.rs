@@ -19,15 +19,16 @@ impl PassthroughFs {
         name: &CStr,
         args: &CreateIn,
     ) -> io::Result<File> {
-        let flags = Self::host_open_flags(args.flags);
+        let flags = self.host_open_flags(args.flags);
         // Before the switch: opening a node's file handle needs the daemon's own ids.
         let dir_fd = dir.fd()?;
-        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        let mode = self.creation_mode(dir, args.mode, args.umask);
+        let _creds = self.caller_creds(ctx)?;
         let exclusive = flags | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         // A name that disappears between EEXIST and the lookup is created anew; a few
         // rounds settle any race with another writer of the directory.
         for _ in 0..4 {
-            match sys::openat(&dir_fd, name, exclusive, args.mode & !args.umask) {
+            match sys::openat(&dir_fd, name, exclusive, mode) {
                 Err(e)
                     if e.raw_os_error() == Some(libc::EEXIST)
                         && args.flags as libc::c_int & libc::O_EXCL == 0 => {}
@@ -102,7 +103,7 @@ impl PassthroughFs {
             return Err(errno(libc::EISDIR));
         }
         // EBADF for FIFOs, sockets and device nodes (see `reopen`).
-        let file = self.reopen(&data, Self::host_open_flags(flags))?;
+        let file = self.reopen(&data, self.host_open_flags(flags))?;
         if flags as libc::c_int & libc::O_TRUNC != 0 && fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 {
             self.kill_suidgid(&data, Some(file.as_raw_fd()))?;
         }
@@ -269,16 +270,12 @@ impl ExtraOps for PassthroughFs {
         args: CreateIn,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         let dir = self.inode(parent)?;
-        let flags = Self::host_open_flags(args.flags) | libc::O_TMPFILE;
+        let flags = self.host_open_flags(args.flags) | libc::O_TMPFILE;
         let dir_fd = dir.fd()?;
+        let mode = self.creation_mode(&dir, args.mode, args.umask);
         let file = {
-            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
-            sys::openat(
-                &dir_fd,
-                c".",
-                flags & !libc::O_NOFOLLOW,
-                args.mode & !args.umask,
-            )?
+            let _creds = self.caller_creds(ctx)?;
+            sys::openat(&dir_fd, c".", flags & !libc::O_NOFOLLOW, mode)?
         };
         let (entry, fh) = self.register_open(&dir, file)?;
         Ok((entry, fh, self.open_options(false)))

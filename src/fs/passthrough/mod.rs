@@ -35,6 +35,15 @@ pub struct PassthroughConfig {
     pub proc_self_fd: Option<Arc<File>>,
     /// `--inode-file-handles`: how nodes refer to their host inodes.
     pub file_handles: FileHandleMode,
+    /// `--allow-direct-io`: host files are opened with the guest's O_DIRECT.
+    pub allow_direct_io: bool,
+    /// READDIRPLUS offered to the guest (not with `--no-readdirplus`).
+    pub readdirplus: bool,
+    /// `--posix-acl`: whether to negotiate POSIX ACLs.
+    pub posix_acl: AclMode,
+    /// `--translate-uid` / `--translate-gid`.
+    pub uids: IdTranslation,
+    pub gids: IdTranslation,
 }
 
 impl PassthroughConfig {
@@ -47,6 +56,11 @@ impl PassthroughConfig {
             limits: Limits::DEFAULT,
             proc_self_fd: None,
             file_handles: FileHandleMode::Never,
+            allow_direct_io: false,
+            readdirplus: true,
+            posix_acl: AclMode::Never,
+            uids: IdTranslation::default(),
+            gids: IdTranslation::default(),
         }
     }
 }
@@ -61,6 +75,9 @@ pub struct PassthroughFs {
     proc_self_fd: File,
     cfg: PassthroughConfig,
     timeout: Duration,
+    /// POSIX ACLs negotiated in this session's INIT: the guest kernel enforces them
+    /// and sends creation modes without its umask (FUSE_DONT_MASK).
+    acl: AtomicBool,
 }
 
 /// Borrows a raw fd as a `File` without taking ownership.
@@ -91,14 +108,16 @@ mod prelude {
 
     pub(super) use super::super::file_handle::{FileHandleMode, InodeRef};
     pub(super) use super::super::handles::HandleData;
+    pub(super) use super::super::id_translate::IdTranslation;
     pub(super) use super::super::inodes::{InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
     pub(super) use super::super::names::{check_entry_name, check_name, is_dot_or_dotdot};
     pub(super) use super::super::share::ShareStats;
     pub(super) use super::super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
     pub(super) use super::super::xattrs;
-    pub(super) use super::super::CacheMode;
+    pub(super) use super::super::{AclMode, CacheMode};
     pub(super) use super::{borrow_file, PassthroughFs};
+    pub(super) use std::sync::atomic::{AtomicBool, Ordering};
 }
 
 mod dirs;
@@ -133,6 +152,7 @@ impl PassthroughFs {
             proc_self_fd,
             cfg,
             timeout,
+            acl: AtomicBool::new(false),
         })
     }
 
@@ -362,7 +382,7 @@ impl PassthroughFs {
         Entry {
             inode: data.nodeid,
             generation: 0,
-            attr: st,
+            attr: self.guest_ids(st),
             attr_flags,
             attr_timeout: self.timeout,
             entry_timeout: self.timeout,
@@ -400,10 +420,56 @@ impl PassthroughFs {
         }
     }
 
+    /// The mode a new entry in `dir` is created with. Without POSIX ACLs the guest
+    /// kernel has applied its umask already (applying it again changes nothing). With
+    /// them it sends the mode unmasked (FUSE_DONT_MASK) and the umask applies only
+    /// where the directory has no default ACL, as the guest's own kernel would do; the
+    /// host file system, at umask 0, then inherits the default ACL itself.
+    pub(super) fn creation_mode(&self, dir: &InodeData, mode: u32, umask: u32) -> u32 {
+        if self.acl.load(Ordering::Relaxed) && self.has_default_acl(dir) {
+            mode
+        } else {
+            mode & !umask
+        }
+    }
+
+    fn has_default_acl(&self, dir: &InodeData) -> bool {
+        let Ok(f) = self.reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK) else {
+            return false;
+        };
+        // SAFETY: a NUL-terminated name; a zero-size query writes nothing.
+        let n = unsafe {
+            libc::fgetxattr(
+                f.as_raw_fd(),
+                c"system.posix_acl_default".as_ptr(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        n > 0
+    }
+
+    /// `st` with its owner and group as the guest sees them (`--translate-uid/gid`).
+    pub(super) fn guest_ids(&self, mut st: stat64) -> stat64 {
+        st.st_uid = self.cfg.uids.to_guest(st.st_uid);
+        st.st_gid = self.cfg.gids.to_guest(st.st_gid);
+        st
+    }
+
+    /// Takes on the guest caller's ids, translated to the host's, for a call that
+    /// creates or changes what the caller owns; EPERM for a forbidden guest id.
+    pub(super) fn caller_creds(&self, ctx: &Context) -> io::Result<Option<FsCredsGuard>> {
+        let uid = self.cfg.uids.to_host(ctx.uid)?;
+        let gid = self.cfg.gids.to_host(ctx.gid)?;
+        Ok(FsCredsGuard::switch(uid, gid))
+    }
+
     fn open_options(&self, is_dir: bool) -> OpenOptions {
         match self.cfg.cache {
-            CacheMode::None if !is_dir => OpenOptions::DIRECT_IO,
+            CacheMode::None | CacheMode::Metadata if !is_dir => OpenOptions::DIRECT_IO,
             CacheMode::None | CacheMode::Auto => OpenOptions::empty(),
+            // Listings stay cached as the attributes do; data never is.
+            CacheMode::Metadata => OpenOptions::CACHE_DIR | OpenOptions::KEEP_CACHE,
             CacheMode::Always if is_dir => OpenOptions::CACHE_DIR,
             CacheMode::Always => OpenOptions::KEEP_CACHE,
         }
@@ -411,20 +477,27 @@ impl PassthroughFs {
 
     /// Flags the host open gets: the guest's, minus what would change confinement or
     /// semantics (`O_NOFOLLOW` is ours to set; `O_DIRECT` is dropped as virtiofsd does,
-    /// since guest buffers need not meet the host file system's alignment).
-    fn host_open_flags(flags: u32) -> libc::c_int {
+    /// since guest buffers need not meet the host file system's alignment, unless
+    /// `--allow-direct-io` asks for it).
+    fn host_open_flags(&self, flags: u32) -> libc::c_int {
         let flags = flags as libc::c_int;
-        (flags & !(libc::O_DIRECT | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY))
-            | libc::O_CLOEXEC
+        let direct = if self.cfg.allow_direct_io {
+            0
+        } else {
+            libc::O_DIRECT
+        };
+        (flags & !(direct | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY)) | libc::O_CLOEXEC
     }
 
+    /// The attributes of `inode` as the guest sees them, through its open file when
+    /// it names one.
     fn stat_with_handle(&self, inode: &InodeData, fh: Option<u64>) -> io::Result<stat64> {
         if let Some(fh) = fh {
             if let Ok(h) = self.handle(fh, inode.nodeid) {
-                return sys::stat_fd(&h.file);
+                return sys::stat_fd(&h.file).map(|st| self.guest_ids(st));
             }
         }
-        sys::stat_fd(&inode.fd()?)
+        sys::stat_fd(&inode.fd()?).map(|st| self.guest_ids(st))
     }
 }
 

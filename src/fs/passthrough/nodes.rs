@@ -25,6 +25,30 @@ impl PassthroughFs {
         if self.cfg.cache != CacheMode::None {
             want |= FsOptions::AUTO_INVAL_DATA;
         }
+        if !self.cfg.readdirplus {
+            want.remove(FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO);
+        }
+        // POSIX ACLs: the guest kernel checks permissions against them (it turns on
+        // default_permissions) and leaves the umask to us where a default ACL applies.
+        let acl = FsOptions::POSIX_ACL | FsOptions::DONT_MASK;
+        let acl_on = match self.cfg.posix_acl {
+            AclMode::Never => false,
+            _ if capable.contains(acl) => true,
+            AclMode::Auto => {
+                log::warn!(
+                    "--posix-acl=auto: the guest kernel does not offer POSIX ACLs; serving without"
+                );
+                false
+            }
+            AclMode::Always => {
+                log::error!("--posix-acl=always: the guest kernel does not offer POSIX ACLs; refusing FUSE INIT");
+                return Err(errno(libc::EPROTO));
+            }
+        };
+        self.acl.store(acl_on, Ordering::Relaxed);
+        if acl_on {
+            want |= acl;
+        }
         Ok(want & capable)
     }
 
@@ -126,13 +150,15 @@ impl PassthroughFs {
             })?;
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
+            // The guest's ids, as the host's (`--translate-uid/gid`); a forbidden one
+            // is EPERM.
             let uid = if valid.contains(SetattrValid::UID) {
-                attr.st_uid
+                self.cfg.uids.to_host(attr.st_uid)?
             } else {
                 u32::MAX
             };
             let gid = if valid.contains(SetattrValid::GID) {
-                attr.st_gid
+                self.cfg.gids.to_host(attr.st_gid)?
             } else {
                 u32::MAX
             };
@@ -220,7 +246,7 @@ impl PassthroughFs {
                 }
             })?;
         }
-        Ok((sys::stat_fd(&data_fd)?, self.timeout))
+        Ok((self.guest_ids(sys::stat_fd(&data_fd)?), self.timeout))
     }
 
     pub(super) fn readlink(&self, _ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
@@ -251,7 +277,7 @@ impl PassthroughFs {
         check_entry_name(name, libc::EEXIST)?;
         let dir_fd = dir.fd()?;
         {
-            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            let _creds = self.caller_creds(ctx)?;
             // SAFETY: both strings are NUL-terminated.
             cvt(unsafe { libc::symlinkat(linkname.as_ptr(), dir_fd.as_raw_fd(), name.as_ptr()) })?;
         }
@@ -270,16 +296,12 @@ impl PassthroughFs {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EEXIST)?;
         let dir_fd = dir.fd()?;
+        let mode = self.creation_mode(&dir, mode, umask);
         {
-            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            let _creds = self.caller_creds(ctx)?;
             // SAFETY: NUL-terminated name, dir fd owned by the inode.
             cvt(unsafe {
-                libc::mknodat(
-                    dir_fd.as_raw_fd(),
-                    name.as_ptr(),
-                    mode & !umask,
-                    rdev as libc::dev_t,
-                )
+                libc::mknodat(dir_fd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
             })?;
         }
         self.do_lookup(&dir, name)
@@ -296,10 +318,11 @@ impl PassthroughFs {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EEXIST)?;
         let dir_fd = dir.fd()?;
+        let mode = self.creation_mode(&dir, mode, umask);
         {
-            let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+            let _creds = self.caller_creds(ctx)?;
             // SAFETY: NUL-terminated name, dir fd owned by the inode.
-            cvt(unsafe { libc::mkdirat(dir_fd.as_raw_fd(), name.as_ptr(), mode & !umask) })?;
+            cvt(unsafe { libc::mkdirat(dir_fd.as_raw_fd(), name.as_ptr(), mode) })?;
         }
         self.do_lookup(&dir, name)
     }
@@ -391,7 +414,7 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         let data_fd = data.fd()?;
         let proc_name = ProcFdName::new(data_fd.as_raw_fd());
-        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        let _creds = self.caller_creds(ctx)?;
         // faccessat2 with AT_EACCESS checks as the fs ids just switched to; plain
         // faccessat would check the daemon's real ids (root) and allow everything.
         // SAFETY: faccessat2 through the magic link of our own fd.

@@ -27,7 +27,7 @@ impl PassthroughFs {
         let f = self.xattr_file(&data)?;
         // As the caller: only the owner may change a POSIX ACL, and only a writer a
         // user.* attribute (the switch drops the daemon's CAP_FOWNER for the call).
-        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        let _creds = self.caller_creds(ctx)?;
         // SAFETY: valid name and value buffer.
         cvt(unsafe {
             libc::fsetxattr(
@@ -109,7 +109,7 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         xattrs::check_write(name, self.cfg.privileged_xattrs)?;
         let f = self.xattr_file(&data)?;
-        let _creds = FsCredsGuard::switch(ctx.uid, ctx.gid);
+        let _creds = self.caller_creds(ctx)?;
         // SAFETY: valid NUL-terminated name.
         cvt(unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) }).map(|_| ())
     }

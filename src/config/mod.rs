@@ -9,38 +9,12 @@ use clap::{Parser, ValueEnum};
 
 use crate::device::MAX_REQUEST_QUEUES;
 use crate::fs::file_handle::FileHandleMode;
+use crate::fs::id_translate::{IdKind, IdTranslation};
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
-use crate::fs::{resolve_share_path, CacheMode, Limits, ShareSpec};
+use crate::fs::{resolve_share_path, AclMode, CacheMode, Limits, ShareSpec};
 use crate::sandbox::{SandboxMode, SeccompMode};
 
-/// virtiofsd options that volfsd does not implement. They are refused by name, so a
-/// launcher that relies on one learns it at once instead of getting other behaviour.
-pub const UNSUPPORTED_VIRTIOFSD_OPTIONS: &[&str] = &[
-    "--announce-submounts",
-    "--xattrmap",
-    "--posix-acl",
-    "--security-label",
-    "--preserve-noatime",
-    "--allow-direct-io",
-    "--writeback",
-    "--killpriv-v2",
-    "--no-killpriv-v2",
-    "--no-readdirplus",
-    "--modcaps",
-    "--translate-uid",
-    "--translate-gid",
-    "--migration-mode",
-    "--migration-on-error",
-    "--migration-verify-handles",
-    "--migration-confirm-paths",
-    "--allow-mmap",
-    "--tag",
-    "--shared-dir-tag",
-    "--compat-options",
-    "-o",
-    "-d",
-    "-f",
-];
+pub mod virtiofsd_compat;
 
 #[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
 pub enum CacheArg {
@@ -52,6 +26,9 @@ pub enum CacheArg {
     Auto,
     /// Metadata and data cached until the guest drops them, as in virtiofsd.
     Always,
+    /// Attributes, entries and directory listings cached until the guest drops them,
+    /// file data not (direct I/O), as in virtiofsd.
+    Metadata,
 }
 
 impl From<CacheArg> for CacheMode {
@@ -60,6 +37,7 @@ impl From<CacheArg> for CacheMode {
             CacheArg::None | CacheArg::Never => CacheMode::None,
             CacheArg::Auto => CacheMode::Auto,
             CacheArg::Always => CacheMode::Always,
+            CacheArg::Metadata => CacheMode::Metadata,
         }
     }
 }
@@ -80,6 +58,27 @@ impl From<FileHandlesArg> for FileHandleMode {
             FileHandlesArg::Never => FileHandleMode::Never,
             FileHandlesArg::Prefer | FileHandlesArg::Fallback => FileHandleMode::Prefer,
             FileHandlesArg::Mandatory => FileHandleMode::Mandatory,
+        }
+    }
+}
+
+/// `--posix-acl`, as in virtiofsd: when to negotiate POSIX ACLs with the guest.
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum PosixAclArg {
+    /// Never: `system.posix_acl_*` are refused, as in virtiofsd.
+    Never,
+    /// When the guest kernel supports them.
+    Auto,
+    /// Always: a guest that cannot use them fails FUSE INIT.
+    Always,
+}
+
+impl From<PosixAclArg> for AclMode {
+    fn from(a: PosixAclArg) -> Self {
+        match a {
+            PosixAclArg::Never => AclMode::Never,
+            PosixAclArg::Auto => AclMode::Auto,
+            PosixAclArg::Always => AclMode::Always,
         }
     }
 }
@@ -187,8 +186,54 @@ pub struct Args {
     pub readonly: bool,
 
     /// Enable extended attributes.
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_xattr")]
     pub xattr: bool,
+
+    /// virtiofsd's `-o no_xattr`: extended attributes off (the default).
+    #[arg(long, hide = true)]
+    pub no_xattr: bool,
+
+    /// POSIX ACLs, as in virtiofsd (`--posix-acl` alone is `always`; implies
+    /// --xattr): the guest kernel checks permissions against them, the daemon stores
+    /// them, and a directory's default ACL is inherited by what the guest creates in it.
+    #[arg(long, value_enum, require_equals = true, num_args = 0..=1,
+          default_value = "never", default_missing_value = "always",
+          value_name = "never|auto|always")]
+    pub posix_acl: PosixAclArg,
+
+    /// Honour the guest's O_DIRECT: host files are opened with it, as in virtiofsd.
+    /// Without it O_DIRECT is dropped (guest buffers need not meet the host file
+    /// system's alignment).
+    #[arg(long, overrides_with = "no_allow_direct_io")]
+    pub allow_direct_io: bool,
+
+    /// virtiofsd's `-o no_allow_direct_io` (the default).
+    #[arg(long, hide = true)]
+    pub no_allow_direct_io: bool,
+
+    /// Do not offer READDIRPLUS to the guest, as in virtiofsd.
+    #[arg(long, overrides_with = "readdirplus")]
+    pub no_readdirplus: bool,
+
+    /// virtiofsd's `-o readdirplus` (the default).
+    #[arg(long, hide = true)]
+    pub readdirplus: bool,
+
+    /// Translate uids between guest and host, as in virtiofsd:
+    /// `guest|host|squash-guest|squash-host|map:SOURCE:TARGET:COUNT` or
+    /// `forbid-guest:SOURCE:COUNT`. Repeatable. Not with --posix-acl (an ACL holds
+    /// untranslated ids).
+    #[arg(long, value_name = "TYPE:SOURCE:TARGET:COUNT")]
+    pub translate_uid: Vec<String>,
+
+    /// The same for gids.
+    #[arg(long, value_name = "TYPE:SOURCE:TARGET:COUNT")]
+    pub translate_gid: Vec<String>,
+
+    /// Accepted for virtiofsd compatibility: volfsd always lets the guest map files
+    /// shared, with every cache mode.
+    #[arg(long)]
+    pub allow_mmap: bool,
 
     /// Log level.
     #[arg(long, value_enum, default_value = "info")]
@@ -251,6 +296,14 @@ pub struct Config {
     pub readonly: bool,
     pub xattr: bool,
     pub privileged_xattrs: bool,
+    pub posix_acl: PosixAclArg,
+    pub uids: IdTranslation,
+    pub gids: IdTranslation,
+    pub allow_direct_io: bool,
+    pub readdirplus: bool,
+    /// What the command line's rewriting (virtiofsd_compat) has to tell the operator,
+    /// logged once logging is up.
+    pub warnings: Vec<String>,
     pub log_level: log::LevelFilter,
     pub syslog: bool,
     pub rlimit_nofile: Option<u64>,
@@ -270,23 +323,22 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Refuses virtiofsd options we do not implement, naming the option.
-pub fn check_unsupported<S: AsRef<str>>(args: &[S]) -> Result<(), ConfigError> {
-    for arg in args.iter().skip(1) {
-        let arg = arg.as_ref();
-        if arg == "--" {
-            break;
-        }
-        let name = arg.split('=').next().unwrap_or(arg);
-        let short_o = arg.starts_with("-o") && !arg.starts_with("--");
-        if UNSUPPORTED_VIRTIOFSD_OPTIONS.contains(&name) || short_o {
-            let shown = if short_o { "-o" } else { name };
-            return Err(ConfigError(format!(
-                "option '{shown}' is a virtiofsd option that volfsd does not implement"
-            )));
-        }
-    }
-    Ok(())
+/// Parses a command line (program name first) as volfsd or virtiofsd would write it,
+/// into a validated [`Config`].
+pub fn parse(argv: &[String]) -> Result<Config, ParseError> {
+    let rewritten = virtiofsd_compat::rewrite(argv).map_err(ParseError::Config)?;
+    let args = Args::try_parse_from(&rewritten.argv).map_err(ParseError::Clap)?;
+    let mut config = args.into_config().map_err(ParseError::Config)?;
+    config.warnings = rewritten.warnings;
+    Ok(config)
+}
+
+/// Why a command line was not a configuration.
+#[derive(Debug)]
+pub enum ParseError {
+    /// clap's own: an unknown flag or value, or `--help`/`--version` (printed by it).
+    Clap(clap::Error),
+    Config(ConfigError),
 }
 
 impl Args {
@@ -342,6 +394,15 @@ impl Args {
         } else {
             Some(parse_allowed_dirs(&shared_dir, &self.allowed_dir)?)
         };
+        let uids = IdTranslation::parse(IdKind::Uid, &self.translate_uid).map_err(ConfigError)?;
+        let gids = IdTranslation::parse(IdKind::Gid, &self.translate_gid).map_err(ConfigError)?;
+        if self.posix_acl != PosixAclArg::Never && !(uids.is_identity() && gids.is_identity()) {
+            return Err(ConfigError(
+                "--translate-uid/--translate-gid cannot be used with --posix-acl: an ACL names \
+                 host ids the guest would see untranslated"
+                    .to_string(),
+            ));
+        }
         Ok(Config {
             socket,
             socket_group,
@@ -357,7 +418,13 @@ impl Args {
                 max_lock_files: self.max_lock_files,
             },
             readonly: self.readonly,
-            xattr: self.xattr,
+            xattr: self.xattr || self.posix_acl != PosixAclArg::Never,
+            posix_acl: self.posix_acl,
+            uids,
+            gids,
+            allow_direct_io: self.allow_direct_io,
+            readdirplus: !self.no_readdirplus,
+            warnings: Vec::new(),
             privileged_xattrs: self.allow_privileged_xattrs,
             log_level: self.log_level.into(),
             syslog: self.syslog,
@@ -461,9 +528,23 @@ pub fn parse_allowed_dirs(
     Ok(specs)
 }
 
-/// The vhost-user "backend program conventions" capabilities document.
+/// The vhost-user "backend program conventions" capabilities document. The features
+/// are the ones libvirt and Incus probe for, each of which volfsd has:
+/// - `separate-options`: the `--shared-dir`/`--cache`/`--xattr` syntax (else libvirt
+///   falls back to `-o source=...`, which volfsd also accepts);
+/// - `posix-acl-negotiation-mode`: `--posix-acl=never|auto|always`.
+///
+/// `migrate-precopy` is not listed: volfsd cannot migrate a guest's state.
 pub fn capabilities_json() -> &'static str {
-    "{\n  \"type\": \"fs\",\n  \"features\": []\n}"
+    concat!(
+        "{\n",
+        "  \"type\": \"fs\",\n",
+        "  \"features\": [\n",
+        "    \"posix-acl-negotiation-mode\",\n",
+        "    \"separate-options\"\n",
+        "  ]\n",
+        "}"
+    )
 }
 
 #[cfg(test)]
@@ -471,13 +552,12 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, String> {
-        let mut full = vec!["volfsd"];
-        full.extend_from_slice(args);
-        check_unsupported(&full).map_err(|e| e.0)?;
-        Args::try_parse_from(full)
-            .map_err(|e| e.to_string())?
-            .into_config()
-            .map_err(|e| e.0)
+        let mut full = vec!["volfsd".to_string()];
+        full.extend(args.iter().map(|s| s.to_string()));
+        super::parse(&full).map_err(|e| match e {
+            ParseError::Clap(e) => e.to_string(),
+            ParseError::Config(e) => e.0,
+        })
     }
 
     #[test]
@@ -524,8 +604,73 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("'--xattrmap'"), "{e}");
-        let e = parse(&["--socket-path", "/a", "-o", "cache=none"]).unwrap_err();
-        assert!(e.contains("'-o'"), "{e}");
+        let e = parse(&["--socket-path", "/a", "-o", "writeback"]).unwrap_err();
+        assert!(e.contains("'-o writeback'"), "{e}");
+    }
+
+    #[test]
+    fn virtiofsd_compat_form_configures_the_same() {
+        let c = parse(&["--fd=3", "-o", "source=/tmp,cache=metadata,xattr", "-f"]).unwrap();
+        assert_eq!(c.shared_dir, Path::new("/tmp").canonicalize().unwrap());
+        assert_eq!((c.cache, c.xattr), (CacheMode::Metadata, true));
+        let c = parse(&["--fd=3", "--shared-dir=/tmp", "-o", "xattr,no_xattr"]).unwrap();
+        assert!(!c.xattr);
+    }
+
+    #[test]
+    fn posix_acl_modes_as_virtiofsd_spells_them() {
+        let base = ["--fd=3", "--shared-dir=/tmp"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            parse(&v)
+        };
+        assert_eq!(with(&[]).unwrap().posix_acl, PosixAclArg::Never);
+        let c = with(&["--posix-acl"]).unwrap();
+        assert_eq!((c.posix_acl, c.xattr), (PosixAclArg::Always, true));
+        assert_eq!(
+            with(&["--posix-acl=auto"]).unwrap().posix_acl,
+            PosixAclArg::Auto
+        );
+        assert_eq!(
+            with(&["-o", "posix_acl"]).unwrap().posix_acl,
+            PosixAclArg::Always
+        );
+        assert!(with(&["--posix-acl=sometimes"]).is_err());
+    }
+
+    #[test]
+    fn direct_io_and_readdirplus_switches() {
+        let c = parse(&["--fd=3", "--shared-dir=/tmp"]).unwrap();
+        assert!(!c.allow_direct_io && c.readdirplus);
+        let c = parse(&[
+            "--fd=3",
+            "--shared-dir=/tmp",
+            "--allow-direct-io",
+            "--no-readdirplus",
+        ])
+        .unwrap();
+        assert!(c.allow_direct_io && !c.readdirplus);
+        let c = parse(&[
+            "--fd=3",
+            "--shared-dir=/tmp",
+            "-o",
+            "allow_direct_io,no_allow_direct_io",
+        ])
+        .unwrap();
+        assert!(!c.allow_direct_io);
+    }
+
+    #[test]
+    fn migration_flags_are_accepted_with_a_warning() {
+        let c = parse(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--migration-mode=file-handles",
+            "--migration-on-error=guest-error",
+        ])
+        .unwrap();
+        assert_eq!(c.warnings, [virtiofsd_compat::MIGRATION_WARNING]);
     }
 
     #[test]
@@ -629,7 +774,12 @@ mod tests {
     }
 
     #[test]
-    fn capabilities_are_fs() {
-        assert!(capabilities_json().contains("\"type\": \"fs\""));
+    fn capabilities_are_fs_with_the_features_volfsd_has() {
+        let doc: serde_json::Value = serde_json::from_str(capabilities_json()).unwrap();
+        assert_eq!(doc["type"], "fs");
+        assert_eq!(
+            doc["features"],
+            serde_json::json!(["posix-acl-negotiation-mode", "separate-options"])
+        );
     }
 }
