@@ -113,6 +113,7 @@ fn serve(
     // only the sandboxed child returns.
     sandbox::enter(
         config.sandbox,
+        &config.id_maps,
         config.seccomp,
         socket_paths.to_vec(),
         &listening,

@@ -16,6 +16,11 @@
 #   size PATH SIZE           PATH's size must be SIZE
 #   absent PATH              PATH must not exist
 #   mode PATH MODE           PATH's octal mode must be MODE (e.g. 640)
+#   owner PATH UID:GID       PATH's owner and group on the host
+#   acl PATH access|default SPEC  PATH's POSIX ACL on the host, in fsops's short
+#                            form (u::rw,u:1000:r,g::r,m::r,o::-)
+#   directio PATH yes|no     whether the daemon (VMTEST_DAEMON_PID or its child)
+#                            holds PATH open with O_DIRECT
 # It runs until killed.
 set -euo pipefail
 
@@ -66,8 +71,57 @@ do_action() {
 		got=$(stat -c %a -- "$p" 2>&1)
 		[[ $got == "$2" ]] && echo ok || echo "fail: host mode of $1 is $got"
 		;;
+	owner)
+		p=$(safe_path "$1") || return 0
+		got=$(stat -c %u:%g -- "$p" 2>&1)
+		[[ $got == "$2" ]] && echo ok || echo "fail: host owner of $1 is $got"
+		;;
+	acl)
+		p=$(safe_path "$1") || return 0
+		got=$(host_acl "$p" "$2" 2>&1)
+		[[ $got == "$3" ]] && echo ok || echo "fail: host $2 ACL of $1 is '$got'"
+		;;
+	directio)
+		p=$(safe_path "$1") || return 0
+		got=$(daemon_open_flags "$p")
+		[[ -n $got ]] || { echo "fail: the daemon does not hold $1 open"; return 0; }
+		# O_DIRECT is 040000 in fdinfo's octal flags.
+		if (((8#$got & 8#40000) != 0)); then got=yes; else got=no; fi
+		[[ $got == "$2" ]] && echo ok || echo "fail: the daemon's open of $1 has O_DIRECT: $got"
+		;;
 	*) echo "fail: unknown action '$action'" ;;
 	esac
+}
+
+# host_acl PATH access|default: the ACL xattr in fsops's short form.
+host_acl() {
+	python3 - "$1" "$2" <<'PY'
+import os, struct, sys
+raw = os.getxattr(sys.argv[1], "system.posix_acl_" + sys.argv[2])
+out = []
+for off in range(4, len(raw), 8):
+    tag, perm, uid = struct.unpack_from("<HHI", raw, off)
+    t = {1: "u", 2: "u", 4: "g", 8: "g", 16: "m", 32: "o"}[tag]
+    ident = "" if uid == 0xFFFFFFFF else str(uid)
+    p = "".join(c for c, b in (("r", 4), ("w", 2), ("x", 1)) if perm & b) or "-"
+    out.append(f"{t}:{ident}:{p}")
+print(",".join(out))
+PY
+}
+
+# daemon_open_flags PATH: the octal open flags of the daemon's fd on PATH's inode
+# (its first such fd other than an O_PATH one), or nothing.
+daemon_open_flags() {
+	local want pid fd flags
+	want=$(stat -c %d:%i -- "$1") || return 0
+	for pid in ${VMTEST_DAEMON_PID:-} $(cat "/proc/${VMTEST_DAEMON_PID:-0}/task/"*/children 2>/dev/null); do
+		for fd in /proc/"$pid"/fd/*; do
+			[[ $(stat -L -c %d:%i -- "$fd" 2>/dev/null) == "$want" ]] || continue
+			flags=$(awk '/^flags:/ {print $2}' "/proc/$pid/fdinfo/${fd##*/}" 2>/dev/null)
+			# O_PATH (010000000) fds are the daemon's own node references.
+			(((8#${flags:-0} & 8#10000000) == 0)) && { echo "$flags"; return 0; }
+		done
+	done
 }
 
 serve() {

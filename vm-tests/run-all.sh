@@ -27,6 +27,10 @@ SUITES=(
 	# nodes kept by file handle instead of O_PATH fds
 	"basic-file-handles  --vmm qemu --suite basic --daemon-args --inode-file-handles=prefer"
 	"pjdfstest-file-handles --vmm qemu --suite pjdfstest --daemon-args --inode-file-handles=prefer"
+	# launcher features: POSIX ACLs, the guest's O_DIRECT, --cache=metadata
+	"features-qemu       --vmm qemu --suite features"
+	# --translate-uid/--translate-gid seen from the guest
+	"idmap-qemu          --vmm qemu --suite idmap"
 	# basic suite with volfsd and QEMU run by a non-root user (user namespace)
 	"basic-unprivileged  run:run-unprivileged.sh"
 	# two sandboxes (two VMs, two volfsd) on one volume: A rw, B ro

@@ -34,6 +34,10 @@
 #   --log-dir DIR      where the logs are copied at the end (default
 #                      build/vm-logs/basic-unprivileged)
 #   --keep             keep the temp dir (shared dir, logs)
+#   --setup-user-only  only make sure the user and its subordinate ranges exist,
+#                      then print "UID GID SUBUID_START SUBUID_COUNT SUBGID_START
+#                      SUBGID_COUNT" on the last line (the launcher suite's
+#                      session-mode cases run volfsd as this user)
 # Other options go to run-vm.sh after the defaults above (so they override
 # them), e.g. --daemon-args "--seccomp none" or --timeout 1200.
 set -euo pipefail
@@ -45,6 +49,7 @@ DAEMON="$REPO/target/release/volfsd"
 RUN_USER=volfsd-vmtest
 LOG_DIR="$REPO/build/vm-logs/basic-unprivileged"
 KEEP=0
+SETUP_USER_ONLY=0
 SUBID_COUNT=65536
 RUN_VM_ARGS=(--vmm qemu --suite basic --queues 2 --smp 2)
 EXTRA=()
@@ -68,6 +73,7 @@ parse_args() {
 		--user) RUN_USER=${2:?}; shift ;;
 		--log-dir) LOG_DIR=${2:?}; shift ;;
 		--keep) KEEP=1 ;;
+		--setup-user-only) SETUP_USER_ONLY=1 ;;
 		-h | --help) usage 0 ;;
 		# run-vm.sh options that take a value: keep the pair together.
 		--vmm | --daemon-args | --suite | --queues | --smp | --mem | --timeout | --host-hook | --cache | --boot-attempts)
@@ -206,6 +212,10 @@ main() {
 	ensure_packages uidmap qemu-system-x86
 	ensure_user
 	ensure_subids
+	if [[ $SETUP_USER_ONLY == 1 ]]; then
+		echo "$RUN_UID $RUN_GID $SUBUID_START $SUBUID_COUNT $SUBGID_START $SUBGID_COUNT"
+		exit 0
+	fi
 	"$HERE/build-guest.sh" --quiet >/dev/null || die "build-guest.sh failed"
 	stage
 	say "running run-vm.sh as $RUN_USER in $STAGE"

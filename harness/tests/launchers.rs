@@ -46,6 +46,55 @@ struct Case {
     argv: String,
     cwd: Option<String>,
     env: Vec<(String, String)>,
+    /// Run by a non-root user (libvirt's session mode).
+    unprivileged: bool,
+}
+
+/// The non-root user of the session-mode cases, made by
+/// `vm-tests/run-unprivileged.sh --setup-user-only` (as for the unprivileged VM
+/// suite): uid, gid and the first subordinate uid and gid ranges.
+#[derive(Clone, Copy, Debug)]
+struct SessionUser {
+    uid: u32,
+    gid: u32,
+    subuid: (u32, u32),
+    subgid: (u32, u32),
+}
+
+fn session_user() -> SessionUser {
+    static USER: std::sync::OnceLock<SessionUser> = std::sync::OnceLock::new();
+    *USER.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vm-tests/run-unprivileged.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("--setup-user-only")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run-unprivileged.sh --setup-user-only");
+        assert!(
+            out.status.success(),
+            "run-unprivileged.sh --setup-user-only failed"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n: Vec<u32> = text
+            .lines()
+            .last()
+            .unwrap_or("")
+            .split_whitespace()
+            .map(|v| v.parse().expect("a number"))
+            .collect();
+        assert_eq!(
+            n.len(),
+            6,
+            "run-unprivileged.sh --setup-user-only printed: {text}"
+        );
+        SessionUser {
+            uid: n[0],
+            gid: n[1],
+            subuid: (n[2], n[3]),
+            subgid: (n[4], n[5]),
+        }
+    })
 }
 
 fn parse_cases(text: &str) -> Vec<Case> {
@@ -72,6 +121,14 @@ fn parse_cases(text: &str) -> Vec<Case> {
             "socket" => case.socket_fd = value == "fd",
             "argv" => case.argv = value,
             "cwd" => case.cwd = Some(value),
+            "user" => {
+                assert_eq!(
+                    value, "unprivileged",
+                    "case {}: user: unprivileged",
+                    case.name
+                );
+                case.unprivileged = true;
+            }
             "env" => {
                 let (k, v) = value.split_once('=').expect("env: NAME=VALUE");
                 case.env.push((k.to_string(), v.to_string()));
@@ -192,7 +249,30 @@ fn run_case(binary: &Path, daemon: &str, case: &Case) -> (Outcome, String) {
     fs::write(share.join("hello.txt"), &content).unwrap();
     let sockdir = dir.socket().parent().unwrap().join("sockdir");
     fs::create_dir_all(&sockdir).unwrap();
-    let (uid, gid) = (unsafe { libc::getuid() }, unsafe { libc::getgid() });
+    // Session-mode cases run as the non-root user, on a test dir it owns and with
+    // its own copy of the binary (the user may not reach the original).
+    let user = case.unprivileged.then(session_user);
+    let binary = match user {
+        Some(u) => {
+            let copy = dir.shared().parent().unwrap().join(daemon);
+            fs::copy(binary, &copy).unwrap();
+            for p in [
+                dir.shared().parent().unwrap(),
+                &share,
+                &share.join("hello.txt"),
+                &copy,
+            ] {
+                std::os::unix::fs::chown(p, Some(u.uid), Some(u.gid)).unwrap();
+            }
+            copy
+        }
+        None => binary.to_path_buf(),
+    };
+    let (uid, gid) = match user {
+        Some(u) => (u.uid, u.gid),
+        None => (unsafe { libc::getuid() }, unsafe { libc::getgid() }),
+    };
+    let sub = user.map_or(((0, 0), (0, 0)), |u| (u.subuid, u.subgid));
     let fill = |s: &str| {
         s.replace("{SHARE}", &share.display().to_string())
             .replace("{SOCK}", &dir.socket().display().to_string())
@@ -200,6 +280,10 @@ fn run_case(binary: &Path, daemon: &str, case: &Case) -> (Outcome, String) {
             .replace("{FD}", &LIBVIRT_FD.to_string())
             .replace("{UID}", &uid.to_string())
             .replace("{GID}", &gid.to_string())
+            .replace("{SUBUID_COUNT}", &sub.0 .1.to_string())
+            .replace("{SUBUID}", &sub.0 .0.to_string())
+            .replace("{SUBGID_COUNT}", &sub.1 .1.to_string())
+            .replace("{SUBGID}", &sub.1 .0.to_string())
     };
     let args: Vec<String> = fill(&case.argv)
         .split_whitespace()
@@ -207,7 +291,17 @@ fn run_case(binary: &Path, daemon: &str, case: &Case) -> (Outcome, String) {
         .collect();
     let cwd = case.cwd.as_deref().map(|c| PathBuf::from(fill(c)));
     let log = dir.log_path();
-    let mut cmd = Command::new(binary);
+    let mut cmd = match user {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={}", u.uid))
+                .arg(format!("--regid={}", u.gid))
+                .arg("--init-groups")
+                .arg(&binary);
+            c
+        }
+        None => Command::new(&binary),
+    };
     cmd.args(&args)
         .stdin(Stdio::null())
         .stdout(fs::File::create(&log).unwrap())

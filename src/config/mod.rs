@@ -12,7 +12,7 @@ use crate::fs::file_handle::FileHandleMode;
 use crate::fs::id_translate::{IdKind, IdTranslation};
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, AclMode, CacheMode, Limits, ShareSpec};
-use crate::sandbox::{SandboxMode, SeccompMode};
+use crate::sandbox::{IdMaps, IdRange, SandboxMode, SeccompMode};
 
 pub mod virtiofsd_compat;
 
@@ -108,7 +108,9 @@ impl From<LogLevel> for log::LevelFilter {
 
 /// vhost-user virtio-fs backend for MicroVM sandbox platforms.
 #[derive(Debug, Parser)]
-#[command(name = "volfsd", version, about, long_about = None)]
+// A flag given twice takes its last value, as in virtiofsd: launchers append their
+// extra arguments after their own.
+#[command(name = "volfsd", version, about, long_about = None, args_override_self = true)]
 pub struct Args {
     /// vhost-user socket to create and listen on; one frontend is served.
     #[arg(long, value_name = "PATH", conflicts_with = "fd")]
@@ -230,6 +232,17 @@ pub struct Args {
     #[arg(long, value_name = "TYPE:SOURCE:TARGET:COUNT")]
     pub translate_gid: Vec<String>,
 
+    /// A range of host uids mapped into the user namespace an unprivileged daemon
+    /// makes with `--sandbox namespace`, as in virtiofsd (libvirt's session mode):
+    /// `:NAMESPACE_UID:HOST_UID:COUNT:`. Repeatable; mapping ids other than one's
+    /// own needs newuidmap (Debian package uidmap) and /etc/subuid.
+    #[arg(long, value_name = ":NS_UID:HOST_UID:COUNT:")]
+    pub uid_map: Vec<String>,
+
+    /// The same for gids (newgidmap, /etc/subgid).
+    #[arg(long, value_name = ":NS_GID:HOST_GID:COUNT:")]
+    pub gid_map: Vec<String>,
+
     /// Accepted for virtiofsd compatibility: volfsd always lets the guest map files
     /// shared, with every cache mode.
     #[arg(long)]
@@ -299,6 +312,8 @@ pub struct Config {
     pub posix_acl: PosixAclArg,
     pub uids: IdTranslation,
     pub gids: IdTranslation,
+    /// `--uid-map`/`--gid-map`: the unprivileged namespace sandbox's id maps.
+    pub id_maps: IdMaps,
     pub allow_direct_io: bool,
     pub readdirplus: bool,
     /// What the command line's rewriting (virtiofsd_compat) has to tell the operator,
@@ -403,6 +418,16 @@ impl Args {
                     .to_string(),
             ));
         }
+        let parse_maps = |flag: &str, v: &[String]| {
+            v.iter()
+                .map(|m| IdRange::parse(flag, m))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ConfigError)
+        };
+        let id_maps = IdMaps {
+            uids: parse_maps("--uid-map", &self.uid_map)?,
+            gids: parse_maps("--gid-map", &self.gid_map)?,
+        };
         Ok(Config {
             socket,
             socket_group,
@@ -422,6 +447,7 @@ impl Args {
             posix_acl: self.posix_acl,
             uids,
             gids,
+            id_maps,
             allow_direct_io: self.allow_direct_io,
             readdirplus: !self.no_readdirplus,
             warnings: Vec::new(),
@@ -659,6 +685,22 @@ mod tests {
         ])
         .unwrap();
         assert!(!c.allow_direct_io);
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value_and_lists_keep_every_value() {
+        let c = parse(&[
+            "--fd=3",
+            "--shared-dir=/tmp",
+            "--cache=never",
+            "--cache=metadata",
+            "--translate-uid=map:0:1000:1",
+            "--translate-uid=forbid-guest:1:10",
+        ])
+        .unwrap();
+        assert_eq!(c.cache, CacheMode::Metadata);
+        assert_eq!(c.uids.to_host(0).unwrap(), 1000);
+        assert!(c.uids.to_host(5).is_err());
     }
 
     #[test]

@@ -23,8 +23,6 @@ pub const UNSUPPORTED_FLAGS: &[&str] = &[
     "--killpriv-v2",
     "--modcaps",
     "--tag",
-    "--uid-map",
-    "--gid-map",
     "--no-announce-submounts",
 ];
 

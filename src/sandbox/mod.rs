@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use mounts::Outside;
-pub use namespaces::Ids;
+pub use namespaces::{IdMaps, IdRange, Ids};
 
 /// `--sandbox`, as in virtiofsd.
 #[derive(Clone, Copy, Debug, Eq, PartialEq, clap::ValueEnum)]
@@ -136,13 +136,20 @@ pub fn confine_thread_or_exit(role: ThreadRole) {
 /// `sockets` are the files the supervisor removes if the child dies without doing so.
 pub fn enter(
     mode: SandboxMode,
+    maps: &IdMaps,
     seccomp_mode: SeccompMode,
     sockets: Vec<PathBuf>,
     listening: &[std::os::fd::RawFd],
 ) -> Result<(), String> {
     let ids = Ids::current();
+    if mode != SandboxMode::Namespace && !maps.is_empty() {
+        return Err(format!(
+            "--uid-map/--gid-map need --sandbox namespace (they map ids into its user \
+             namespace), not --sandbox {mode:?}"
+        ));
+    }
     match mode {
-        SandboxMode::Namespace => namespaces::enter(ids, seccomp_mode, sockets, listening),
+        SandboxMode::Namespace => namespaces::enter(ids, maps, seccomp_mode, sockets, listening),
         SandboxMode::Chroot if !ids.is_root() => Err(format!(
             "--sandbox chroot needs root (running as uid {}); use --sandbox namespace, which \
              works unprivileged in a user namespace",

@@ -33,6 +33,84 @@ const FORWARDED: [Signal; 4] = [
     Signal::SIGQUIT,
 ];
 
+/// One line of a user namespace's uid_map or gid_map: `count` ids from `inside`
+/// are the host's ids from `outside`.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct IdRange {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+impl IdRange {
+    /// virtiofsd's `--uid-map`/`--gid-map` form: `:INSIDE:OUTSIDE:COUNT:`.
+    pub fn parse(flag: &str, s: &str) -> Result<IdRange, String> {
+        let fields: Vec<&str> = s.split(':').collect();
+        let bad = || format!("{flag} {s}: expected :NAMESPACE_ID:HOST_ID:COUNT:");
+        match fields[..] {
+            ["", inside, outside, count, ""] => {
+                let n = |v: &str| v.parse::<u32>().map_err(|_| bad());
+                let r = IdRange {
+                    inside: n(inside)?,
+                    outside: n(outside)?,
+                    count: n(count)?,
+                };
+                if r.count == 0 {
+                    return Err(format!("{flag} {s}: a count of 0 maps nothing"));
+                }
+                Ok(r)
+            }
+            _ => Err(bad()),
+        }
+    }
+
+    fn args(ranges: &[IdRange]) -> Vec<String> {
+        ranges
+            .iter()
+            .flat_map(|r| [r.inside, r.outside, r.count])
+            .map(|v| v.to_string())
+            .collect()
+    }
+}
+
+/// The id maps of the user namespace an unprivileged daemon makes: given by
+/// `--uid-map`/`--gid-map` (libvirt's session mode), else the user's own ids as
+/// root plus their subordinate ids, else the own ids alone.
+#[derive(Clone, Debug, Default, Eq, PartialEq)]
+pub struct IdMaps {
+    pub uids: Vec<IdRange>,
+    pub gids: Vec<IdRange>,
+}
+
+impl IdMaps {
+    pub fn is_empty(&self) -> bool {
+        self.uids.is_empty() && self.gids.is_empty()
+    }
+
+    /// Only the caller's own ids, which the kernel lets it map without a helper.
+    fn own_ids_only(&self, ids: Ids) -> bool {
+        let own = |r: &[IdRange], id| matches!(r, [one] if one.outside == id && one.count == 1);
+        own(&self.uids, ids.uid) && own(&self.gids, ids.gid)
+    }
+
+    fn with_subordinates(ids: Ids, subordinate: &SubordinateIds) -> IdMaps {
+        let own = |id| IdRange {
+            inside: 0,
+            outside: id,
+            count: 1,
+        };
+        let sub = |(start, count)| IdRange {
+            inside: 1,
+            outside: start,
+            count,
+        };
+        IdMaps {
+            uids: vec![own(ids.uid), sub(subordinate.uids)],
+            gids: vec![own(ids.gid), sub(subordinate.gids)],
+        }
+    }
+}
+
 /// Who is asking for the sandbox.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub struct Ids {
@@ -60,6 +138,7 @@ impl Ids {
 /// copies of the `listening` fds at once, so that only the child serves them.
 pub fn enter(
     ids: Ids,
+    maps: &IdMaps,
     seccomp_mode: SeccompMode,
     sockets: Vec<PathBuf>,
     listening: &[RawFd],
@@ -68,15 +147,25 @@ pub fn enter(
     if !ids.is_root() {
         flags |= CloneFlags::CLONE_NEWUSER;
     }
-    let ranges = if ids.is_root() {
+    if ids.is_root() && !maps.is_empty() {
+        return Err(
+            "--uid-map/--gid-map map ids into the user namespace of an unprivileged daemon; \
+             running as root, volfsd makes none"
+                .to_string(),
+        );
+    }
+    let plan = if ids.is_root() {
         None
+    } else if !maps.is_empty() {
+        Some(maps.clone())
     } else {
-        SubordinateIds::of(ids)
+        SubordinateIds::of(ids).map(|sub| IdMaps::with_subordinates(ids, &sub))
     };
     // newuidmap must run outside the new user namespace: a helper forked before it.
-    let mapper = match &ranges {
-        Some(r) => Some(MapHelper::fork(ids, r)?),
-        None => None,
+    // Maps of the caller's own ids alone are written directly.
+    let mapper = match &plan {
+        Some(m) if !m.own_ids_only(ids) => Some(MapHelper::fork(m)?),
+        _ => None,
     };
     unshare(flags).map_err(|e| {
         let hint = if ids.is_root() {
@@ -86,10 +175,22 @@ pub fn enter(
         };
         format!("sandbox: unshare({flags:?}): {e}{hint}")
     })?;
-    match mapper {
-        Some(m) => m.map()?,
-        None if !ids.is_root() => map_to_root(ids)?,
-        None => {}
+    match (mapper, &plan) {
+        (Some(m), _) => m.map()?,
+        (None, Some(p)) => write_own_maps(p)?,
+        (None, None) if !ids.is_root() => write_own_maps(&IdMaps {
+            uids: vec![IdRange {
+                inside: 0,
+                outside: ids.uid,
+                count: 1,
+            }],
+            gids: vec![IdRange {
+                inside: 0,
+                outside: ids.gid,
+                count: 1,
+            }],
+        })?,
+        (None, None) => {}
     }
     // Forwarded signals are blocked before the fork so none is lost in between; the
     // child restores its mask.
@@ -190,27 +291,19 @@ struct MapHelper {
 }
 
 impl MapHelper {
-    fn fork(ids: Ids, r: &SubordinateIds) -> Result<MapHelper, String> {
+    fn fork(maps: &IdMaps) -> Result<MapHelper, String> {
+        if !Path::new(NEWUIDMAP).exists() || !Path::new(NEWGIDMAP).exists() {
+            return Err(format!(
+                "sandbox: mapping more than the own ids needs {NEWUIDMAP} and {NEWGIDMAP} \
+                 (Debian package uidmap)"
+            ));
+        }
         let (wait, go) = nix::unistd::pipe().map_err(|e| format!("sandbox: pipe: {e}"))?;
         let parent = std::process::id().to_string();
-        let uid_args = [
-            parent.clone(),
-            "0".into(),
-            ids.uid.to_string(),
-            "1".into(),
-            "1".into(),
-            r.uids.0.to_string(),
-            r.uids.1.to_string(),
-        ];
-        let gid_args = [
-            parent,
-            "0".into(),
-            ids.gid.to_string(),
-            "1".into(),
-            "1".into(),
-            r.gids.0.to_string(),
-            r.gids.1.to_string(),
-        ];
+        let mut uid_args = vec![parent.clone()];
+        uid_args.extend(IdRange::args(&maps.uids));
+        let mut gid_args = vec![parent];
+        gid_args.extend(IdRange::args(&maps.gids));
         // SAFETY: single-threaded here (the sandbox is entered first thing).
         match unsafe { fork() }.map_err(|e| format!("sandbox: fork: {e}"))? {
             ForkResult::Child => {
@@ -253,8 +346,9 @@ impl MapHelper {
     }
 }
 
-/// One-id maps: the calling user and group become root inside the namespace.
-fn map_to_root(ids: Ids) -> Result<(), String> {
+/// Maps the kernel lets a process write for itself: its own uid and gid (each a
+/// single range of one id), with setgroups denied as it requires.
+fn write_own_maps(maps: &IdMaps) -> Result<(), String> {
     let write = |file: &str, what: String| {
         std::fs::write(format!("/proc/self/{file}"), &what).map_err(|e| {
             format!(
@@ -263,10 +357,15 @@ fn map_to_root(ids: Ids) -> Result<(), String> {
             )
         })
     };
+    let lines = |r: &[IdRange]| {
+        r.iter()
+            .map(|r| format!("{} {} {}\n", r.inside, r.outside, r.count))
+            .collect::<String>()
+    };
     // An unprivileged process may write a gid map only with setgroups denied.
     write("setgroups", "deny\n".to_string())?;
-    write("uid_map", format!("0 {} 1\n", ids.uid))?;
-    write("gid_map", format!("0 {} 1\n", ids.gid))?;
+    write("uid_map", lines(&maps.uids))?;
+    write("gid_map", lines(&maps.gids))?;
     Ok(())
 }
 
@@ -342,6 +441,44 @@ pub fn remove_socket(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_map_flags_as_virtiofsd_spells_them() {
+        let r = IdRange::parse("--uid-map", ":1:100000:65536:").unwrap();
+        assert_eq!(
+            r,
+            IdRange {
+                inside: 1,
+                outside: 100000,
+                count: 65536
+            }
+        );
+        for bad in ["1:2:3", ":1:2:", ":a:2:3:", ":1:2:0:", ":1:2:3:4:"] {
+            let e = IdRange::parse("--uid-map", bad).unwrap_err();
+            assert!(e.starts_with(&format!("--uid-map {bad}")), "{e}");
+        }
+        let ids = Ids {
+            uid: 1000,
+            gid: 100,
+        };
+        let own = IdMaps {
+            uids: vec![IdRange::parse("--uid-map", ":0:1000:1:").unwrap()],
+            gids: vec![IdRange::parse("--gid-map", ":0:100:1:").unwrap()],
+        };
+        assert!(own.own_ids_only(ids));
+        let sub = IdMaps::with_subordinates(
+            ids,
+            &SubordinateIds {
+                uids: (100000, 65536),
+                gids: (100000, 65536),
+            },
+        );
+        assert!(!sub.own_ids_only(ids));
+        assert_eq!(
+            IdRange::args(&sub.uids),
+            ["0", "1000", "1", "1", "100000", "65536"]
+        );
+    }
 
     #[test]
     fn subordinate_ranges_by_name_or_id() {

@@ -33,6 +33,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/types.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/falloc.h>
@@ -719,6 +720,142 @@ static int cmd_asuser(int argc, char **argv)
 	return 1;
 }
 
+/*
+ * POSIX ACLs in the kernel's xattr format (a 4-byte version 2, then 8-byte
+ * entries {u16 tag, u16 perm, u32 id} in tag-then-id order), written as text
+ * like setfacl's short form: "u::rw,u:1000:r,g::r,m::r,o::-" (busybox has no
+ * setfacl/getfacl).
+ */
+#define ACL_XATTR_VERSION 2
+#define ACL_TAG_USER_OBJ 0x01
+#define ACL_TAG_USER 0x02
+#define ACL_TAG_GROUP_OBJ 0x04
+#define ACL_TAG_GROUP 0x08
+#define ACL_TAG_MASK 0x10
+#define ACL_TAG_OTHER 0x20
+#define ACL_NO_ID 0xffffffffu
+
+struct acl_ent {
+	uint16_t tag, perm;
+	uint32_t id;
+};
+
+static int acl_ent_cmp(const void *a, const void *b)
+{
+	const struct acl_ent *x = a, *y = b;
+	if (x->tag != y->tag)
+		return x->tag < y->tag ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static const char *acl_name(const char *which)
+{
+	if (!strcmp(which, "access"))
+		return "system.posix_acl_access";
+	if (!strcmp(which, "default"))
+		return "system.posix_acl_default";
+	usage_exit("acl set|get FILE access|default [SPEC]");
+	return NULL;
+}
+
+/* acl set FILE access|default SPEC | acl get FILE access|default (prints SPEC,
+ * entries in the kernel's order) | acl remove FILE access|default */
+static int cmd_acl(int argc, char **argv)
+{
+	const char *help = "acl set FILE access|default SPEC | get FILE access|default | remove FILE access|default";
+	if (argc < 4)
+		usage_exit(help);
+	const char *name = acl_name(argv[3]);
+	unsigned char buf[4 + 8 * 64];
+	if (!strcmp(argv[1], "set") && argc == 5) {
+		struct acl_ent ents[64];
+		int n = 0;
+		char *spec = strdup(argv[4]), *save = NULL;
+		for (char *e = strtok_r(spec, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
+			if (n == 64)
+				usage_exit("acl: too many entries");
+			char *c1 = strchr(e, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+			if (!c1 || !c2)
+				usage_exit("acl: an entry is TYPE:[ID]:PERMS");
+			*c1 = *c2 = 0;
+			int has_id = c1[1] != 0;
+			uint16_t tag;
+			switch (e[0]) {
+			case 'u': tag = has_id ? ACL_TAG_USER : ACL_TAG_USER_OBJ; break;
+			case 'g': tag = has_id ? ACL_TAG_GROUP : ACL_TAG_GROUP_OBJ; break;
+			case 'm': tag = ACL_TAG_MASK; break;
+			case 'o': tag = ACL_TAG_OTHER; break;
+			default: usage_exit("acl: TYPE is u, g, m or o"); return 2;
+			}
+			uint16_t perm = 0;
+			for (const char *p = c2 + 1; *p; p++)
+				perm |= *p == 'r' ? 4 : *p == 'w' ? 2 : *p == 'x' ? 1 : 0;
+			ents[n].tag = tag;
+			ents[n].perm = perm;
+			ents[n].id = has_id ? (uint32_t)num(c1 + 1) : ACL_NO_ID;
+			n++;
+		}
+		qsort(ents, n, sizeof(ents[0]), acl_ent_cmp);
+		uint32_t version = ACL_XATTR_VERSION;
+		memcpy(buf, &version, 4);
+		for (int i = 0; i < n; i++)
+			memcpy(buf + 4 + 8 * i, &ents[i], 8);
+		int ret = setxattr(argv[2], name, buf, 4 + 8 * n, 0);
+		return report(ret, errno, "setxattr");
+	}
+	if (!strcmp(argv[1], "remove") && argc == 4) {
+		int ret = removexattr(argv[2], name);
+		return report(ret, errno, "removexattr");
+	}
+	if (!strcmp(argv[1], "get") && argc == 4) {
+		ssize_t len = getxattr(argv[2], name, buf, sizeof(buf));
+		if (len < 0)
+			return report(-1, errno, "getxattr");
+		if (errno_mode)
+			return report(0, 0, "");
+		for (ssize_t off = 4; off + 8 <= len; off += 8) {
+			struct acl_ent e;
+			memcpy(&e, buf + off, 8);
+			char t = e.tag & (ACL_TAG_USER_OBJ | ACL_TAG_USER) ? 'u'
+				 : e.tag & (ACL_TAG_GROUP_OBJ | ACL_TAG_GROUP) ? 'g'
+				 : e.tag == ACL_TAG_MASK ? 'm' : 'o';
+			printf("%s%c:", off > 4 ? "," : "", t);
+			if (e.id != ACL_NO_ID)
+				printf("%u", e.id);
+			printf(":%s%s%s", e.perm & 4 ? "r" : "", e.perm & 2 ? "w" : "",
+			       e.perm & 1 ? "x" : "");
+			if (!e.perm)
+				printf("-");
+		}
+		printf("\n");
+		return 0;
+	}
+	usage_exit(help);
+	return 2;
+}
+
+/* openwait FILE r|w|direct-r|direct-w GOFILE: open FILE (direct-*: with
+ * O_DIRECT), print "open", and keep it open until GOFILE exists (polled every
+ * 20 ms, at most 120 s) */
+static int cmd_openwait(int argc, char **argv)
+{
+	if (argc != 4)
+		usage_exit("openwait FILE r|w|direct-r|direct-w GOFILE");
+	const char *m = argv[2];
+	int flags = strstr(m, "w") ? O_WRONLY : O_RDONLY;
+	if (!strncmp(m, "direct-", 7))
+		flags |= O_DIRECT;
+	int fd = open(argv[1], flags);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	printf("open\n");
+	fflush(stdout);
+	for (int i = 0; i < 6000 && access(argv[3], F_OK) != 0; i++)
+		usleep(20000);
+	close(fd);
+	return 0;
+}
+
 /* write FILE STRING: open(FILE, O_WRONLY) (no O_CREAT, no O_TRUNC), write
  * STRING at offset 0, close */
 static int cmd_write(int argc, char **argv)
@@ -934,6 +1071,8 @@ static const struct {
 	{"lockhold", cmd_lockhold, "FILE [posix|ofd] (that write lock + flock, held until killed)"},
 	{"trylock", cmd_trylock, "posix|ofd|flock[-read] FILE (non-blocking; EAGAIN if held; -read: a read lock on a read-only open)"},
 	{"lockwait", cmd_lockwait, "posix|ofd|flock[-read] FILE (blocks until granted, prints locked, releases)"},
+	{"acl", cmd_acl, "set FILE access|default SPEC (u::rw,u:1000:r,g::r,m::r,o::-) | get FILE access|default | remove FILE access|default"},
+	{"openwait", cmd_openwait, "FILE r|w|direct-r|direct-w GOFILE (holds it open until GOFILE exists)"},
 	{"uniform", cmd_uniform, "FILE (one byte repeated? prints SIZE BYTE)"},
 	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap|wait:GOFILE | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
 };

@@ -1,0 +1,209 @@
+//! The virtiofsd features launchers ask for, checked against the running daemon
+//! through the vhost-user frontend (the guest-side checks are the VM suites
+//! `features` and `idmap`):
+//! - `--allow-direct-io`: the guest's O_DIRECT reaches the host's open, and only
+//!   with the flag (the daemon's own fdinfo shows it);
+//! - `--posix-acl`: negotiated in FUSE INIT (`always` refuses a guest without it,
+//!   `auto` serves one);
+//! - `--cache=metadata`: files opened for direct I/O, directories kept, and long
+//!   attribute and entry timeouts;
+//! - `--translate-uid/gid`: owners shown translated, chown translated, a forbidden
+//!   id refused;
+//! - `--syslog` on a host without /dev/log: a warning on stderr, and it serves.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use fuse_backend_rs::abi::fuse_abi::{FsOptions, SetattrIn, SetattrValid};
+use volfsd_harness::fixtures::{Daemon, RDONLY, ROOT};
+use volfsd_harness::frontend::{FuseClient, FuseOps, InitParams};
+
+/// FOPEN_DIRECT_IO, FOPEN_KEEP_CACHE and FOPEN_CACHE_DIR (fuse.h).
+const FOPEN_DIRECT_IO: u32 = 1 << 0;
+const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+const FOPEN_CACHE_DIR: u32 = 1 << 3;
+
+/// The open flags (octal in fdinfo) of the daemon's fd on `path`'s inode that is
+/// not one of its O_PATH node references.
+fn daemon_open_flags(daemon: &Daemon, path: &Path) -> Option<u32> {
+    let want = std::fs::metadata(path).unwrap();
+    let pid = daemon.pid();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let Ok(m) = std::fs::metadata(fd.path()) else {
+            continue;
+        };
+        if (m.dev(), m.ino()) != (want.dev(), want.ino()) {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .ok()?;
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())?;
+        if flags & libc::O_PATH as u32 == 0 {
+            return Some(flags);
+        }
+    }
+    None
+}
+
+fn open_with_o_direct(extra: &[&str]) -> (bool, Daemon) {
+    let daemon = Daemon::start("o-direct", extra);
+    std::fs::write(daemon.host("f"), vec![7u8; 8192]).unwrap();
+    let mut fc = daemon.client();
+    let node = fc.lookup(ROOT, "f").unwrap().nodeid;
+    let fh = fc.open(node, RDONLY | libc::O_DIRECT as u32).unwrap().fh;
+    let flags = daemon_open_flags(&daemon, &daemon.host("f")).expect("the daemon holds f open");
+    let direct = flags & libc::O_DIRECT as u32 != 0;
+    if !direct {
+        // Without the flag the host open is buffered: any guest buffer will do. With
+        // it, the host file system's alignment rules apply to the guest's buffers
+        // (the VM suite `features` reads and writes through it).
+        assert_eq!(fc.read(node, fh, 0, 4096).unwrap(), vec![7u8; 4096]);
+    }
+    drop(fc);
+    (direct, daemon)
+}
+
+#[test]
+fn the_guests_o_direct_reaches_the_host_only_with_allow_direct_io() {
+    assert!(
+        !open_with_o_direct(&[]).0,
+        "O_DIRECT kept without --allow-direct-io"
+    );
+    assert!(
+        open_with_o_direct(&["--allow-direct-io"]).0,
+        "O_DIRECT dropped with --allow-direct-io"
+    );
+    assert!(
+        open_with_o_direct(&["-o", "allow_direct_io"]).0,
+        "-o allow_direct_io"
+    );
+}
+
+fn init_with(daemon: &Daemon, flags: FsOptions) -> Result<u64, String> {
+    let mut fc = FuseClient::connect(&daemon.config()).map_err(|e| e.to_string())?;
+    let mut params = InitParams::default();
+    params.flags |= flags.bits();
+    let out = fc.init_session(&params).map_err(|e| e.to_string())?;
+    Ok(u64::from(out.flags) | (u64::from(out.flags2) << 32))
+}
+
+#[test]
+fn posix_acl_is_negotiated_as_asked() {
+    let acl = FsOptions::POSIX_ACL | FsOptions::DONT_MASK;
+    let granted = init_with(&Daemon::start("acl-always", &["--posix-acl"]), acl).unwrap();
+    assert_eq!(granted & acl.bits(), acl.bits(), "granted {granted:#x}");
+
+    let e = init_with(
+        &Daemon::start("acl-always-old", &["--posix-acl=always"]),
+        FsOptions::empty(),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("71") || e.to_lowercase().contains("protocol"),
+        "{e}"
+    );
+
+    let granted = init_with(
+        &Daemon::start("acl-auto-old", &["--posix-acl=auto"]),
+        FsOptions::empty(),
+    )
+    .unwrap();
+    assert_eq!(granted & acl.bits(), 0);
+
+    let granted = init_with(&Daemon::start("acl-never", &[]), acl).unwrap();
+    assert_eq!(granted & acl.bits(), 0, "ACLs granted without --posix-acl");
+}
+
+#[test]
+fn cache_metadata_caches_attributes_and_listings_but_not_data() {
+    let daemon = Daemon::start("cache-metadata", &["--cache=metadata"]);
+    std::fs::write(daemon.host("f"), b"data").unwrap();
+    std::fs::create_dir(daemon.host("d")).unwrap();
+    let mut fc = daemon.client();
+    let f = fc.lookup(ROOT, "f").unwrap();
+    assert_eq!((f.entry_valid, f.attr_valid), (86400, 86400));
+    let open = fc.open(f.nodeid, RDONLY).unwrap();
+    assert_eq!(open.open_flags & FOPEN_DIRECT_IO, FOPEN_DIRECT_IO);
+    assert_eq!(open.open_flags & FOPEN_KEEP_CACHE, 0);
+    let d = fc.lookup(ROOT, "d").unwrap().nodeid;
+    let dir = fc.opendir(d, RDONLY).unwrap();
+    assert_eq!(
+        dir.open_flags & (FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE),
+        FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE
+    );
+}
+
+#[test]
+fn translated_ids_in_attributes_and_chown() {
+    let daemon = Daemon::start(
+        "translate-ids",
+        &[
+            "--translate-uid=map:1000:2000:1",
+            "--translate-gid=map:1000:2000:1",
+            "--translate-uid=forbid-guest:3000:1",
+        ],
+    );
+    let f = daemon.host("f");
+    std::fs::write(&f, b"x").unwrap();
+    std::os::unix::fs::chown(&f, Some(2000), Some(2000)).unwrap();
+    let mut fc = daemon.client();
+    let node = fc.lookup(ROOT, "f").unwrap();
+    assert_eq!((node.attr.uid, node.attr.gid), (1000, 1000));
+    let attr = fc.getattr(node.nodeid).unwrap().attr;
+    assert_eq!((attr.uid, attr.gid), (1000, 1000));
+
+    let chown = |uid: u32| SetattrIn {
+        valid: SetattrValid::UID.bits(),
+        uid,
+        ..Default::default()
+    };
+    fc.setattr(node.nodeid, &chown(1000)).unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 2000);
+    fc.setattr(node.nodeid, &chown(7)).unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 7);
+    let e = fc.setattr(node.nodeid, &chown(3000)).unwrap_err();
+    assert!(
+        e.to_string().contains(&libc::EPERM.to_string()) || e.to_string().contains("EPERM"),
+        "{e}"
+    );
+    assert_eq!(std::fs::metadata(&f).unwrap().uid(), 7);
+}
+
+#[test]
+fn syslog_without_dev_log_logs_to_stderr_and_serves() {
+    // Where a syslog daemon listens, a mount namespace hides its socket.
+    let daemon = if Path::new("/dev/log").exists() {
+        Daemon::start_wrapped(
+            volfsd_harness::fixtures::TestDir::new("syslog-fallback"),
+            &[
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                "mount --bind /dev/null /dev/log && exec \"$0\" \"$@\"",
+            ],
+            &["--syslog"],
+        )
+    } else {
+        Daemon::start("syslog-fallback", &["--syslog"])
+    };
+    std::fs::write(daemon.host("f"), b"served").unwrap();
+    let mut fc = daemon.client();
+    let node = fc.lookup(ROOT, "f").unwrap().nodeid;
+    let fh = fc.open(node, RDONLY).unwrap().fh;
+    assert_eq!(fc.read(node, fh, 0, 100).unwrap(), b"served");
+    let log = daemon.log();
+    assert!(
+        log.contains("--syslog: cannot connect to /dev/log") && log.contains("logging to stderr"),
+        "{log}"
+    );
+}
