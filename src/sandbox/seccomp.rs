@@ -304,7 +304,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_faccessat2, WORKER, "access"),
     allow!(SYS_flock, WORKER | LOCKW, "flock"),
     allow!(SYS_copy_file_range, WORKER, "copy_file_range"),
-    allow!(SYS_fgetxattr, WORKER, "getxattr"),
+    allow!(SYS_fgetxattr, WORKER, "getxattr; with --posix-acl, whether a directory has a default ACL before a create in it"),
     allow!(SYS_fsetxattr, WORKER, "setxattr"),
     allow!(SYS_flistxattr, WORKER, "listxattr"),
     allow!(SYS_fremovexattr, WORKER, "removexattr"),
