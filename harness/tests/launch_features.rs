@@ -207,3 +207,82 @@ fn syslog_without_dev_log_logs_to_stderr_and_serves() {
         "{log}"
     );
 }
+
+#[test]
+fn migration_flags_start_it_with_a_warning_and_no_migration_feature() {
+    let daemon = Daemon::start(
+        "migration-flags",
+        &[
+            "--migration-on-error=guest-error",
+            "--migration-mode=find-paths",
+            "--migration-verify-handles",
+        ],
+    );
+    let device = volfsd_harness::frontend::VhostUserFsDevice::connect(&daemon.config()).unwrap();
+    let f = device.features();
+    // VHOST_F_LOG_ALL (virtio bit 26), VHOST_USER_PROTOCOL_F_LOG_SHMFD (1) and
+    // VHOST_USER_PROTOCOL_F_DEVICE_STATE (19): what a VMM needs to migrate.
+    assert_eq!(f.offered_features & (1 << 26), 0, "{f:?}");
+    assert_eq!(
+        f.offered_protocol_features & ((1 << 1) | (1 << 19)),
+        0,
+        "{f:?}"
+    );
+    drop(device);
+    let log = daemon.log();
+    assert_eq!(
+        log.matches("--migration-* flags accepted and ignored")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+#[test]
+fn print_capabilities_answers_whatever_else_the_line_holds() {
+    let bin = volfsd_harness::fixtures::volfsd_binary();
+    for args in [
+        &["--print-capabilities"][..],
+        &[
+            "--shared-dir",
+            "/nonexistent",
+            "--bogus",
+            "--print-capabilities",
+        ],
+        &["-o", "source=/x,cache=sometimes", "--print-capabilities"],
+    ] {
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["type"], "fs");
+        let features: Vec<&str> = doc["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        assert_eq!(features, ["posix-acl-negotiation-mode", "separate-options"]);
+    }
+}
+
+#[test]
+fn an_unimplemented_virtiofsd_flag_is_a_fast_exit_1_naming_it() {
+    let bin = volfsd_harness::fixtures::volfsd_binary();
+    for (flag, named) in [
+        ("--xattrmap=:map::user.virtiofs.:", "'--xattrmap'"),
+        ("--security-label", "'--security-label'"),
+        ("--modcaps=+sys_admin", "'--modcaps'"),
+        ("-owriteback", "'-o writeback'"),
+    ] {
+        let out = std::process::Command::new(&bin)
+            .args(["--socket-path=/tmp/never.sock", "--shared-dir=/tmp", flag])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {stderr}");
+        assert!(stderr.contains(named), "{flag}: {stderr}");
+    }
+}
