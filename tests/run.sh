@@ -100,6 +100,13 @@ if [[ $RUN_VM == 1 ]]; then
 	run_counted "VM suites" bash vm-tests/run-all.sh --daemon "$REPO/target/release/volfsd"
 fi
 
+# Builds the Debian package, installs it, checks what it installed and runs the
+# demo with /usr/bin/volfsd (packaging/README.md).
+if [[ $RUN_VM == 1 ]]; then
+	stage "Debian package (tests/package.sh)"
+	run_counted "package" bash tests/package.sh
+fi
+
 stage "performance instruments smoke (benches/smoke.sh)"
 smoke_args=(--no-build)
 [[ $RUN_VM == 0 ]] && smoke_args+=(--skip-vm)
