@@ -143,6 +143,7 @@ fn serve(
             file_handles: config.file_handles,
             allow_direct_io: config.allow_direct_io,
             readdirplus: config.readdirplus,
+            preserve_noatime: config.preserve_noatime,
             posix_acl: config.posix_acl.into(),
             uids: config.uids.clone(),
             gids: config.gids.clone(),

@@ -1,8 +1,9 @@
 //! The virtiofsd features launchers ask for, checked against the running daemon
 //! through the vhost-user frontend (the guest-side checks are the VM suites
 //! `features` and `idmap`):
-//! - `--allow-direct-io`: the guest's O_DIRECT reaches the host's open, and only
-//!   with the flag (the daemon's own fdinfo shows it);
+//! - `--allow-direct-io` and `--preserve-noatime`: the guest's O_DIRECT and
+//!   O_NOATIME reach the host's open, and only with the flag (the daemon's own
+//!   fdinfo shows it);
 //! - `--posix-acl`: negotiated in FUSE INIT (`always` refuses a guest without it,
 //!   `auto` serves one);
 //! - `--cache=metadata`: files opened for direct I/O, directories kept, and long
@@ -51,37 +52,53 @@ fn daemon_open_flags(daemon: &Daemon, path: &Path) -> Option<u32> {
     None
 }
 
-fn open_with_o_direct(extra: &[&str]) -> (bool, Daemon) {
-    let daemon = Daemon::start("o-direct", extra);
+/// The flags of the daemon's host open of a file the guest opened with
+/// `guest_flags`, on a daemon started with `extra`.
+fn host_open_flags(extra: &[&str], guest_flags: u32) -> u32 {
+    let daemon = Daemon::start("host-open-flags", extra);
     std::fs::write(daemon.host("f"), vec![7u8; 8192]).unwrap();
     let mut fc = daemon.client();
     let node = fc.lookup(ROOT, "f").unwrap().nodeid;
-    let fh = fc.open(node, RDONLY | libc::O_DIRECT as u32).unwrap().fh;
+    let fh = fc.open(node, RDONLY | guest_flags).unwrap().fh;
     let flags = daemon_open_flags(&daemon, &daemon.host("f")).expect("the daemon holds f open");
-    let direct = flags & libc::O_DIRECT as u32 != 0;
-    if !direct {
-        // Without the flag the host open is buffered: any guest buffer will do. With
-        // it, the host file system's alignment rules apply to the guest's buffers
-        // (the VM suite `features` reads and writes through it).
+    if flags & libc::O_DIRECT as u32 == 0 {
+        // A buffered host open works with any guest buffer. With O_DIRECT the host
+        // file system's alignment rules apply to the guest's buffers (the VM suite
+        // `features` reads and writes through it).
         assert_eq!(fc.read(node, fh, 0, 4096).unwrap(), vec![7u8; 4096]);
     }
-    drop(fc);
-    (direct, daemon)
+    flags
 }
 
 #[test]
 fn the_guests_o_direct_reaches_the_host_only_with_allow_direct_io() {
-    assert!(
-        !open_with_o_direct(&[]).0,
+    let direct = libc::O_DIRECT as u32;
+    assert_eq!(
+        host_open_flags(&[], direct) & direct,
+        0,
         "O_DIRECT kept without --allow-direct-io"
     );
-    assert!(
-        open_with_o_direct(&["--allow-direct-io"]).0,
-        "O_DIRECT dropped with --allow-direct-io"
+    assert_eq!(
+        host_open_flags(&["--allow-direct-io"], direct) & direct,
+        direct
     );
-    assert!(
-        open_with_o_direct(&["-o", "allow_direct_io"]).0,
-        "-o allow_direct_io"
+    assert_eq!(
+        host_open_flags(&["-o", "allow_direct_io"], direct) & direct,
+        direct
+    );
+}
+
+#[test]
+fn the_guests_o_noatime_reaches_the_host_only_with_preserve_noatime() {
+    let noatime = libc::O_NOATIME as u32;
+    assert_eq!(
+        host_open_flags(&[], noatime) & noatime,
+        0,
+        "O_NOATIME kept by default"
+    );
+    assert_eq!(
+        host_open_flags(&["--preserve-noatime"], noatime) & noatime,
+        noatime
     );
 }
 

@@ -243,6 +243,12 @@ pub struct Args {
     #[arg(long, value_name = ":NS_GID:HOST_GID:COUNT:")]
     pub gid_map: Vec<String>,
 
+    /// Keep the guest's O_NOATIME on the host, as in virtiofsd; by default it is
+    /// dropped, since it needs the file's owner or CAP_FOWNER (an unprivileged daemon
+    /// would fail such opens with EPERM).
+    #[arg(long)]
+    pub preserve_noatime: bool,
+
     /// Accepted for virtiofsd compatibility: volfsd always lets the guest map files
     /// shared, with every cache mode.
     #[arg(long)]
@@ -316,6 +322,7 @@ pub struct Config {
     pub id_maps: IdMaps,
     pub allow_direct_io: bool,
     pub readdirplus: bool,
+    pub preserve_noatime: bool,
     /// What the command line's rewriting (virtiofsd_compat) has to tell the operator,
     /// logged once logging is up.
     pub warnings: Vec<String>,
@@ -450,6 +457,7 @@ impl Args {
             id_maps,
             allow_direct_io: self.allow_direct_io,
             readdirplus: !self.no_readdirplus,
+            preserve_noatime: self.preserve_noatime,
             warnings: Vec::new(),
             privileged_xattrs: self.allow_privileged_xattrs,
             log_level: self.log_level.into(),

@@ -18,7 +18,6 @@ use super::ConfigError;
 pub const UNSUPPORTED_FLAGS: &[&str] = &[
     "--xattrmap",
     "--security-label",
-    "--preserve-noatime",
     "--writeback",
     "--killpriv-v2",
     "--modcaps",

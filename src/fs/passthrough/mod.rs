@@ -39,6 +39,10 @@ pub struct PassthroughConfig {
     pub allow_direct_io: bool,
     /// READDIRPLUS offered to the guest (not with `--no-readdirplus`).
     pub readdirplus: bool,
+    /// `--preserve-noatime`: keep the guest's O_NOATIME (else dropped, as virtiofsd
+    /// drops it: it needs the file's owner or CAP_FOWNER, which an unprivileged
+    /// daemon lacks for most files).
+    pub preserve_noatime: bool,
     /// `--posix-acl`: whether to negotiate POSIX ACLs.
     pub posix_acl: AclMode,
     /// `--translate-uid` / `--translate-gid`.
@@ -58,6 +62,7 @@ impl PassthroughConfig {
             file_handles: FileHandleMode::Never,
             allow_direct_io: false,
             readdirplus: true,
+            preserve_noatime: false,
             posix_acl: AclMode::Never,
             uids: IdTranslation::default(),
             gids: IdTranslation::default(),
@@ -478,15 +483,17 @@ impl PassthroughFs {
     /// Flags the host open gets: the guest's, minus what would change confinement or
     /// semantics (`O_NOFOLLOW` is ours to set; `O_DIRECT` is dropped as virtiofsd does,
     /// since guest buffers need not meet the host file system's alignment, unless
-    /// `--allow-direct-io` asks for it).
+    /// `--allow-direct-io` asks for it; `O_NOATIME` unless `--preserve-noatime`).
     fn host_open_flags(&self, flags: u32) -> libc::c_int {
         let flags = flags as libc::c_int;
-        let direct = if self.cfg.allow_direct_io {
-            0
-        } else {
-            libc::O_DIRECT
-        };
-        (flags & !(direct | libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY)) | libc::O_CLOEXEC
+        let mut dropped = libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY;
+        if !self.cfg.allow_direct_io {
+            dropped |= libc::O_DIRECT;
+        }
+        if !self.cfg.preserve_noatime {
+            dropped |= libc::O_NOATIME;
+        }
+        (flags & !dropped) | libc::O_CLOEXEC
     }
 
     /// The attributes of `inode` as the guest sees them, through its open file when
