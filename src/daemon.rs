@@ -144,6 +144,7 @@ fn serve(
             allow_direct_io: config.allow_direct_io,
             readdirplus: config.readdirplus,
             preserve_noatime: config.preserve_noatime,
+            announce_submounts: config.announce_submounts,
             posix_acl: config.posix_acl.into(),
             uids: config.uids.clone(),
             gids: config.gids.clone(),

@@ -303,3 +303,13 @@ fn an_unimplemented_virtiofsd_flag_is_a_fast_exit_1_naming_it() {
         assert!(stderr.contains(named), "{flag}: {stderr}");
     }
 }
+
+#[test]
+fn submounts_are_announced_unless_no_announce_submounts() {
+    let submounts = FsOptions::SUBMOUNTS.bits();
+    let granted = init_with(&Daemon::start("submounts", &[]), FsOptions::empty()).unwrap();
+    assert_eq!(granted & submounts, submounts, "granted {granted:#x}");
+    let d = Daemon::start("no-submounts", &["--no-announce-submounts"]);
+    let granted = init_with(&d, FsOptions::empty()).unwrap();
+    assert_eq!(granted & submounts, 0, "granted {granted:#x}");
+}

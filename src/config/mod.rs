@@ -243,6 +243,16 @@ pub struct Args {
     #[arg(long, value_name = ":NS_GID:HOST_GID:COUNT:")]
     pub gid_map: Vec<String>,
 
+    /// Do not tell the guest which directories are mount points, as in virtiofsd
+    /// (they then share the share's st_dev, and inode numbers of two file systems
+    /// may collide in the guest). `--announce-submounts` is the default.
+    #[arg(long, overrides_with = "announce_submounts")]
+    pub no_announce_submounts: bool,
+
+    /// Tell the guest which directories are mount points (the default).
+    #[arg(long)]
+    pub announce_submounts: bool,
+
     /// Keep the guest's O_NOATIME on the host, as in virtiofsd; by default it is
     /// dropped, since it needs the file's owner or CAP_FOWNER (an unprivileged daemon
     /// would fail such opens with EPERM).
@@ -323,6 +333,7 @@ pub struct Config {
     pub allow_direct_io: bool,
     pub readdirplus: bool,
     pub preserve_noatime: bool,
+    pub announce_submounts: bool,
     /// What the command line's rewriting (virtiofsd_compat) has to tell the operator,
     /// logged once logging is up.
     pub warnings: Vec<String>,
@@ -458,6 +469,7 @@ impl Args {
             allow_direct_io: self.allow_direct_io,
             readdirplus: !self.no_readdirplus,
             preserve_noatime: self.preserve_noatime,
+            announce_submounts: !self.no_announce_submounts,
             warnings: Vec::new(),
             privileged_xattrs: self.allow_privileged_xattrs,
             log_level: self.log_level.into(),
@@ -709,6 +721,21 @@ mod tests {
         assert_eq!(c.cache, CacheMode::Metadata);
         assert_eq!(c.uids.to_host(0).unwrap(), 1000);
         assert!(c.uids.to_host(5).is_err());
+    }
+
+    #[test]
+    fn submounts_are_announced_unless_the_last_word_says_otherwise() {
+        let base = ["--fd=3", "--shared-dir=/tmp"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            parse(&v).unwrap().announce_submounts
+        };
+        assert!(with(&[]));
+        assert!(with(&["-o", "announce_submounts"]));
+        assert!(!with(&["--no-announce-submounts"]));
+        assert!(with(&["--no-announce-submounts", "--announce-submounts"]));
+        assert!(!with(&["--announce-submounts", "--no-announce-submounts"]));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!   `xattr`, `allow_direct_io`, `posix_acl`, `announce_submounts`... and their `no_`
 //!   forms;
 //! - `-f` (no effect), `-d` (debug log level), `--socket` (old name of
-//!   `--socket-path`), `--announce-submounts` (volfsd always announces them);
+//!   `--socket-path`);
 //! - the `--migration-*` flags KubeVirt passes on every launch: accepted with one
 //!   warning, since volfsd offers the VMM no migration feature.
 //!
@@ -22,12 +22,11 @@ pub const UNSUPPORTED_FLAGS: &[&str] = &[
     "--killpriv-v2",
     "--modcaps",
     "--tag",
-    "--no-announce-submounts",
 ];
 
 /// virtiofsd flags that change nothing in volfsd, because it already does what they
 /// ask (or, for `--no-killpriv-v2`, what they ask is virtiofsd's default too).
-const NO_EFFECT_FLAGS: &[&str] = &["--announce-submounts", "--no-killpriv-v2", "-f"];
+const NO_EFFECT_FLAGS: &[&str] = &["--no-killpriv-v2", "-f"];
 
 /// The migration flags, with the values virtiofsd accepts (None: takes no value).
 const MIGRATION_FLAGS: &[(&str, Option<&[&str]>)] = &[
@@ -166,10 +165,9 @@ fn compat_option(opt: &str) -> Result<Vec<String>, ConfigError> {
             "no_allow_direct_io" => flag("--no-allow-direct-io"),
             "posix_acl" => flag("--posix-acl=always"),
             "no_posix_acl" => flag("--posix-acl=never"),
+            "announce_submounts" => flag("--announce-submounts"),
             // volfsd's defaults, which these ask for.
-            "announce_submounts" | "no_writeback" | "no_killpriv_v2" | "no_security_label" => {
-                Ok(Vec::new())
-            }
+            "no_writeback" | "no_killpriv_v2" | "no_security_label" => Ok(Vec::new()),
             // Ignored by virtiofsd too: locks are always served. `posix_lock` and
             // `flock` (the C virtiofsd's, which libvirt still writes) ask for that.
             "no_posix_lock" | "no_flock" | "posix_lock" | "flock" => Ok(Vec::new()),
@@ -229,7 +227,7 @@ mod tests {
                 "-o",
                 "loglevel=err,no_posix_lock,no_flock,announce_submounts"
             ]),
-            ["--log-level=error"]
+            ["--log-level=error", "--announce-submounts"]
         );
     }
 
@@ -241,7 +239,7 @@ mod tests {
                 "/s",
                 "-f",
                 "-d",
-                "--announce-submounts",
+                "--no-killpriv-v2",
                 "--socket=/t"
             ]),
             ["--socket-path=/s", "--log-level=debug", "--socket-path=/t"]

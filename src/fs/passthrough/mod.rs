@@ -39,6 +39,9 @@ pub struct PassthroughConfig {
     pub allow_direct_io: bool,
     /// READDIRPLUS offered to the guest (not with `--no-readdirplus`).
     pub readdirplus: bool,
+    /// Directories on another mount are announced as submounts (FUSE_SUBMOUNTS), as
+    /// virtiofsd does by default; `--no-announce-submounts` turns it off.
+    pub announce_submounts: bool,
     /// `--preserve-noatime`: keep the guest's O_NOATIME (else dropped, as virtiofsd
     /// drops it: it needs the file's owner or CAP_FOWNER, which an unprivileged
     /// daemon lacks for most files).
@@ -63,6 +66,7 @@ impl PassthroughConfig {
             allow_direct_io: false,
             readdirplus: true,
             preserve_noatime: false,
+            announce_submounts: true,
             posix_acl: AclMode::Never,
             uids: IdTranslation::default(),
             gids: IdTranslation::default(),

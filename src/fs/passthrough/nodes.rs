@@ -25,6 +25,11 @@ impl PassthroughFs {
         if self.cfg.cache != CacheMode::None {
             want |= FsOptions::AUTO_INVAL_DATA;
         }
+        // Without FUSE_SUBMOUNTS the guest ignores every ATTR_SUBMOUNT: one st_dev for
+        // the whole share, as virtiofsd gives with --no-announce-submounts.
+        if !self.cfg.announce_submounts {
+            want.remove(FsOptions::SUBMOUNTS);
+        }
         if !self.cfg.readdirplus {
             want.remove(FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO);
         }
