@@ -39,7 +39,7 @@ ASSETS=(
 	/usr/share/bash-completion/completions/volfsd
 	/usr/share/zsh/vendor-completions/_volfsd
 	/usr/share/fish/vendor_completions.d/volfsd.fish
-	/usr/share/qemu/vhost-user/50-volfsd.json
+	/usr/share/qemu/vhost-user/40-volfsd.json
 	/lib/systemd/system/volfsd@.service
 	/lib/systemd/system/volfsd-activated@.socket
 	/lib/systemd/system/volfsd-activated@.service
@@ -199,7 +199,7 @@ fi
 
 # --- QEMU vhost-user descriptor ----------------------------------------------
 
-desc=/usr/share/qemu/vhost-user/50-volfsd.json
+desc=/usr/share/qemu/vhost-user/40-volfsd.json
 dbin=$(jq -er 'select(.type == "fs" and (.description | type == "string")) | .binary' "$desc" 2>/dev/null)
 if [[ -n $dbin && -f $dbin && -x $dbin ]]; then
 	pass "$desc: type fs, binary $dbin exists and is executable"

@@ -31,6 +31,9 @@ SUITES=(
 	"features-qemu       --vmm qemu --suite features"
 	# --translate-uid/--translate-gid seen from the guest
 	"idmap-qemu          --vmm qemu --suite idmap"
+	# Debian's libvirt 9.0 finds volfsd through a vhost-user descriptor, starts it
+	# with its own argument vector for a domain's <filesystem>, the guest uses it
+	"libvirt             run:run-libvirt.sh"
 	# basic suite with volfsd and QEMU run by a non-root user (user namespace)
 	"basic-unprivileged  run:run-unprivileged.sh"
 	# two sandboxes (two VMs, two volfsd) on one volume: A rw, B ro
