@@ -130,6 +130,14 @@ fn serve(
     // Everything else the daemon needs from outside SharedDir is opened before the
     // root changes: /proc/self/fd (the sockets and the log are open already).
     let outside = sandbox::mounts::open_outside()?;
+    // The serving process's own /proc files, for /metrics (there is no /proc inside).
+    let process_files = match &control {
+        Some(_) => Some(
+            crate::metrics::process::ProcessFiles::open()
+                .map_err(|e| format!("sandbox: opening /proc/self/status and stat: {e}"))?,
+        ),
+        None => None,
+    };
     let root = sandbox::change_root(config.sandbox, &config.shared_dir)?;
 
     let stack = crate::fs::build(
@@ -148,6 +156,7 @@ fn serve(
             posix_acl: config.posix_acl.into(),
             uids: config.uids.clone(),
             gids: config.gids.clone(),
+            metrics: config.metrics,
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
@@ -170,12 +179,15 @@ fn serve(
     // The control socket serves before the frontend connects: an agent may attach
     // volumes before the VM boots.
     if let Some(server) = control {
-        let api = Api::new(
+        let mut api = Api::new(
             stack.volumes.clone(),
             config.shared_dir.clone(),
             root.clone(),
             stats.clone(),
         );
+        if let Some(files) = process_files {
+            api = api.with_process_files(files);
+        }
         server
             .spawn(api)
             .map_err(|e| format!("starting the control thread: {e}"))?;
@@ -232,8 +244,11 @@ fn serve(
     for f in socket_files.iter() {
         f.remove();
     }
-    for (q, n) in stats.requests.iter().enumerate() {
-        info!("queue {q}: {} requests served", n.load(Ordering::Relaxed));
+    for (q, n) in stats.queues.iter().enumerate() {
+        info!(
+            "queue {q}: {} requests served",
+            n.served.load(Ordering::Relaxed)
+        );
     }
     match result {
         Ok(()) => {}

@@ -6,4 +6,5 @@ pub mod daemon;
 pub mod device;
 pub mod fs;
 pub mod logging;
+pub mod metrics;
 pub mod sandbox;

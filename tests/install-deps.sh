@@ -34,4 +34,9 @@ if ! command -v juicefs >/dev/null; then
 	command -v pyenv >/dev/null && pyenv rehash 2>/dev/null || true
 	command -v juicefs >/dev/null || { echo "install-deps: juicefs installed but not on PATH" >&2; exit 1; }
 fi
+# prometheus-client: its text-format parser checks GET /metrics (harness/tests/metrics.rs).
+if ! python3 -c 'import prometheus_client.parser' 2>/dev/null; then
+	echo "install-deps: pip install prometheus-client"
+	python3 -m pip install -q prometheus-client || { echo "install-deps: prometheus-client install failed" >&2; exit 1; }
+fi
 echo "install-deps: ok"

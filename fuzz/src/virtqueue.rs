@@ -20,7 +20,7 @@
 //! having served at most the queue's size in chains (a chain loop or a lying avail
 //! index must not keep it going); the read-only volume is unchanged.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -118,7 +118,8 @@ pub fn run_virtqueue(data: &[u8]) {
     let server = Arc::new(FsServer::new(&stack));
     drop(stack);
     let health = QueueHealth::default();
-    let served = AtomicU64::new(0);
+    let counters = queue::QueueCounters::default();
+    let served = &counters.served;
 
     let vring = VringRwLock::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
     vring.set_queue_size(queue_size);
@@ -143,7 +144,7 @@ pub fn run_virtqueue(data: &[u8]) {
         Watchdog::arm(MAX_CALL, "device::queue::process");
         // Errors are the frontend's (an unusable ring): they end the call, not the
         // process, as in the daemon's worker.
-        let _ = queue::process(&server, &st.mem, &vring, index, event_idx, &served, &health);
+        let _ = queue::process(&server, &st.mem, &vring, index, event_idx, &counters, &health);
         Watchdog::disarm();
         let took = t.elapsed();
         let n = served.load(Ordering::Relaxed) - before;

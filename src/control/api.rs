@@ -5,6 +5,7 @@
 //! GET    /volumes          list
 //! GET    /volumes/{name}   one volume
 //! GET    /health           frontend connected, active queues
+//! GET    /metrics          Prometheus text format (metrics/exposition.rs)
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -13,9 +14,12 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
+use super::http;
 use crate::device::DeviceStats;
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path_in, AttachError, ShareInfo, ShareSpec, Volumes};
+use crate::metrics::exposition::{self, Snapshot, VolumeSnapshot};
+use crate::metrics::process::ProcessFiles;
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
 #[derive(Debug, Deserialize)]
@@ -76,9 +80,10 @@ pub struct ErrorBody {
     pub error: String,
 }
 
-/// What an endpoint answers: a status and a JSON body.
+/// What an endpoint answers: a status and a body (JSON, but for `/metrics`).
 pub struct Reply {
     pub status: u16,
+    pub content_type: &'static str,
     pub body: String,
 }
 
@@ -86,6 +91,7 @@ impl Reply {
     fn json<T: Serialize>(status: u16, v: &T) -> Reply {
         Reply {
             status,
+            content_type: http::JSON,
             body: serde_json::to_string(v).unwrap_or_else(|_| "{}".to_string()),
         }
     }
@@ -102,6 +108,8 @@ pub struct Api {
     /// Where the daemon reaches SharedDir now: "/" inside the sandbox.
     local_root: PathBuf,
     device: Arc<DeviceStats>,
+    /// The serving process's /proc files, for its gauges in `/metrics`.
+    process: Option<ProcessFiles>,
 }
 
 impl Api {
@@ -116,7 +124,14 @@ impl Api {
             shared_dir,
             local_root,
             device,
+            process: None,
         }
+    }
+
+    /// With the process gauges (RssAnon, CPU, start time) in `/metrics`.
+    pub fn with_process_files(mut self, files: ProcessFiles) -> Self {
+        self.process = Some(files);
+        self
     }
 
     pub fn handle(&self, method: &str, path: &str, body: &[u8]) -> Reply {
@@ -124,11 +139,12 @@ impl Api {
         let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         match (method, segments.as_slice()) {
             ("GET", ["health"]) => self.health(),
+            ("GET", ["metrics"]) => self.metrics(),
             ("GET", ["volumes"]) => self.list(),
             ("GET", ["volumes", name]) => self.get(name),
             ("PUT", ["volumes", name]) => self.attach(name, body),
             ("DELETE", ["volumes", name]) => self.detach(name),
-            (_, ["health"]) | (_, ["volumes"]) | (_, ["volumes", _]) => {
+            (_, ["health"]) | (_, ["metrics"]) | (_, ["volumes"]) | (_, ["volumes", _]) => {
                 Reply::error(405, format!("{method} is not allowed on {path}"))
             }
             _ => Reply::error(404, format!("no such endpoint: {path}")),
@@ -162,11 +178,45 @@ impl Api {
             &Health {
                 frontend_connected: self.device.connected.load(Ordering::Relaxed),
                 active_queues: self.device.active_queues.load(Ordering::Relaxed),
-                request_queues: self.device.requests.len().saturating_sub(1),
+                request_queues: self.device.queues.len().saturating_sub(1),
                 shared_dir: self.shared_dir.display().to_string(),
                 volumes: self.volumes.list().len(),
             },
         )
+    }
+
+    fn metrics(&self) -> Reply {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let shares = self.volumes.list();
+        let snapshot = Snapshot {
+            volumes: shares
+                .iter()
+                .map(|s| VolumeSnapshot {
+                    name: &s.share.name,
+                    metrics: &s.share.stats.metrics,
+                    bytes_read: load(&s.share.stats.bytes_read),
+                    bytes_written: load(&s.share.stats.bytes_written),
+                    nodes: s.live_inodes,
+                    handles: s.open_handles,
+                    lock_files: s.share.usage.lock_files.load(Ordering::Relaxed),
+                })
+                .collect(),
+            queue_requests: self.device.queues.iter().map(|q| load(&q.served)).collect(),
+            queue_in_flight: self
+                .device
+                .queues
+                .iter()
+                .map(|q| load(&q.in_flight))
+                .collect(),
+            frontend_connected: self.device.connected.load(Ordering::Relaxed),
+            fds: self.volumes.fd_budget(),
+            process: self.process.as_ref().map(ProcessFiles::read),
+        };
+        Reply {
+            status: 200,
+            content_type: exposition::CONTENT_TYPE,
+            body: exposition::render(&snapshot),
+        }
     }
 
     fn list(&self) -> Reply {
@@ -232,6 +282,7 @@ impl Api {
         match self.volumes.detach(name) {
             Some(_) => Reply {
                 status: 204,
+                content_type: http::JSON,
                 body: String::new(),
             },
             None => Reply::error(404, format!("no volume named {name}")),

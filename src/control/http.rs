@@ -192,9 +192,13 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 /// Writes a response with a JSON body (none for 204).
+/// The content type of every reply but `GET /metrics`'s.
+pub const JSON: &str = "application/json";
+
 pub fn write_response(
     stream: &mut impl Write,
     status: u16,
+    content_type: &str,
     body: &str,
     close: bool,
 ) -> io::Result<()> {
@@ -205,7 +209,7 @@ pub fn write_response(
         body.len()
     );
     if !body.is_empty() {
-        msg.push_str("Content-Type: application/json\r\n");
+        msg.push_str(&format!("Content-Type: {content_type}\r\n"));
     }
     if close {
         msg.push_str("Connection: close\r\n");
@@ -265,7 +269,7 @@ mod tests {
     #[test]
     fn response_has_length_and_json_type() {
         let mut out = Vec::new();
-        write_response(&mut out, 201, "{\"a\":1}", true).unwrap();
+        write_response(&mut out, 201, JSON, "{\"a\":1}", true).unwrap();
         let s = String::from_utf8(out).unwrap();
         assert!(s.starts_with("HTTP/1.1 201 Created\r\n"));
         assert!(s.contains("Content-Length: 7\r\n"));

@@ -266,6 +266,7 @@ impl Serving {
             let _ = http::write_response(
                 &mut stream,
                 403,
+                http::JSON,
                 &format!("{{\"error\":\"uid {uid} may not use this socket\"}}"),
                 true,
             );
@@ -277,6 +278,7 @@ impl Serving {
             let _ = http::write_response(
                 &mut stream,
                 503,
+                http::JSON,
                 &format!("{{\"error\":\"more than {MAX_CLIENTS} clients at once\"}}"),
                 true,
             );
@@ -314,7 +316,14 @@ fn serve_client(mut stream: UnixStream, api: &Api) {
                         req.method, req.path, reply.status, reply.body
                     );
                 }
-                if http::write_response(&mut stream, reply.status, &reply.body, req.close).is_err()
+                if http::write_response(
+                    &mut stream,
+                    reply.status,
+                    reply.content_type,
+                    &reply.body,
+                    req.close,
+                )
+                .is_err()
                     || req.close
                 {
                     return;
@@ -324,7 +333,7 @@ fn serve_client(mut stream: UnixStream, api: &Api) {
             Err(http::ReadError::Reply(status, msg)) => {
                 info!("control: bad request -> {status} {msg}");
                 let body = serde_json::json!({ "error": msg }).to_string();
-                let _ = http::write_response(&mut stream, status, &body, true);
+                let _ = http::write_response(&mut stream, status, http::JSON, &body, true);
                 return;
             }
             Err(http::ReadError::Io(e)) => {

@@ -22,6 +22,7 @@ use vmm_sys_util::event::{
 };
 
 use crate::fs::{FsServer, Stack};
+pub use queue::QueueCounters;
 use queue::{QueueHealth, QueueStart};
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
@@ -37,8 +38,8 @@ type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
 /// Live counters of the device, readable from any thread.
 #[derive(Default)]
 pub struct DeviceStats {
-    /// Requests served per queue (index = queue index).
-    pub requests: Vec<AtomicU64>,
+    /// Per queue (index = queue index): requests served and being served.
+    pub queues: Vec<QueueCounters>,
     /// Whether a frontend is connected (set on memory table, cleared on exit).
     pub connected: AtomicBool,
     /// Queues the frontend has started (kicked at least once).
@@ -63,7 +64,7 @@ impl FsBackend {
     pub fn new(stack: &Stack, num_request_queues: usize) -> Self {
         let total = num_request_queues + 1;
         let stats = DeviceStats {
-            requests: (0..total).map(|_| AtomicU64::new(0)).collect(),
+            queues: (0..total).map(|_| QueueCounters::default()).collect(),
             ..Default::default()
         };
         FsBackend {
@@ -208,7 +209,7 @@ impl VhostUserBackend for FsBackend {
             vring,
             index,
             self.event_idx.load(Ordering::Relaxed),
-            &self.stats.requests[index],
+            &self.stats.queues[index],
             health,
         ) {
             warn!("queue {index}: {e}");

@@ -131,6 +131,16 @@ impl QueueHealth {
     }
 }
 
+/// One queue's counters, read by the control API.
+#[derive(Debug, Default)]
+pub struct QueueCounters {
+    /// Requests served.
+    pub served: AtomicU64,
+    /// Requests its worker is serving now (a lock wait handed to a thread of its own
+    /// is not one of them: [`lock_waiters`]).
+    pub in_flight: AtomicU64,
+}
+
 /// A ring rule the frontend broke.
 struct Broken(String);
 
@@ -142,7 +152,7 @@ pub fn process(
     vring: &VringRwLock,
     index: usize,
     event_idx: bool,
-    served: &AtomicU64,
+    counters: &QueueCounters,
     health: &QueueHealth,
 ) -> io::Result<()> {
     if health.is_stopped() {
@@ -159,7 +169,7 @@ pub fn process(
         vring,
         index,
         event_idx,
-        served,
+        counters,
         health.checked_table(),
     );
     match result {
@@ -199,7 +209,7 @@ fn drain(
     vring: &VringRwLock,
     index: usize,
     event_idx: bool,
-    served: &AtomicU64,
+    counters: &QueueCounters,
     table: Option<u64>,
 ) -> Result<u16, DrainError> {
     let mut popped: u16 = 0;
@@ -216,6 +226,7 @@ fn drain(
             };
             popped = popped.wrapping_add(1);
             let head = chain.head_index();
+            counters.in_flight.fetch_add(1, Ordering::Relaxed);
             let len = REQUEST.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 let len = serve_one(server, mem, vring, chain, index, event_idx, &mut buf);
@@ -226,8 +237,10 @@ fn drain(
                     buf.shrink_to(KEPT_REQUEST_CAPACITY);
                 }
                 len
-            })?;
-            served.fetch_add(1, Ordering::Relaxed);
+            });
+            counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            let len = len?;
+            counters.served.fetch_add(1, Ordering::Relaxed);
             let Some(len) = len else {
                 // Handed to a lock-wait thread, which returns it itself.
                 continue;
@@ -459,6 +472,11 @@ fn reply_len(
 /// Lock waits served at once off the queue threads; more get ENOLCK.
 const MAX_LOCK_WAITERS: usize = 64;
 static LOCK_WAITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Lock waits now on threads of their own.
+pub fn lock_waiters() -> usize {
+    LOCK_WAITERS.load(Ordering::Relaxed)
+}
 
 /// Runs a FUSE_SETLKW on a thread of its own: it may block until another guest
 /// process (or another sandbox) unlocks, and the unlock must not queue behind it.

@@ -12,7 +12,8 @@
 //! The rules:
 //! - `pass`: straight to `self.inner`;
 //! - `read(node)` / `write(node)` / `write_if(node, cond)`: through the layer's
-//!   `guard(node, mutates, run)` (the read-only guard: refuse, count);
+//!   `guard(op, node, mutates, run)` (the read-only guard: refuse, count; `op` is the
+//!   method's `metrics::Op`);
 //! - `route(node) => expr`: `expr` when `node` is one of the layer's own
 //!   (`self.owns(node)`: the virtual directories), else to `self.inner`;
 //! - `own => expr`: `expr` always;
@@ -56,14 +57,14 @@ macro_rules! fs_layer {
         if $s.owns($node) { $alt } else { $s.$inner.$name($($arg),*) }
     };
     (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*), read($node:expr)) => {
-        $s.guard($node, false, || $s.$inner.$name($($arg),*))
+        $s.guard($crate::metrics::Op::$name, $node, false, || $s.$inner.$name($($arg),*))
     };
     (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*), write($node:expr)) => {
-        $s.guard($node, true, || $s.$inner.$name($($arg),*))
+        $s.guard($crate::metrics::Op::$name, $node, true, || $s.$inner.$name($($arg),*))
     };
     (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*),
         write_if($node:expr, $cond:expr)) => {
-        $s.guard($node, $cond, || $s.$inner.$name($($arg),*))
+        $s.guard($crate::metrics::Op::$name, $node, $cond, || $s.$inner.$name($($arg),*))
     };
 }
 

@@ -136,6 +136,7 @@ pub fn build(
     cfg: PassthroughConfig,
 ) -> io::Result<Stack> {
     let timeout = cfg.cache.timeout();
+    let metrics = cfg.metrics;
     let inner = Arc::new(PassthroughFs::new(cfg)?);
     let volumes = match shares {
         None => Volumes::whole(inner, shared_dir, readonly)?,
@@ -150,7 +151,7 @@ pub fn build(
             v
         }
     };
-    let fs = Arc::new(ReadOnlyGuard::new(volumes.data_path(timeout)?));
+    let fs = Arc::new(ReadOnlyGuard::new(volumes.data_path(timeout)?, metrics));
     Ok(Stack {
         fs,
         volumes: Arc::new(volumes),

@@ -9,7 +9,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
@@ -23,9 +23,13 @@ use super::share::{Share, ShareStats};
 use super::sys::errno;
 use super::volumes::VolumeFs;
 use super::ExtraOps;
+use crate::metrics::Op;
 
 pub struct ReadOnlyGuard {
     inner: VolumeFs,
+    /// Record each request's operation, duration and errno (`--no-metrics`: only the
+    /// per-volume totals).
+    metrics: bool,
 }
 
 /// Open flags that would let a handle change the file.
@@ -36,34 +40,43 @@ pub fn open_flags_mutate(flags: u32) -> bool {
 }
 
 impl ReadOnlyGuard {
-    pub fn new(inner: VolumeFs) -> Self {
-        ReadOnlyGuard { inner }
+    pub fn new(inner: VolumeFs, metrics: bool) -> Self {
+        ReadOnlyGuard { inner, metrics }
     }
 
     pub fn inner(&self) -> &VolumeFs {
         &self.inner
     }
 
-    /// Runs `run` for a request on `node`: refused with EROFS if it `mutates` a
-    /// read-only volume, and counted for the volume (one lookup of its share).
-    /// Virtual directories belong to no volume and are not counted.
+    /// Runs `run`, the operation `op` on `node`: refused with EROFS if it `mutates`
+    /// a read-only volume, and counted for the volume (one lookup of its share),
+    /// with its duration and errno unless metrics are off. Virtual directories belong
+    /// to no volume and are not counted.
     fn guard<T>(
         &self,
+        op: Op,
         node: u64,
         mutates: bool,
         run: impl FnOnce() -> io::Result<T>,
     ) -> io::Result<T> {
-        let share = self.inner.share_of(node);
-        if let Some(s) = &share {
-            ShareStats::add(&s.stats.ops, 1);
-            if mutates && s.read_only {
-                ShareStats::add(&s.stats.errors, 1);
-                return Err(errno(libc::EROFS));
+        let Some(share) = self.inner.share_of(node) else {
+            return run();
+        };
+        let started = self.metrics.then(Instant::now);
+        ShareStats::add(&share.stats.ops, 1);
+        let r = if mutates && share.read_only {
+            Err(errno(libc::EROFS))
+        } else {
+            run()
+        };
+        if let Err(e) = &r {
+            count_error(Some(&share));
+            if let Some(t) = started {
+                let code = e.raw_os_error().unwrap_or(libc::EIO);
+                share.stats.metrics.record(op, t.elapsed(), Some(code));
             }
-        }
-        let r = run();
-        if r.is_err() {
-            count_error(share.as_deref());
+        } else if let Some(t) = started {
+            share.stats.metrics.record(op, t.elapsed(), None);
         }
         r
     }
@@ -109,7 +122,7 @@ fs_layer! {
     fn rename(ctx: &Context, olddir: u64, oldname: &CStr, newdir: u64, newname: &CStr, flags: u32)
         -> io::Result<()> = own => {
             self.refuse_if_read_only(newdir)?;
-            self.guard(olddir, true, || {
+            self.guard(Op::rename, olddir, true, || {
                 self.inner.rename(ctx, olddir, oldname, newdir, newname, flags)
             })
         };
@@ -172,7 +185,9 @@ impl ExtraOps for ReadOnlyGuard {
         parent: u64,
         args: CreateIn,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
-        self.guard(parent, true, || self.inner.tmpfile(ctx, parent, args))
+        self.guard(Op::tmpfile, parent, true, || {
+            self.inner.tmpfile(ctx, parent, args)
+        })
     }
 
     fn copy_file_range(
@@ -187,7 +202,7 @@ impl ExtraOps for ReadOnlyGuard {
         len: u64,
         flags: u64,
     ) -> io::Result<usize> {
-        self.guard(nodeid_out, true, || {
+        self.guard(Op::copy_file_range, nodeid_out, true, || {
             self.inner.copy_file_range(
                 ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, len, flags,
             )
@@ -195,6 +210,6 @@ impl ExtraOps for ReadOnlyGuard {
     }
 
     fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()> {
-        self.guard(nodeid, false, || self.inner.syncfs(ctx, nodeid))
+        self.guard(Op::syncfs, nodeid, false, || self.inner.syncfs(ctx, nodeid))
     }
 }

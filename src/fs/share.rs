@@ -18,6 +18,8 @@ pub struct ShareStats {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub errors: AtomicU64,
+    /// Per operation and errno class, for `GET /metrics` (unless `--no-metrics`).
+    pub metrics: crate::metrics::VolumeMetrics,
 }
 
 impl ShareStats {

@@ -465,6 +465,11 @@ impl Volumes {
             .collect()
     }
 
+    /// Host fds held for the guest across volumes, and the most it may hold.
+    pub fn fd_budget(&self) -> (usize, usize) {
+        self.inner.fd_budget()
+    }
+
     pub fn get(&self, name: &str) -> Option<ShareInfo> {
         self.registry.get(name).map(|s| self.info(s))
     }

@@ -290,6 +290,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_getdents64, WORKER, "readdir"),
     allow!(SYS_lseek, WORKER, "readdir offsets, lseek (SEEK_DATA/SEEK_HOLE)"),
     allow!(SYS_preadv, WORKER, "read into guest buffers"),
+    allow!(SYS_pread64, CONTROL, "GET /metrics reads /proc/self/status and stat again from offset 0"),
     allow!(SYS_pwritev, WORKER, "write from guest buffers"),
     allow!(SYS_ftruncate, WORKER, "setattr size"),
     allow!(SYS_fallocate, WORKER, "fallocate"),

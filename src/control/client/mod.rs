@@ -50,6 +50,8 @@ pub enum CtlCommand {
     List,
     /// Show one volume's counters, or all volumes' and the device's health.
     Stats { name: Option<String> },
+    /// Print the Prometheus metrics (GET /metrics).
+    Metrics,
 }
 
 mod bind;
@@ -82,6 +84,14 @@ pub fn run(args: CtlArgs) -> Result<String, String> {
             let vols: Vec<VolumeInfo> =
                 serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
             Ok(table(&vols))
+        }
+        CtlCommand::Metrics => {
+            let r = expect(
+                request(&socket, "GET", "/metrics", None)?,
+                &[200],
+                "metrics",
+            )?;
+            Ok(r.body.trim_end().to_string())
         }
         CtlCommand::Stats { name } => {
             let path = match &name {

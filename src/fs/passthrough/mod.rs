@@ -51,6 +51,9 @@ pub struct PassthroughConfig {
     /// `--translate-uid` / `--translate-gid`.
     pub uids: IdTranslation,
     pub gids: IdTranslation,
+    /// Per-operation metrics kept by the read-only guard built over this layer (not
+    /// with `--no-metrics`); the stack's one switch, so it travels with its config.
+    pub metrics: bool,
 }
 
 impl PassthroughConfig {
@@ -70,6 +73,7 @@ impl PassthroughConfig {
             posix_acl: AclMode::Never,
             uids: IdTranslation::default(),
             gids: IdTranslation::default(),
+            metrics: true,
         }
     }
 }

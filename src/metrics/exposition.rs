@@ -1,0 +1,327 @@
+//! The Prometheus text exposition format (version 0.0.4) of a metrics snapshot:
+//! one `# HELP` and `# TYPE` per family, base units (seconds, bytes), `_total` on
+//! counters, label values escaped.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use super::process::ProcessStats;
+use super::{Op, VolumeMetrics, DURATION_BUCKETS, ERRNO_CLASSES, OTHER_ERRNO};
+
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One attached volume.
+pub struct VolumeSnapshot<'a> {
+    pub name: &'a str,
+    pub metrics: &'a VolumeMetrics,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub nodes: usize,
+    pub handles: usize,
+    pub lock_files: usize,
+}
+
+/// Everything one scrape shows.
+pub struct Snapshot<'a> {
+    pub volumes: Vec<VolumeSnapshot<'a>>,
+    /// Per request queue: requests served, and being served now.
+    pub queue_requests: Vec<u64>,
+    pub queue_in_flight: Vec<u64>,
+    pub frontend_connected: bool,
+    /// Host fds held for the guest across volumes, and the most it may hold.
+    pub fds: (usize, usize),
+    pub process: Option<ProcessStats>,
+}
+
+/// A family with one sample per volume: name, type, help, and its value.
+type PerVolumeFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&VolumeSnapshot) -> u64,
+);
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+pub fn render(s: &Snapshot) -> String {
+    let mut out = String::with_capacity(4096 + s.volumes.len() * 8192);
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+
+    family(
+        &mut out,
+        "volfsd_requests_total",
+        "counter",
+        "FUSE requests served, by volume, operation and result.",
+    );
+    for v in &s.volumes {
+        let vol = escape(v.name);
+        for op in Op::ALL {
+            let m = &v.metrics.ops[op as usize];
+            let (ok, err) = (load(&m.ok), load(&m.errors));
+            if ok + err == 0 {
+                continue;
+            }
+            for (result, n) in [("ok", ok), ("error", err)] {
+                let _ = writeln!(
+                    out,
+                    "volfsd_requests_total{{volume=\"{vol}\",op=\"{}\",result=\"{result}\"}} {n}",
+                    op.name()
+                );
+            }
+        }
+    }
+
+    family(
+        &mut out,
+        "volfsd_request_duration_seconds",
+        "histogram",
+        "How long FUSE requests took in the daemon, by volume and operation.",
+    );
+    for v in &s.volumes {
+        let vol = escape(v.name);
+        for op in Op::ALL {
+            let m = &v.metrics.ops[op as usize];
+            let count: u64 = m.buckets.iter().map(load).sum();
+            if count == 0 {
+                continue;
+            }
+            let labels = format!("volume=\"{vol}\",op=\"{}\"", op.name());
+            let mut cumulative = 0;
+            for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
+                cumulative += load(&m.buckets[i]);
+                let _ = writeln!(
+                    out,
+                    "volfsd_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "volfsd_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
+            );
+            let sum = load(&m.duration_nanos) as f64 / 1e9;
+            let _ = writeln!(out, "volfsd_request_duration_seconds_sum{{{labels}}} {sum}");
+            let _ = writeln!(
+                out,
+                "volfsd_request_duration_seconds_count{{{labels}}} {count}"
+            );
+        }
+    }
+
+    family(
+        &mut out,
+        "volfsd_request_errors_total",
+        "counter",
+        "Failed FUSE requests, by volume and errno class.",
+    );
+    for v in &s.volumes {
+        let vol = escape(v.name);
+        for (i, counter) in v.metrics.errnos.iter().enumerate() {
+            let n = load(counter);
+            if n == 0 {
+                continue;
+            }
+            let class = if i == OTHER_ERRNO {
+                "other"
+            } else {
+                ERRNO_CLASSES[i].1
+            };
+            let _ = writeln!(
+                out,
+                "volfsd_request_errors_total{{volume=\"{vol}\",errno=\"{class}\"}} {n}"
+            );
+        }
+    }
+
+    let per_volume: [PerVolumeFamily; 5] = [
+        (
+            "volfsd_read_bytes_total",
+            "counter",
+            "Bytes the guest read from the volume.",
+            |v| v.bytes_read,
+        ),
+        (
+            "volfsd_written_bytes_total",
+            "counter",
+            "Bytes the guest wrote to the volume.",
+            |v| v.bytes_written,
+        ),
+        (
+            "volfsd_volume_nodes",
+            "gauge",
+            "Node ids the guest holds in the volume.",
+            |v| v.nodes as u64,
+        ),
+        (
+            "volfsd_volume_open_handles",
+            "gauge",
+            "Files and directories the guest holds open in the volume.",
+            |v| v.handles as u64,
+        ),
+        (
+            "volfsd_volume_lock_files",
+            "gauge",
+            "Files carrying a guest process's POSIX locks in the volume.",
+            |v| v.lock_files as u64,
+        ),
+    ];
+    for (name, kind, help, get) in per_volume {
+        family(&mut out, name, kind, help);
+        for v in &s.volumes {
+            let _ = writeln!(out, "{name}{{volume=\"{}\"}} {}", escape(v.name), get(v));
+        }
+    }
+
+    family(
+        &mut out,
+        "volfsd_volumes_attached",
+        "gauge",
+        "Volumes the guest sees.",
+    );
+    let _ = writeln!(out, "volfsd_volumes_attached {}", s.volumes.len());
+    family(
+        &mut out,
+        "volfsd_fds_held",
+        "gauge",
+        "Host file descriptors held for the guest, all volumes.",
+    );
+    let _ = writeln!(out, "volfsd_fds_held {}", s.fds.0);
+    family(
+        &mut out,
+        "volfsd_fds_max",
+        "gauge",
+        "The most host file descriptors the guest may hold.",
+    );
+    let _ = writeln!(out, "volfsd_fds_max {}", s.fds.1);
+    family(
+        &mut out,
+        "volfsd_frontend_connected",
+        "gauge",
+        "1 while a VMM is connected.",
+    );
+    let _ = writeln!(
+        out,
+        "volfsd_frontend_connected {}",
+        u8::from(s.frontend_connected)
+    );
+
+    family(
+        &mut out,
+        "volfsd_queue_requests_total",
+        "counter",
+        "Requests served, by request queue.",
+    );
+    for (q, n) in s.queue_requests.iter().enumerate() {
+        let _ = writeln!(out, "volfsd_queue_requests_total{{queue=\"{q}\"}} {n}");
+    }
+    family(
+        &mut out,
+        "volfsd_queue_in_flight_requests",
+        "gauge",
+        "Requests being served now, by request queue.",
+    );
+    for (q, n) in s.queue_in_flight.iter().enumerate() {
+        let _ = writeln!(out, "volfsd_queue_in_flight_requests{{queue=\"{q}\"}} {n}");
+    }
+
+    if let Some(p) = &s.process {
+        family(
+            &mut out,
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time of the serving process.",
+        );
+        let _ = writeln!(out, "process_cpu_seconds_total {}", p.cpu_seconds);
+        family(
+            &mut out,
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the serving process, seconds since the Unix epoch.",
+        );
+        let _ = writeln!(out, "process_start_time_seconds {}", p.start_time_seconds);
+        family(
+            &mut out,
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory (VmRSS; includes guest RAM touched through the shared mapping).",
+        );
+        let _ = writeln!(out, "process_resident_memory_bytes {}", p.resident_bytes);
+        family(
+            &mut out,
+            "volfsd_process_rss_anon_bytes",
+            "gauge",
+            "Anonymous resident memory (RssAnon): the daemon's own.",
+        );
+        let _ = writeln!(out, "volfsd_process_rss_anon_bytes {}", p.rss_anon_bytes);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_snapshot_renders_every_family_once_with_cumulative_buckets() {
+        let m = VolumeMetrics::default();
+        m.record(Op::lookup, Duration::from_micros(20), None);
+        m.record(Op::lookup, Duration::from_millis(3), Some(libc::ENOENT));
+        let s = Snapshot {
+            volumes: vec![VolumeSnapshot {
+                name: "data",
+                metrics: &m,
+                bytes_read: 4096,
+                bytes_written: 0,
+                nodes: 3,
+                handles: 1,
+                lock_files: 0,
+            }],
+            queue_requests: vec![7, 0],
+            queue_in_flight: vec![1, 0],
+            frontend_connected: true,
+            fds: (4, 1000),
+            process: None,
+        };
+        let text = render(&s);
+        assert!(
+            text.contains("volfsd_requests_total{volume=\"data\",op=\"lookup\",result=\"ok\"} 1\n")
+        );
+        assert!(text
+            .contains("volfsd_requests_total{volume=\"data\",op=\"lookup\",result=\"error\"} 1\n"));
+        assert!(text.contains("volfsd_request_duration_seconds_bucket{volume=\"data\",op=\"lookup\",le=\"0.000025\"} 1\n"));
+        assert!(text.contains("volfsd_request_duration_seconds_bucket{volume=\"data\",op=\"lookup\",le=\"0.005\"} 2\n"));
+        assert!(text
+            .contains("volfsd_request_duration_seconds_count{volume=\"data\",op=\"lookup\"} 2\n"));
+        assert!(text.contains("volfsd_request_errors_total{volume=\"data\",errno=\"ENOENT\"} 1\n"));
+        assert!(text.contains("volfsd_read_bytes_total{volume=\"data\"} 4096\n"));
+        assert!(text.contains("volfsd_queue_in_flight_requests{queue=\"0\"} 1\n"));
+        assert!(
+            !text.contains("op=\"read\""),
+            "unused operations are left out"
+        );
+        let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), types, "a family twice");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

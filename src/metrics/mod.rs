@@ -1,0 +1,313 @@
+//! Per-volume request metrics, exported in Prometheus's text format by the control
+//! API (`GET /metrics`, `exposition.rs`).
+//!
+//! Each volume counts, per FUSE operation ([`Op`]): requests that succeeded and
+//! that failed, and their durations in a histogram with fixed buckets; and, per errno
+//! class ([`ErrnoClass`]), its errors. The read-only guard, where every request is
+//! already counted for its volume, records them (`fs/readonly.rs`). Every label
+//! comes from a bounded set: operations and errno classes are enumerated here, and
+//! volumes are bounded by the attach limit. All counters are relaxed atomics: one
+//! add per counter per request, no lock.
+
+pub mod exposition;
+pub mod process;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The FUSE operations counted per volume, named as the `op` label shows them.
+/// Variant names are the `FileSystem` method names, so that the `fs_layer!` table
+/// of the read-only guard names each line's operation by its method.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+#[repr(usize)]
+pub enum Op {
+    lookup,
+    getattr,
+    setattr,
+    readlink,
+    symlink,
+    mknod,
+    mkdir,
+    unlink,
+    rmdir,
+    rename,
+    link,
+    open,
+    create,
+    read,
+    write,
+    flush,
+    fsync,
+    fallocate,
+    release,
+    statfs,
+    setxattr,
+    getxattr,
+    listxattr,
+    removexattr,
+    opendir,
+    readdir,
+    readdirplus,
+    fsyncdir,
+    releasedir,
+    access,
+    lseek,
+    getlk,
+    setlk,
+    setlkw,
+    tmpfile,
+    copy_file_range,
+    syncfs,
+}
+
+impl Op {
+    pub const ALL: [Op; 37] = [
+        Op::lookup,
+        Op::getattr,
+        Op::setattr,
+        Op::readlink,
+        Op::symlink,
+        Op::mknod,
+        Op::mkdir,
+        Op::unlink,
+        Op::rmdir,
+        Op::rename,
+        Op::link,
+        Op::open,
+        Op::create,
+        Op::read,
+        Op::write,
+        Op::flush,
+        Op::fsync,
+        Op::fallocate,
+        Op::release,
+        Op::statfs,
+        Op::setxattr,
+        Op::getxattr,
+        Op::listxattr,
+        Op::removexattr,
+        Op::opendir,
+        Op::readdir,
+        Op::readdirplus,
+        Op::fsyncdir,
+        Op::releasedir,
+        Op::access,
+        Op::lseek,
+        Op::getlk,
+        Op::setlk,
+        Op::setlkw,
+        Op::tmpfile,
+        Op::copy_file_range,
+        Op::syncfs,
+    ];
+
+    /// The `op` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::lookup => "lookup",
+            Op::getattr => "getattr",
+            Op::setattr => "setattr",
+            Op::readlink => "readlink",
+            Op::symlink => "symlink",
+            Op::mknod => "mknod",
+            Op::mkdir => "mkdir",
+            Op::unlink => "unlink",
+            Op::rmdir => "rmdir",
+            Op::rename => "rename",
+            Op::link => "link",
+            Op::open => "open",
+            Op::create => "create",
+            Op::read => "read",
+            Op::write => "write",
+            Op::flush => "flush",
+            Op::fsync => "fsync",
+            Op::fallocate => "fallocate",
+            Op::release => "release",
+            Op::statfs => "statfs",
+            Op::setxattr => "setxattr",
+            Op::getxattr => "getxattr",
+            Op::listxattr => "listxattr",
+            Op::removexattr => "removexattr",
+            Op::opendir => "opendir",
+            Op::readdir => "readdir",
+            Op::readdirplus => "readdirplus",
+            Op::fsyncdir => "fsyncdir",
+            Op::releasedir => "releasedir",
+            Op::access => "access",
+            Op::lseek => "lseek",
+            Op::getlk => "getlk",
+            Op::setlk => "setlk",
+            Op::setlkw => "setlkw",
+            Op::tmpfile => "tmpfile",
+            Op::copy_file_range => "copy_file_range",
+            Op::syncfs => "syncfs",
+        }
+    }
+}
+
+/// The errno classes errors are counted by: the ones a guest meets in normal use by
+/// name, the rest as `other`.
+pub const ERRNO_CLASSES: [(i32, &str); 22] = [
+    (libc::ENOENT, "ENOENT"),
+    (libc::EACCES, "EACCES"),
+    (libc::EPERM, "EPERM"),
+    (libc::EEXIST, "EEXIST"),
+    (libc::ENOTEMPTY, "ENOTEMPTY"),
+    (libc::ENOTDIR, "ENOTDIR"),
+    (libc::EISDIR, "EISDIR"),
+    (libc::EROFS, "EROFS"),
+    (libc::ENOSPC, "ENOSPC"),
+    (libc::EDQUOT, "EDQUOT"),
+    (libc::EIO, "EIO"),
+    (libc::EBADF, "EBADF"),
+    (libc::EINVAL, "EINVAL"),
+    (libc::ENFILE, "ENFILE"),
+    (libc::ESTALE, "ESTALE"),
+    (libc::ENODATA, "ENODATA"),
+    (libc::EAGAIN, "EAGAIN"),
+    (libc::EOPNOTSUPP, "EOPNOTSUPP"),
+    (libc::ENOSYS, "ENOSYS"),
+    (libc::EXDEV, "EXDEV"),
+    (libc::EINTR, "EINTR"),
+    (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+];
+/// The index of `other` among the classes.
+pub const OTHER_ERRNO: usize = ERRNO_CLASSES.len();
+
+/// The class of an errno: its index in [`ERRNO_CLASSES`], or [`OTHER_ERRNO`].
+pub fn errno_class(errno: i32) -> usize {
+    ERRNO_CLASSES
+        .iter()
+        .position(|&(e, _)| e == errno)
+        .unwrap_or(OTHER_ERRNO)
+}
+
+/// The histogram's upper bounds, in seconds (the `le` label), from 10 µs (a cached
+/// getattr) to 10 s (a backend that stalls); slower requests land in `+Inf` only.
+pub const DURATION_BUCKETS: [f64; 16] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.5, 1.0, 10.0,
+];
+/// The same bounds in nanoseconds, for the request path.
+const BUCKET_NANOS: [u64; 16] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+    500_000_000,
+    1_000_000_000,
+    10_000_000_000,
+];
+
+/// One operation's counters on one volume.
+#[derive(Default)]
+pub struct OpMetrics {
+    pub ok: AtomicU64,
+    pub errors: AtomicU64,
+    /// Requests per bucket, not cumulative (the exposition adds them up); the last
+    /// one is above every bound.
+    pub buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    pub duration_nanos: AtomicU64,
+}
+
+/// Every counter of one volume.
+pub struct VolumeMetrics {
+    pub ops: [OpMetrics; Op::ALL.len()],
+    pub errnos: [AtomicU64; ERRNO_CLASSES.len() + 1],
+}
+
+impl Default for VolumeMetrics {
+    fn default() -> Self {
+        VolumeMetrics {
+            ops: std::array::from_fn(|_| OpMetrics::default()),
+            errnos: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl VolumeMetrics {
+    /// Counts one request: its operation, how long it took, and its errno (None: it
+    /// succeeded).
+    pub fn record(&self, op: Op, took: Duration, errno: Option<i32>) {
+        let m = &self.ops[op as usize];
+        match errno {
+            None => m.ok.fetch_add(1, Ordering::Relaxed),
+            Some(e) => {
+                self.errnos[errno_class(e)].fetch_add(1, Ordering::Relaxed);
+                m.errors.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = BUCKET_NANOS
+            .iter()
+            .position(|&b| nanos <= b)
+            .unwrap_or(BUCKET_NANOS.len());
+        m.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        m.duration_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_is_listed_once_with_its_own_name() {
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{op:?} out of order");
+        }
+        let mut names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Op::ALL.len());
+        assert_eq!(
+            format!("{:?}", Op::copy_file_range),
+            Op::copy_file_range.name()
+        );
+    }
+
+    #[test]
+    fn bucket_bounds_agree() {
+        for (s, n) in DURATION_BUCKETS.iter().zip(BUCKET_NANOS) {
+            assert_eq!((s * 1e9).round() as u64, n);
+        }
+        assert!(BUCKET_NANOS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_request_lands_in_its_bucket_and_class() {
+        let m = VolumeMetrics::default();
+        m.record(Op::read, Duration::from_micros(30), None);
+        m.record(Op::read, Duration::from_micros(10), Some(libc::ENOENT));
+        m.record(Op::read, Duration::from_secs(60), Some(libc::E2BIG));
+        let r = &m.ops[Op::read as usize];
+        assert_eq!(r.ok.load(Ordering::Relaxed), 1);
+        assert_eq!(r.errors.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            r.buckets[0].load(Ordering::Relaxed),
+            1,
+            "10 µs is in the first bucket"
+        );
+        assert_eq!(
+            r.buckets[2].load(Ordering::Relaxed),
+            1,
+            "30 µs is under 50 µs"
+        );
+        assert_eq!(r.buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed), 1);
+        assert_eq!(
+            m.errnos[errno_class(libc::ENOENT)].load(Ordering::Relaxed),
+            1
+        );
+        assert_eq!(m.errnos[OTHER_ERRNO].load(Ordering::Relaxed), 1);
+    }
+}
