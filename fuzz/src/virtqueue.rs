@@ -144,7 +144,9 @@ pub fn run_virtqueue(data: &[u8]) {
         Watchdog::arm(MAX_CALL, "device::queue::process");
         // Errors are the frontend's (an unusable ring): they end the call, not the
         // process, as in the daemon's worker.
-        let _ = queue::process(&server, &st.mem, &vring, index, event_idx, &counters, &health);
+        let _ = queue::process(
+            &server, &st.mem, &vring, index, event_idx, &counters, &health,
+        );
         Watchdog::disarm();
         let took = t.elapsed();
         let n = served.load(Ordering::Relaxed) - before;
