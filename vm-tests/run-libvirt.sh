@@ -78,6 +78,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=runner-lib.sh
+. "$HERE/runner-lib.sh"
 
 DAEMON="$REPO/target/release/volfsd"
 LOG_DIR="$REPO/build/vm-logs/libvirt"
@@ -147,38 +149,12 @@ parse_args() {
 
 # ---------------------------------------------------------------- results
 
-result_line() {
-	case "$1" in
-	"VMTEST PASS "*) PASSED=$((PASSED + 1)) ;;
-	"VMTEST FAIL "*) FAILED=$((FAILED + 1)) ;;
-	esac
-	echo "  $1"
-}
-pass() { result_line "VMTEST PASS $1"; }
-fail() { result_line "VMTEST FAIL $1: $2"; }
 info() { echo "  VMTEST INFO $*"; }
 
-serial_results() { tr -d '\r' <"$1" 2>/dev/null | grep -a '^VMTEST ' || true; }
 
-show_tail() { # show_tail FILE TITLE
-	[[ -s $1 ]] || return 0
-	echo "---- last lines of $2 ($1) ----"
-	tail -n 25 "$1" | tr -d '\r' | sed 's/^/  | /'
-}
 
 # ---------------------------------------------------------------- host setup
 
-ensure_packages() {
-	local missing=() p
-	for p in "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-	done
-	[[ ${#missing[@]} -eq 0 ]] && return 0
-	say "installing ${missing[*]}"
-	apt-get update -qq || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
-		die "apt-get install ${missing[*]} failed"
-}
 
 make_dir() { # make_dir DIR: mkdir -p, remembering each dir it created
 	local d=$1 todo=()
@@ -336,17 +312,6 @@ start_libvirtd() {
 	die "the private libvirtd did not come up"
 }
 
-stop_pid() { # stop_pid PID: TERM, then KILL after 10 s
-	local pid=$1 i
-	[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
-	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 100); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-}
 
 domain_running() { [[ -n ${VIRSH[*]} ]] && "${VIRSH[@]}" domid "$DOMAIN" >/dev/null 2>&1; }
 
@@ -375,11 +340,11 @@ cleanup() {
 	if domain_running; then
 		"${VIRSH[@]}" destroy "$DOMAIN" >/dev/null 2>&1 || true
 	fi
-	stop_pid "$LIBVIRTD_PID"
+	stop_pid "$LIBVIRTD_PID" 10
 	# Whatever libvirt started for this domain and left behind.
 	for p in $(qemu_pids) $(daemon_pids); do
 		say "stopping leftover process $p ($(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-100))"
-		stop_pid "$p"
+		stop_pid "$p" 10
 	done
 	remove_descriptor
 	for ((i = ${#CREATED_DIRS[@]} - 1; i >= 0; i--)); do
@@ -677,7 +642,7 @@ main() {
 	local t_all=$SECONDS
 	trap cleanup EXIT
 	trap 'exit 130' INT TERM
-	ensure_packages qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
+	ensure_packages --no-install-recommends qemu-system-x86 libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients
 	LIBVIRT_VERSION=$(libvirtd --version | awk '{print $NF}')
 	say "libvirt $LIBVIRT_VERSION ($(dpkg-query -W -f='${Version}' libvirt-daemon)), $(qemu-system-x86_64 --version | head -n 1)"
 	"$HERE/build-guest.sh" --quiet >/dev/null || die "build-guest.sh failed"

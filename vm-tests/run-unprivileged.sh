@@ -44,6 +44,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=runner-lib.sh
+. "$HERE/runner-lib.sh"
 
 DAEMON="$REPO/target/release/volfsd"
 RUN_USER=volfsd-vmtest
@@ -87,17 +89,6 @@ parse_args() {
 	DAEMON=$(readlink -f "$DAEMON")
 }
 
-ensure_packages() {
-	local missing=() p
-	for p in "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-	done
-	[[ ${#missing[@]} -eq 0 ]] && return 0
-	say "installing ${missing[*]}"
-	apt-get update -qq || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
-		die "apt-get install ${missing[*]} failed"
-}
 
 ensure_user() {
 	if ! id -u "$RUN_USER" >/dev/null 2>&1; then
@@ -163,8 +154,6 @@ cleanup() {
 
 PASSED=0
 FAILED=0
-pass() { echo "  VMTEST PASS $1"; PASSED=$((PASSED + 1)); }
-fail() { echo "  VMTEST FAIL $1: $2"; FAILED=$((FAILED + 1)); }
 check() { # check NAME WANT GOT WHAT
 	if [[ $3 == "$2" ]]; then pass "$1"; else fail "$1" "$4: got '$3', want '$2'"; fi
 }

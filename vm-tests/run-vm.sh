@@ -54,6 +54,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=runner-lib.sh
+. "$HERE/runner-lib.sh"
 
 VMM=qemu
 DAEMON="$REPO/target/release/volfsd"
@@ -142,17 +144,6 @@ parse_args() {
 
 # ---------------------------------------------------------------- cleanup
 
-stop_pid() { # stop_pid PID: TERM, then KILL after 5 s
-	local pid=$1 i
-	[[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
-	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-}
 
 # Mounts a suite left under the temp dir (e.g. bind mounts made through the
 # control socket), deepest first, so rm -rf never reaches into a bind source.
@@ -181,22 +172,9 @@ cleanup() {
 
 # ---------------------------------------------------------------- results
 
-result_line() { # result_line "VMTEST PASS|FAIL ...": print and count
-	local line=$1
-	case "$line" in
-	"VMTEST PASS "*) PASSED=$((PASSED + 1)) ;;
-	"VMTEST FAIL "*) FAILED=$((FAILED + 1)) ;;
-	esac
-	echo "  $line"
-}
 
-pass() { result_line "VMTEST PASS $1"; }
-fail() { result_line "VMTEST FAIL $1: $2"; }
 
 # Complete VMTEST lines of the serial log, without the tty's carriage returns.
-serial_results() {
-	tr -d '\r' <"$1" | grep -a '^VMTEST ' || true
-}
 
 PRINTED=0
 # Print the result lines that arrived since the last call (live progress);
@@ -211,26 +189,9 @@ print_progress() {
 	fi
 }
 
-show_tail() { # show_tail FILE TITLE
-	[[ -s $1 ]] || return 0
-	echo "---- last lines of $2 ($1) ----"
-	tail -n 25 "$1" | tr -d '\r' | sed 's/^/  | /'
-}
 
 # ---------------------------------------------------------------- host setup
 
-ensure_packages() {
-	local missing=() p
-	for p in "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-	done
-	[[ ${#missing[@]} -eq 0 ]] && return 0
-	[[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]} (run as root to install them)"
-	say "installing ${missing[*]}"
-	apt-get update -qq || die "apt-get update failed"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" ||
-		die "apt-get install ${missing[*]} failed"
-}
 
 # Hardware virtualization: /dev/kvm alone is not enough here (a software
 # hypervisor can provide it without being able to boot a stock kernel).
