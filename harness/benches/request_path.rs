@@ -2,7 +2,8 @@
 //! written into an in-process `GuestMemoryMmap`, descriptor chains built with
 //! virtio-queue's mock driver, served by `FsServer::handle` exactly as a
 //! queue worker does (`Reader::from_descriptor_chain` + `VirtioFsWriter`).
-//! Plus the control API's attach/detach round trip.
+//! The same again with `--no-metrics` (group `request_path_no_metrics`). Plus the
+//! control API's attach/detach round trip.
 //!
 //! Run: cargo bench --bench request_path
 
@@ -185,8 +186,23 @@ mod tempdir {
 }
 
 fn request_path(c: &mut Criterion) {
+    request_path_with(c, "request_path", true);
+}
+
+/// The same with `--no-metrics`: what per-operation metrics cost per request.
+fn request_path_no_metrics(c: &mut Criterion) {
+    request_path_with(c, "request_path_no_metrics", false);
+}
+
+fn request_path_with(c: &mut Criterion, group: &str, metrics: bool) {
     let dir = shared_dir();
-    let fs = fs::build(dir.path(), None, false, cfg()).unwrap();
+    let fs = fs::build(
+        dir.path(),
+        None,
+        false,
+        PassthroughConfig { metrics, ..cfg() },
+    )
+    .unwrap();
     let server = FsServer::new(&fs);
     let mem = Mem::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap();
 
@@ -239,7 +255,7 @@ fn request_path(c: &mut Criterion) {
         call(&server, &mem, p);
     }
 
-    let mut g = c.benchmark_group("request_path");
+    let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(1));
     g.bench_function("lookup", |b| {
         b.iter(|| black_box(serve(&server, &mem, &lookup)))
@@ -285,5 +301,5 @@ fn control_api(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, request_path, control_api);
+criterion_group!(benches, request_path, request_path_no_metrics, control_api);
 criterion_main!(benches);

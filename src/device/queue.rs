@@ -213,6 +213,7 @@ fn drain(
     table: Option<u64>,
 ) -> Result<u16, DrainError> {
     let mut popped: u16 = 0;
+    crate::metrics::start_batch();
     loop {
         if event_idx {
             vring.disable_notification().map_err(queue_err(index))?;

@@ -9,7 +9,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
@@ -23,7 +23,7 @@ use super::share::{Share, ShareStats};
 use super::sys::errno;
 use super::volumes::VolumeFs;
 use super::ExtraOps;
-use crate::metrics::Op;
+use crate::metrics::{self, Op};
 
 pub struct ReadOnlyGuard {
     inner: VolumeFs,
@@ -62,7 +62,7 @@ impl ReadOnlyGuard {
         let Some(share) = self.inner.share_of(node) else {
             return run();
         };
-        let started = self.metrics.then(Instant::now);
+        let started = self.metrics.then(metrics::request_clock);
         ShareStats::add(&share.stats.ops, 1);
         let r = if mutates && share.read_only {
             Err(errno(libc::EROFS))
@@ -73,10 +73,16 @@ impl ReadOnlyGuard {
             count_error(Some(&share));
             if let Some(t) = started {
                 let code = e.raw_os_error().unwrap_or(libc::EIO);
-                share.stats.metrics.record(op, t.elapsed(), Some(code));
+                share
+                    .stats
+                    .metrics
+                    .record(op, metrics::request_done(t), Some(code));
             }
         } else if let Some(t) = started {
-            share.stats.metrics.record(op, t.elapsed(), None);
+            share
+                .stats
+                .metrics
+                .record(op, metrics::request_done(t), None);
         }
         r
     }
