@@ -29,7 +29,7 @@ pub fn run(config: Config) -> Result<(), String> {
     .collect();
     sandbox::malloc::fix_arena_limit()?;
     // Logging starts before the sandbox: it may connect to /dev/log.
-    crate::logging::init(config.log_level, config.syslog)?;
+    crate::logging::init(config.log_level, config.syslog, config.log_format)?;
     for w in &config.warnings {
         log::warn!("{w}");
     }

@@ -15,6 +15,12 @@
 //!
 //! A record below the level is never formatted. The syslog writer is a few lines over
 //! `/dev/log` (RFC 3164 framing), which is all a daemon needs.
+//!
+//! A line written while a thread serves a volume's request carries that volume and
+//! operation (`fs::readonly::with_current_request`): ` volume=NAME op=OP` at the end
+//! of a text line, the fields `volume` and `op` of a JSON line (`--log-format json`:
+//! one object per line, with `time`, `level`, `target`, `message`, and the two
+//! fields when there is a request).
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
@@ -41,13 +47,28 @@ fn connect_syslog() -> std::io::Result<UnixDatagram> {
     Ok(sock)
 }
 
-fn stderr_sink() -> Sink {
-    Sink::Stderr(
-        env_logger::Builder::new()
-            .filter_level(LevelFilter::Trace)
-            .format_timestamp_millis()
-            .build(),
-    )
+fn stderr_sink(format: LogFormat) -> Sink {
+    let mut b = env_logger::Builder::new();
+    b.filter_level(LevelFilter::Trace);
+    match format {
+        LogFormat::Text => b.format_timestamp_millis(),
+        // The whole JSON object is the message: written as it is.
+        LogFormat::Json => b.format(|buf, record| {
+            use std::io::Write;
+            writeln!(buf, "{}", record.args())
+        }),
+    };
+    Sink::Stderr(b.build())
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub enum LogFormat {
+    /// env_logger's lines (syslog's framing with `--syslog`).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Crates whose log records can carry guest payloads; demoted to debug.
@@ -59,7 +80,7 @@ pub const SYSLOG_SOCKET: &str = "/dev/log";
 /// Sets the process logger. With `--syslog` and no syslog daemon listening on
 /// [`SYSLOG_SOCKET`] (a container or a minimal host), logs go to stderr after one
 /// warning, as virtiofsd does: Kata always passes `--syslog`.
-pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
+pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), String> {
     let (sink, fallback) = if syslog {
         match connect_syslog() {
             Ok(sock) => (
@@ -69,12 +90,12 @@ pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
                 },
                 None,
             ),
-            Err(e) => (stderr_sink(), Some(e)),
+            Err(e) => (stderr_sink(format), Some(e)),
         }
     } else {
-        (stderr_sink(), None)
+        (stderr_sink(format), None)
     };
-    let logger = Arc::new(GuardLogger::new(level, sink));
+    let logger = Arc::new(GuardLogger::new(level, sink).with_format(format));
     log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
     log::set_max_level(level);
     if let Some(e) = fallback {
@@ -82,6 +103,35 @@ pub fn init(level: LevelFilter, syslog: bool) -> Result<(), String> {
     }
     let _ = LOGGER.set(logger);
     Ok(())
+}
+
+/// Now, as RFC 3339 UTC with milliseconds (`2026-12-02T04:05:06.789Z`).
+fn rfc3339_now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d.as_secs(), d.subsec_millis())
+}
+
+fn rfc3339(secs: u64, millis: u32) -> String {
+    // Howard Hinnant's days-to-civil.
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// The logger `init` installed, for the summary thread.
@@ -175,6 +225,7 @@ pub struct GuardLogger {
     level: LevelFilter,
     sink: Sink,
     limiter: Mutex<RateLimiter>,
+    format: LogFormat,
 }
 
 impl GuardLogger {
@@ -183,7 +234,35 @@ impl GuardLogger {
             level,
             sink,
             limiter: Mutex::new(RateLimiter::default()),
+            format: LogFormat::Text,
         }
+    }
+
+    pub fn with_format(mut self, format: LogFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The line for `msg`: with the request's volume and operation, in the format.
+    fn line(&self, level: Level, target: &str, msg: &str) -> String {
+        crate::fs::readonly::with_current_request(|request| match self.format {
+            LogFormat::Text => match request {
+                Some((volume, op)) => format!("{msg} volume={volume} op={op}"),
+                None => msg.to_string(),
+            },
+            LogFormat::Json => {
+                let mut obj = serde_json::Map::new();
+                obj.insert("time".into(), rfc3339_now().into());
+                obj.insert("level".into(), level.as_str().into());
+                obj.insert("target".into(), target.into());
+                obj.insert("message".into(), msg.into());
+                if let Some((volume, op)) = request {
+                    obj.insert("volume".into(), volume.into());
+                    obj.insert("op".into(), op.into());
+                }
+                serde_json::Value::Object(obj).to_string()
+            }
+        })
     }
 
     /// The lines written so far, for a [`Sink::Memory`] logger.
@@ -218,7 +297,8 @@ impl GuardLogger {
         if let Some(n) = suffix {
             let _ = write!(msg.mark(), " [suppressed {n} similar messages]");
         }
-        self.sink.write(level, record, msg.as_str());
+        let line = self.line(level, record.target(), msg.as_str());
+        self.sink.write(level, record, &line);
     }
 
     /// Reports sites that dropped messages and have been quiet since.
@@ -226,6 +306,7 @@ impl GuardLogger {
         let pending = self.limiter.lock().unwrap().take_quiet(now);
         for (module, line, n) in pending {
             let text = format!("{module}:{line}: suppressed {n} similar messages");
+            let text = self.line(Level::Warn, module_path!(), &text);
             self.sink.write(
                 Level::Warn,
                 &Record::builder()
@@ -435,6 +516,39 @@ mod tests {
             module: "volfsd::device::queue",
             line,
         }
+    }
+
+    #[test]
+    fn json_lines_are_one_object_each_with_the_fields() {
+        let logger = GuardLogger::new(LevelFilter::Info, Sink::Memory(Mutex::new(Vec::new())))
+            .with_format(LogFormat::Json);
+        logger.log(
+            &Record::builder()
+                .args(format_args!("a \"quoted\" name\nand a newline"))
+                .level(Level::Warn)
+                .target("volfsd::fs::volumes")
+                .module_path(Some("volfsd::fs::volumes"))
+                .line(Some(7))
+                .build(),
+        );
+        let lines = logger.lines();
+        assert_eq!(lines.len(), 1);
+        let json = lines[0].strip_prefix("WARN ").unwrap();
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["target"], "volfsd::fs::volumes");
+        // The guard escaped the newline before the JSON encoding: one line.
+        assert_eq!(v["message"], "a \"quoted\" name\\nand a newline");
+        assert!(v["time"].as_str().unwrap().ends_with('Z'));
+        assert!(v.get("volume").is_none(), "no request, no volume");
+        assert!(!json.contains('\n'));
+    }
+
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_796_184_306, 789), "2026-12-02T04:05:06.789Z");
     }
 
     #[test]

@@ -231,3 +231,51 @@ fn with_no_metrics_only_the_volume_totals_are_kept() {
     assert_eq!(value(&samples, "volfsd_volumes_attached", &[]), 1.0);
     assert_eq!(c.volume("data")["stats"]["ops"], 1);
 }
+
+#[test]
+fn json_log_lines_name_the_volume_and_operation_of_their_request() {
+    let c = Ctl::start("json-logs", &["--log-format=json", "--log-level=debug"]);
+    c.mkdir("data");
+    c.attach("data", "data");
+    let mut fc = c.client();
+    let data = fc.lookup(ROOT, "data").unwrap().nodeid;
+    assert!(fc.lookup(data, "missing").is_err());
+    drop(fc);
+    assert!(c.d.log().contains("lookup failed"), "{}", c.d.log());
+    let mut request_lines = 0;
+    for line in c.d.log().lines() {
+        // The daemon's own lines: every one is a JSON object (the supervisor of the
+        // namespace sandbox writes none of its own here).
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        for field in ["time", "level", "target", "message"] {
+            assert!(v.get(field).is_some(), "{field} missing: {line}");
+        }
+        if v["message"].as_str().unwrap().starts_with("lookup failed") {
+            assert_eq!(v["volume"], "data", "{line}");
+            assert_eq!(v["op"], "lookup", "{line}");
+            assert_eq!(v["level"], "DEBUG", "{line}");
+            request_lines += 1;
+        } else if v["message"].as_str().unwrap().starts_with("serving ") {
+            assert!(v.get("volume").is_none(), "no request at start-up: {line}");
+        }
+    }
+    assert_eq!(request_lines, 1, "{}", c.d.log());
+}
+
+#[test]
+fn text_log_lines_end_with_the_volume_and_operation_of_their_request() {
+    let c = Ctl::start("text-logs", &["--log-level=debug"]);
+    c.mkdir("data");
+    c.attach("data", "data");
+    let mut fc = c.client();
+    let data = fc.lookup(ROOT, "data").unwrap().nodeid;
+    assert!(fc.lookup(data, "missing").is_err());
+    drop(fc);
+    let log = c.d.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lookup failed"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.ends_with(" volume=data op=lookup"), "{line}");
+}

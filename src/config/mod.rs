@@ -12,6 +12,7 @@ use crate::fs::file_handle::FileHandleMode;
 use crate::fs::id_translate::{IdKind, IdTranslation};
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, AclMode, CacheMode, Limits, ShareSpec};
+use crate::logging::LogFormat;
 use crate::sandbox::{IdMaps, IdRange, SandboxMode, SeccompMode};
 
 pub mod virtiofsd_compat;
@@ -79,6 +80,21 @@ impl From<PosixAclArg> for AclMode {
             PosixAclArg::Never => AclMode::Never,
             PosixAclArg::Auto => AclMode::Auto,
             PosixAclArg::Always => AclMode::Always,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Eq, PartialEq, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(f: LogFormatArg) -> Self {
+        match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
         }
     }
 }
@@ -273,6 +289,11 @@ pub struct Args {
     #[arg(long)]
     pub no_metrics: bool,
 
+    /// Log lines as text (the default) or one JSON object each, with the volume and
+    /// operation of the request they were written for as fields.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormatArg,
+
     /// Log to syslog instead of stderr.
     #[arg(long)]
     pub syslog: bool,
@@ -345,6 +366,7 @@ pub struct Config {
     /// logged once logging is up.
     pub warnings: Vec<String>,
     pub log_level: log::LevelFilter,
+    pub log_format: LogFormat,
     pub syslog: bool,
     pub rlimit_nofile: Option<u64>,
     pub sandbox: SandboxMode,
@@ -481,6 +503,7 @@ impl Args {
             warnings: Vec::new(),
             privileged_xattrs: self.allow_privileged_xattrs,
             log_level: self.log_level.into(),
+            log_format: self.log_format.into(),
             syslog: self.syslog,
             rlimit_nofile: self.rlimit_nofile,
             sandbox: self.sandbox,

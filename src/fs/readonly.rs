@@ -7,8 +7,10 @@
 //! the node it names. The kernel enforces the same rule underneath (each read-only
 //! volume is a read-only mount), so a mistake here still cannot write.
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
@@ -64,15 +66,25 @@ impl ReadOnlyGuard {
         };
         let started = self.metrics.then(metrics::request_clock);
         ShareStats::add(&share.stats.ops, 1);
-        let r = if mutates && share.read_only {
-            Err(errno(libc::EROFS))
-        } else {
-            run()
-        };
+        // The share is this thread's current request while it runs: every log line
+        // written meanwhile names its volume and operation.
+        let refused = mutates && share.read_only;
+        let (share, r) = in_request(share, op, || {
+            if refused {
+                Err(errno(libc::EROFS))
+            } else {
+                run()
+            }
+        });
         if let Err(e) = &r {
             count_error(Some(&share));
+            let code = e.raw_os_error().unwrap_or(libc::EIO);
+            if log::log_enabled!(log::Level::Debug) {
+                in_request(share.clone(), op, || {
+                    log::debug!("{} failed: {e}", op.name());
+                });
+            }
             if let Some(t) = started {
-                let code = e.raw_os_error().unwrap_or(libc::EIO);
                 share
                     .stats
                     .metrics
@@ -97,6 +109,31 @@ impl ReadOnlyGuard {
             _ => Ok(()),
         }
     }
+}
+
+thread_local! {
+    /// The volume and operation this thread is serving, for the log's fields.
+    static CURRENT: RefCell<Option<(Arc<Share>, Op)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `share` and `op` as this thread's current request, and gives the
+/// share back (moved in and out: no reference count is touched).
+fn in_request<T>(share: Arc<Share>, op: Op, f: impl FnOnce() -> T) -> (Arc<Share>, T) {
+    let outer = CURRENT.with(|c| c.replace(Some((share, op))));
+    let r = f();
+    let (share, _) = CURRENT
+        .with(|c| c.replace(outer))
+        .expect("the current request is set while it runs");
+    (share, r)
+}
+
+/// Calls `f` with the volume and operation of the request this thread is serving,
+/// if any (logging.rs adds them to each line).
+pub fn with_current_request<R>(f: impl FnOnce(Option<(&str, &'static str)>) -> R) -> R {
+    CURRENT.with(|c| match c.try_borrow() {
+        Ok(current) => f(current.as_ref().map(|(s, op)| (s.name.as_str(), op.name()))),
+        Err(_) => f(None),
+    })
 }
 
 fn count_error(share: Option<&Share>) {
