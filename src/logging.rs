@@ -19,8 +19,8 @@
 //! A line written while a thread serves a volume's request carries that volume and
 //! operation (`fs::readonly::with_current_request`): ` volume=NAME op=OP` at the end
 //! of a text line, the fields `volume` and `op` of a JSON line (`--log-format json`:
-//! one object per line, with `time`, `level`, `target`, `message`, and the two
-//! fields when there is a request).
+//! one object per line, with `time`, `level`, `target`, `message`, `volume` and
+//! `op`, the last two null outside a request).
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
@@ -256,10 +256,10 @@ impl GuardLogger {
                 obj.insert("level".into(), level.as_str().into());
                 obj.insert("target".into(), target.into());
                 obj.insert("message".into(), msg.into());
-                if let Some((volume, op)) = request {
-                    obj.insert("volume".into(), volume.into());
-                    obj.insert("op".into(), op.into());
-                }
+                // Every line has both fields: null outside a volume's request.
+                let (volume, op) = request.unzip();
+                obj.insert("volume".into(), volume.into());
+                obj.insert("op".into(), op.into());
                 serde_json::Value::Object(obj).to_string()
             }
         })
@@ -540,7 +540,7 @@ mod tests {
         // The guard escaped the newline before the JSON encoding: one line.
         assert_eq!(v["message"], "a \"quoted\" name\\nand a newline");
         assert!(v["time"].as_str().unwrap().ends_with('Z'));
-        assert!(v.get("volume").is_none(), "no request, no volume");
+        assert!(v["volume"].is_null() && v["op"].is_null(), "no request: {json}");
         assert!(!json.contains('\n'));
     }
 

@@ -248,7 +248,7 @@ fn json_log_lines_name_the_volume_and_operation_of_their_request() {
         // namespace sandbox writes none of its own here).
         let v: Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
-        for field in ["time", "level", "target", "message"] {
+        for field in ["time", "level", "target", "message", "volume", "op"] {
             assert!(v.get(field).is_some(), "{field} missing: {line}");
         }
         if v["message"].as_str().unwrap().starts_with("lookup failed") {
@@ -257,7 +257,7 @@ fn json_log_lines_name_the_volume_and_operation_of_their_request() {
             assert_eq!(v["level"], "DEBUG", "{line}");
             request_lines += 1;
         } else if v["message"].as_str().unwrap().starts_with("serving ") {
-            assert!(v.get("volume").is_none(), "no request at start-up: {line}");
+            assert!(v["volume"].is_null(), "no request at start-up: {line}");
         }
     }
     assert_eq!(request_lines, 1, "{}", c.d.log());
