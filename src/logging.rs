@@ -540,7 +540,10 @@ mod tests {
         // The guard escaped the newline before the JSON encoding: one line.
         assert_eq!(v["message"], "a \"quoted\" name\\nand a newline");
         assert!(v["time"].as_str().unwrap().ends_with('Z'));
-        assert!(v["volume"].is_null() && v["op"].is_null(), "no request: {json}");
+        assert!(
+            v["volume"].is_null() && v["op"].is_null(),
+            "no request: {json}"
+        );
         assert!(!json.contains('\n'));
     }
 
