@@ -232,15 +232,23 @@ fn with_no_metrics_only_the_volume_totals_are_kept() {
     assert_eq!(c.volume("data")["stats"]["ops"], 1);
 }
 
-#[test]
-fn json_log_lines_name_the_volume_and_operation_of_their_request() {
-    let c = Ctl::start("json-logs", &["--log-format=json", "--log-level=debug"]);
+/// A daemon at debug level with volume `data`, after one failed lookup in it.
+fn after_a_failed_lookup(test: &str, extra: &[&str]) -> Ctl {
+    let mut args = vec!["--log-level=debug"];
+    args.extend_from_slice(extra);
+    let c = Ctl::start(test, &args);
     c.mkdir("data");
     c.attach("data", "data");
     let mut fc = c.client();
     let data = fc.lookup(ROOT, "data").unwrap().nodeid;
     assert!(fc.lookup(data, "missing").is_err());
     drop(fc);
+    c
+}
+
+#[test]
+fn json_log_lines_name_the_volume_and_operation_of_their_request() {
+    let c = after_a_failed_lookup("json-logs", &["--log-format=json"]);
     assert!(c.d.log().contains("lookup failed"), "{}", c.d.log());
     let mut request_lines = 0;
     for line in c.d.log().lines() {
@@ -265,13 +273,7 @@ fn json_log_lines_name_the_volume_and_operation_of_their_request() {
 
 #[test]
 fn text_log_lines_end_with_the_volume_and_operation_of_their_request() {
-    let c = Ctl::start("text-logs", &["--log-level=debug"]);
-    c.mkdir("data");
-    c.attach("data", "data");
-    let mut fc = c.client();
-    let data = fc.lookup(ROOT, "data").unwrap().nodeid;
-    assert!(fc.lookup(data, "missing").is_err());
-    drop(fc);
+    let c = after_a_failed_lookup("text-logs", &[]);
     let log = c.d.log();
     let line = log
         .lines()
