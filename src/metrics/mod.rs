@@ -44,135 +44,38 @@ pub fn request_done(start: Instant) -> Duration {
     now.duration_since(start)
 }
 
-/// The FUSE operations counted per volume, named as the `op` label shows them.
-/// Variant names are the `FileSystem` method names, so that the `fs_layer!` table
-/// of the read-only guard names each line's operation by its method.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-#[repr(usize)]
-pub enum Op {
-    lookup,
-    getattr,
-    setattr,
-    readlink,
-    symlink,
-    mknod,
-    mkdir,
-    unlink,
-    rmdir,
-    rename,
-    link,
-    open,
-    create,
-    read,
-    write,
-    flush,
-    fsync,
-    fallocate,
-    release,
-    statfs,
-    setxattr,
-    getxattr,
-    listxattr,
-    removexattr,
-    opendir,
-    readdir,
-    readdirplus,
-    fsyncdir,
-    releasedir,
-    access,
-    lseek,
-    getlk,
-    setlk,
-    setlkw,
-    tmpfile,
-    copy_file_range,
-    syncfs,
+/// Declares [`Op`] with its variants, [`Op::ALL`] in declaration order, and
+/// [`Op::name`] (the variant's own name): one list, not three.
+macro_rules! ops {
+    ($($op:ident),* $(,)?) => {
+        /// The FUSE operations counted per volume, named as the `op` label shows them.
+        /// Variant names are the `FileSystem` method names, so that the `fs_layer!`
+        /// table of the read-only guard names each line's operation by its method.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, Eq, PartialEq)]
+        #[repr(usize)]
+        pub enum Op {
+            $($op),*
+        }
+
+        impl Op {
+            pub const ALL: [Op; [$(Op::$op),*].len()] = [$(Op::$op),*];
+
+            /// The `op` label.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Op::$op => stringify!($op)),*
+                }
+            }
+        }
+    };
 }
 
-impl Op {
-    pub const ALL: [Op; 37] = [
-        Op::lookup,
-        Op::getattr,
-        Op::setattr,
-        Op::readlink,
-        Op::symlink,
-        Op::mknod,
-        Op::mkdir,
-        Op::unlink,
-        Op::rmdir,
-        Op::rename,
-        Op::link,
-        Op::open,
-        Op::create,
-        Op::read,
-        Op::write,
-        Op::flush,
-        Op::fsync,
-        Op::fallocate,
-        Op::release,
-        Op::statfs,
-        Op::setxattr,
-        Op::getxattr,
-        Op::listxattr,
-        Op::removexattr,
-        Op::opendir,
-        Op::readdir,
-        Op::readdirplus,
-        Op::fsyncdir,
-        Op::releasedir,
-        Op::access,
-        Op::lseek,
-        Op::getlk,
-        Op::setlk,
-        Op::setlkw,
-        Op::tmpfile,
-        Op::copy_file_range,
-        Op::syncfs,
-    ];
-
-    /// The `op` label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::lookup => "lookup",
-            Op::getattr => "getattr",
-            Op::setattr => "setattr",
-            Op::readlink => "readlink",
-            Op::symlink => "symlink",
-            Op::mknod => "mknod",
-            Op::mkdir => "mkdir",
-            Op::unlink => "unlink",
-            Op::rmdir => "rmdir",
-            Op::rename => "rename",
-            Op::link => "link",
-            Op::open => "open",
-            Op::create => "create",
-            Op::read => "read",
-            Op::write => "write",
-            Op::flush => "flush",
-            Op::fsync => "fsync",
-            Op::fallocate => "fallocate",
-            Op::release => "release",
-            Op::statfs => "statfs",
-            Op::setxattr => "setxattr",
-            Op::getxattr => "getxattr",
-            Op::listxattr => "listxattr",
-            Op::removexattr => "removexattr",
-            Op::opendir => "opendir",
-            Op::readdir => "readdir",
-            Op::readdirplus => "readdirplus",
-            Op::fsyncdir => "fsyncdir",
-            Op::releasedir => "releasedir",
-            Op::access => "access",
-            Op::lseek => "lseek",
-            Op::getlk => "getlk",
-            Op::setlk => "setlk",
-            Op::setlkw => "setlkw",
-            Op::tmpfile => "tmpfile",
-            Op::copy_file_range => "copy_file_range",
-            Op::syncfs => "syncfs",
-        }
-    }
+ops! {
+    lookup, getattr, setattr, readlink, symlink, mknod, mkdir, unlink, rmdir, rename,
+    link, open, create, read, write, flush, fsync, fallocate, release, statfs, setxattr,
+    getxattr, listxattr, removexattr, opendir, readdir, readdirplus, fsyncdir,
+    releasedir, access, lseek, getlk, setlk, setlkw, tmpfile, copy_file_range, syncfs,
 }
 
 /// The errno classes errors are counted by: the ones a guest meets in normal use by
