@@ -136,8 +136,8 @@ impl QueueHealth {
 pub struct QueueCounters {
     /// Requests served.
     pub served: AtomicU64,
-    /// Requests its worker is serving now (a lock wait handed to a thread of its own
-    /// is not one of them: [`lock_waiters`]).
+    /// Requests its worker is serving now, 0 or 1: a queue has one worker thread (a
+    /// lock wait handed to a thread of its own is not one: [`lock_waiters`]).
     pub in_flight: AtomicU64,
 }
 
@@ -227,7 +227,8 @@ fn drain(
             };
             popped = popped.wrapping_add(1);
             let head = chain.head_index();
-            counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            // One worker per queue: plain stores, no read-modify-write.
+            counters.in_flight.store(1, Ordering::Relaxed);
             let len = REQUEST.with(|buf| {
                 let mut buf = buf.borrow_mut();
                 let len = serve_one(server, mem, vring, chain, index, event_idx, &mut buf);
@@ -239,7 +240,7 @@ fn drain(
                 }
                 len
             });
-            counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            counters.in_flight.store(0, Ordering::Relaxed);
             let len = len?;
             counters.served.fetch_add(1, Ordering::Relaxed);
             let Some(len) = len else {

@@ -70,21 +70,20 @@ impl ReadOnlyGuard {
         // written meanwhile names its volume and operation.
         let refused = mutates && share.read_only;
         let (share, r) = in_request(share, op, || {
-            if refused {
+            let r = if refused {
                 Err(errno(libc::EROFS))
             } else {
                 run()
+            };
+            if let Err(e) = &r {
+                log::debug!("{} failed: {e}", op.name());
             }
+            r
         });
         if let Err(e) = &r {
             count_error(Some(&share));
-            let code = e.raw_os_error().unwrap_or(libc::EIO);
-            if log::log_enabled!(log::Level::Debug) {
-                in_request(share.clone(), op, || {
-                    log::debug!("{} failed: {e}", op.name());
-                });
-            }
             if let Some(t) = started {
+                let code = e.raw_os_error().unwrap_or(libc::EIO);
                 share
                     .stats
                     .metrics
@@ -117,13 +116,22 @@ thread_local! {
 }
 
 /// Runs `f` with `share` and `op` as this thread's current request, and gives the
-/// share back (moved in and out: no reference count is touched).
+/// share back (moved in and out: no reference count is touched). The request
+/// before it comes back even if `f` unwinds.
 fn in_request<T>(share: Arc<Share>, op: Op, f: impl FnOnce() -> T) -> (Arc<Share>, T) {
-    let outer = CURRENT.with(|c| c.replace(Some((share, op))));
+    struct Restore(Option<(Arc<Share>, Op)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = outer);
+        }
+    }
+    let restore = Restore(CURRENT.with(|c| c.replace(Some((share, op)))));
     let r = f();
     let (share, _) = CURRENT
-        .with(|c| c.replace(outer))
+        .with(|c| c.take())
         .expect("the current request is set while it runs");
+    drop(restore);
     (share, r)
 }
 
