@@ -212,6 +212,74 @@ fn metrics_count_known_traffic_and_parse_as_prometheus_text() {
     );
 }
 
+/// A SETLKW that waits is one lock wait in the gauge, and leaves the queue: its
+/// worker serves on (in flight 0) and counts the next request.
+#[test]
+fn a_waiting_lock_shows_in_the_lock_wait_gauge_not_in_flight() {
+    use fuse_backend_rs::abi::fuse_abi::Opcode;
+    use volfsd_harness::fixtures::requests::lock_request;
+    let c = Ctl::start("metrics-locks", &[]);
+    c.mkdir("data");
+    c.attach("data", "data");
+    let mut fc = c.client();
+    let data = fc.lookup(ROOT, "data").unwrap().nodeid;
+    let (f, a) = fc.create(data, "f", RDWR, 0o644).unwrap();
+    let b = fc.open(f.nodeid, RDWR).unwrap().fh;
+    let q = fc.request_queue(0).unwrap();
+    q.call(&lock_request(
+        Opcode::Setlk,
+        f.nodeid,
+        a.fh,
+        0xa,
+        libc::F_WRLCK,
+        false,
+    ))
+    .unwrap();
+    q.submit(&lock_request(
+        Opcode::Setlkw,
+        f.nodeid,
+        b,
+        0xb,
+        libc::F_WRLCK,
+        false,
+    ))
+    .unwrap();
+    q.kick().unwrap();
+    let gauge = |name: &str, labels: &[(&str, &str)]| {
+        let r = c.req("GET", "/metrics", None);
+        value(&parse(&r.body), name, labels)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while gauge("volfsd_lock_waits", &[]) != 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the wait never showed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        gauge("volfsd_queue_in_flight_requests", &[("queue", "1")]),
+        0.0
+    );
+    q.call(&lock_request(
+        Opcode::Setlk,
+        f.nodeid,
+        a.fh,
+        0xa,
+        libc::F_UNLCK,
+        false,
+    ))
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while gauge("volfsd_lock_waits", &[]) != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the wait did not end at unlock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn with_no_metrics_only_the_volume_totals_are_kept() {
     let c = Ctl::start("no-metrics", &["--no-metrics"]);

@@ -209,6 +209,7 @@ impl Api {
                 .map(|q| load(&q.in_flight))
                 .collect(),
             frontend_connected: self.device.connected.load(Ordering::Relaxed),
+            lock_waits: crate::device::queue::lock_waiters(),
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
         };

@@ -29,6 +29,8 @@ pub struct Snapshot<'a> {
     pub queue_requests: Vec<u64>,
     pub queue_in_flight: Vec<u64>,
     pub frontend_connected: bool,
+    /// Blocking lock requests (SETLKW) waiting on threads of their own.
+    pub lock_waits: usize,
     /// Host fds held for the guest across volumes, and the most it may hold.
     pub fds: (usize, usize),
     pub process: Option<ProcessStats>,
@@ -233,6 +235,14 @@ pub fn render(s: &Snapshot) -> String {
         let _ = writeln!(out, "volfsd_queue_in_flight_requests{{queue=\"{q}\"}} {n}");
     }
 
+    family(
+        &mut out,
+        "volfsd_lock_waits",
+        "gauge",
+        "Blocking lock requests (SETLKW) waiting on threads of their own, off the queues.",
+    );
+    let _ = writeln!(out, "volfsd_lock_waits {}", s.lock_waits);
+
     if let Some(p) = &s.process {
         family(
             &mut out,
@@ -289,6 +299,7 @@ mod tests {
             queue_requests: vec![7, 0],
             queue_in_flight: vec![1, 0],
             frontend_connected: true,
+            lock_waits: 0,
             fds: (4, 1000),
             process: None,
         };
