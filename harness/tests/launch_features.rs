@@ -313,3 +313,18 @@ fn submounts_are_announced_unless_no_announce_submounts() {
     let granted = init_with(&d, FsOptions::empty()).unwrap();
     assert_eq!(granted & submounts, 0, "granted {granted:#x}");
 }
+
+#[test]
+fn readdirplus_is_offered_unless_no_readdirplus() {
+    let plus = (FsOptions::DO_READDIRPLUS | FsOptions::READDIRPLUS_AUTO).bits();
+    let granted = init_with(&Daemon::start("readdirplus", &[]), FsOptions::empty()).unwrap();
+    assert_eq!(granted & plus, plus, "granted {granted:#x}");
+    for flag in ["--no-readdirplus", "-ono_readdirplus"] {
+        let granted = init_with(
+            &Daemon::start("no-readdirplus", &[flag]),
+            FsOptions::empty(),
+        )
+        .unwrap();
+        assert_eq!(granted & plus, 0, "{flag}: granted {granted:#x}");
+    }
+}
