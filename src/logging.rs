@@ -22,6 +22,7 @@
 //! one object per line, with `time`, `level`, `target`, `message`, `volume` and
 //! `op`, the last two null outside a request).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::os::unix::net::UnixDatagram;
@@ -244,11 +245,11 @@ impl GuardLogger {
     }
 
     /// The line for `msg`: with the request's volume and operation, in the format.
-    fn line(&self, level: Level, target: &str, msg: &str) -> String {
+    fn line<'m>(&self, level: Level, target: &str, msg: &'m str) -> Cow<'m, str> {
         crate::fs::readonly::with_current_request(|request| match self.format {
             LogFormat::Text => match request {
-                Some((volume, op)) => format!("{msg} volume={volume} op={op}"),
-                None => msg.to_string(),
+                Some((volume, op)) => format!("{msg} volume={volume} op={op}").into(),
+                None => msg.into(),
             },
             LogFormat::Json => {
                 let mut obj = serde_json::Map::new();
@@ -260,7 +261,7 @@ impl GuardLogger {
                 let (volume, op) = request.unzip();
                 obj.insert("volume".into(), volume.into());
                 obj.insert("op".into(), op.into());
-                serde_json::Value::Object(obj).to_string()
+                serde_json::Value::Object(obj).to_string().into()
             }
         })
     }
