@@ -328,3 +328,30 @@ fn readdirplus_is_offered_unless_no_readdirplus() {
         assert_eq!(granted & plus, 0, "{flag}: granted {granted:#x}");
     }
 }
+
+#[test]
+fn id_maps_are_refused_where_no_user_namespace_is_made() {
+    let bin = volfsd_harness::fixtures::volfsd_binary();
+    let dir = volfsd_harness::fixtures::TestDir::new("uid-map-refused");
+    for (extra, why) in [
+        (&["--uid-map=:0:0:1:"][..], "running as root"),
+        (
+            &["--uid-map=:0:0:1:", "--sandbox=none"][..],
+            "need --sandbox namespace",
+        ),
+    ] {
+        let out = std::process::Command::new(&bin)
+            .arg(format!("--socket-path={}", dir.socket().display()))
+            .arg(format!("--shared-dir={}", dir.shared().display()))
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stderr}");
+        assert!(stderr.contains(why), "{extra:?}: {stderr}");
+        assert!(
+            !dir.socket().exists(),
+            "{extra:?}: the socket was left behind"
+        );
+    }
+}
