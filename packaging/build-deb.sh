@@ -21,10 +21,12 @@ die() { echo "build-deb: error: $*" >&2; exit 1; }
 
 command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain first"
 
-if ! cargo deb --version >/dev/null 2>&1; then
-	step "Installing cargo-deb (cargo install cargo-deb --locked)"
+# The version the package was checked with: a new release changes its flags.
+CARGO_DEB_VERSION=3.8.0
+if [[ $(cargo deb --version 2>/dev/null) != *"$CARGO_DEB_VERSION"* ]]; then
+	step "Installing cargo-deb $CARGO_DEB_VERSION (cargo install cargo-deb --locked)"
 	start=$SECONDS
-	cargo install cargo-deb --locked >&2 || die "cargo install cargo-deb failed"
+	cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked >&2 || die "cargo install cargo-deb failed"
 	echo "build-deb: cargo-deb installed in $((SECONDS - start)) s" >&2
 fi
 if ! command -v dpkg-shlibdeps >/dev/null; then
