@@ -38,8 +38,17 @@ struct Cli {
     files: usize,
     /// Comma-separated: randread4k,randwrite4k,seqread1m,seqwrite1m,lookup,getattr,metadata,readdirplus,
     /// qd1read4k,qd1getattr (one request in flight on one queue), all or none
-    #[arg(long, default_value = "all")]
+    #[arg(long, visible_alias = "workloads", default_value = "all")]
     workload: String,
+    /// Comma-separated volumes (NAME[,NAME...]) of a daemon started with
+    /// `--allowed-dir NAME` for each: the volume NAME is SharedDir/NAME, /NAME in
+    /// the guest, with its own work dir NAME/volfsd-loadgen. In-flight slot i of
+    /// each queue works on volume i % n (so --qd must be at least n; the QD 1
+    /// workloads load only the first), and the report has each volume's ops/s,
+    /// latency and completions per 100 ms of the wall clock (JSON: per_volume).
+    /// Default: none, the shared dir's root
+    #[arg(long, value_name = "NAME[,NAME...]")]
+    volumes: Option<String>,
     /// Write the results as JSON to this file
     #[arg(long)]
     json: Option<PathBuf>,
@@ -75,7 +84,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match loadgen::run(&opts) {
+    let volumes = cli
+        .volumes
+        .as_deref()
+        .map(loadgen::volumes::parse_list)
+        .unwrap_or_default();
+    if cli.volumes.is_some() && volumes.is_empty() {
+        eprintln!("volfsd-loadgen: --volumes needs at least one name");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = loadgen::volumes::targets(&opts.shared_dir, &volumes) {
+        eprintln!("volfsd-loadgen: {e}");
+        return ExitCode::from(2);
+    }
+    match loadgen::run_volumes(&opts, &volumes) {
         Ok(report) => {
             print!("{}", loadgen::table(&report));
             if let Some(path) = &cli.json {

@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::prepare::{say, work_dir};
+use super::prepare::say;
+use super::run::lookup_work_dir;
 use super::session::Session;
+use super::volumes::Target;
 use super::{e, LgResult, Options};
 use crate::frontend::FuseOps;
 
@@ -28,8 +30,8 @@ fn dir_name(n: usize) -> String {
 }
 
 /// N empty files `i0000000`.. in their own directory; reused when complete.
-fn prepare(opts: &Options, n: usize) -> LgResult<()> {
-    let dir = work_dir(opts).join(dir_name(n));
+fn prepare(opts: &Options, target: &Target, n: usize) -> LgResult<()> {
+    let dir = target.work_dir().join(dir_name(n));
     if fs::read_dir(&dir)
         .map(|rd| rd.count() == n)
         .unwrap_or(false)
@@ -49,14 +51,17 @@ fn prepare(opts: &Options, n: usize) -> LgResult<()> {
     Ok(())
 }
 
-/// Looks up N files and keeps every node id; stops at the first errno reply.
-pub(super) fn hold(session: &mut Session, opts: &Options, n: usize) -> LgResult<HeldInodes> {
-    prepare(opts, n)?;
+/// Looks up N files (in the work dir of `target`, the first volume) and keeps every
+/// node id; stops at the first errno reply.
+pub(super) fn hold(
+    session: &mut Session,
+    opts: &Options,
+    target: &Target,
+    n: usize,
+) -> LgResult<HeldInodes> {
+    prepare(opts, target, n)?;
     let q = &mut session.queues[0];
-    let base = q
-        .lookup(1, super::WORK_DIR)
-        .map_err(e("LOOKUP work dir"))?
-        .nodeid;
+    let base = lookup_work_dir(q, target, &mut Default::default())?;
     let dir = q
         .lookup(base, &dir_name(n))
         .map_err(e("LOOKUP inodes dir"))?

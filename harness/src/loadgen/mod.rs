@@ -6,6 +6,15 @@
 //! queue. Every reply is validated and every byte of data checked (reads
 //! against a deterministic pattern, writes afterwards on the host), and any
 //! mismatch is an error.
+//!
+//! With `--volumes a,b` ([`run_volumes`]) the load is spread over several volumes
+//! of one daemon (started with `--allowed-dir a --allowed-dir b`): each volume has
+//! its own work dir (`a/volfsd-loadgen`, reached from the guest's root as `/a`),
+//! and in-flight slot i of every queue works on volume `i % n`, so the requests of
+//! all volumes share each virtqueue. The report then has per-volume results, with
+//! the completions of each 100 ms interval on the wall clock (per-volume QoS:
+//! benches/qos.sh changes a volume's limits while the load runs and reads when
+//! the rate follows).
 
 pub mod driver;
 mod hold;
@@ -13,10 +22,12 @@ pub mod pattern;
 mod prepare;
 mod run;
 mod session;
+pub mod volumes;
 pub mod workloads;
 
 pub use hold::HeldInodes;
-pub use run::run;
+pub use run::{run, run_volumes};
+pub use volumes::{Interval, VolumeResult, SERIES_INTERVAL};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -180,6 +191,13 @@ pub struct WorkloadResult {
     pub daemon_cpu_seconds: Option<f64>,
     pub daemon_cpu_us_per_request: Option<f64>,
     pub verified: bool,
+    /// Wall clock (unix time, ms) when the timed part started and when its last
+    /// operation completed.
+    pub start_unix_ms: u64,
+    pub end_unix_ms: u64,
+    /// With `--volumes`: each volume's share, in the order given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_volume: Vec<VolumeResult>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -193,6 +211,9 @@ pub struct Report {
     pub results: Vec<WorkloadResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_inodes: Option<HeldInodes>,
+    /// `--volumes`, in the order given (empty: the shared dir's root, as before).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
 }
 
 pub type LgResult<T> = Result<T, String>;
@@ -235,6 +256,26 @@ pub fn table(report: &Report) -> String {
             cpu,
             r.op_unit
         );
+    }
+    if report.results.iter().any(|r| !r.per_volume.is_empty()) {
+        s += &format!(
+            "\n{:<12} {:<16} {:>12} {:>12} {:>10} {:>10} {:>10}\n",
+            "workload", "volume", "ops", "ops/s", "MiB/s", "p50 us", "p99 us"
+        );
+        for r in &report.results {
+            for v in &r.per_volume {
+                s += &format!(
+                    "{:<12} {:<16} {:>12} {:>12.0} {:>10.1} {:>10.1} {:>10.1}\n",
+                    r.workload,
+                    v.volume,
+                    v.ops,
+                    v.ops_per_sec,
+                    v.mib_per_sec,
+                    v.latency.p50_us,
+                    v.latency.p99_us
+                );
+            }
+        }
     }
     s
 }

@@ -8,17 +8,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::workloads::{entry_name, entry_size, SEED_READ, SEED_WRITE};
-use super::{e, pattern, LgResult, Options, DIR_10K, LARGE_BLOCK, READ_FILE, WORK_DIR, WRITE_FILE};
-
-pub(super) fn work_dir(opts: &Options) -> PathBuf {
-    opts.shared_dir.join(WORK_DIR)
-}
+use super::{e, pattern, LgResult, Options, DIR_10K, LARGE_BLOCK, READ_FILE, WRITE_FILE};
 
 /// The read file: `file_size` bytes of pattern SEED_READ. Reused when it has
 /// the right size and sampled blocks verify; then read once so the page cache
 /// is warm for every daemon alike.
-pub(super) fn prepare_read_file(opts: &Options) -> LgResult<()> {
-    let path = work_dir(opts).join(READ_FILE);
+pub(super) fn prepare_read_file(opts: &Options, wd: &Path) -> LgResult<()> {
+    let path = wd.join(READ_FILE);
     let mut buf = vec![0u8; LARGE_BLOCK];
     let reuse = match File::open(&path) {
         Ok(f) if f.metadata().map(|m| m.len()).unwrap_or(0) == opts.file_size => {
@@ -58,8 +54,8 @@ pub(super) fn prepare_read_file(opts: &Options) -> LgResult<()> {
     Ok(())
 }
 
-pub(super) fn prepare_write_file(opts: &Options) -> LgResult<PathBuf> {
-    let path = work_dir(opts).join(WRITE_FILE);
+pub(super) fn prepare_write_file(opts: &Options, wd: &Path) -> LgResult<PathBuf> {
+    let path = wd.join(WRITE_FILE);
     let _ = fs::remove_file(&path);
     let f = File::create(&path).map_err(e(path.display()))?;
     f.set_len(opts.file_size).map_err(e(path.display()))?;
@@ -105,8 +101,8 @@ pub(super) fn verify_write_file(
 }
 
 /// The directory of `files` entries, file i holding `entry_size(i)` bytes.
-pub(super) fn prepare_dir(opts: &Options) -> LgResult<()> {
-    let dir = work_dir(opts).join(DIR_10K);
+pub(super) fn prepare_dir(opts: &Options, wd: &Path) -> LgResult<()> {
+    let dir = wd.join(DIR_10K);
     let complete = fs::read_dir(&dir)
         .map(|rd| rd.count() == opts.files)
         .unwrap_or(false)

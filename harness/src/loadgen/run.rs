@@ -3,15 +3,15 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::driver::{self, SlotQueue};
-use super::prepare::{
-    prepare_dir, prepare_read_file, prepare_write_file, say, verify_write_file, work_dir,
-};
+use super::prepare::{prepare_dir, prepare_read_file, prepare_write_file, say, verify_write_file};
 use super::session::{forget_batch, Session};
+use super::volumes::{self, slot_volume, unix_ms, Series, Target, VolumeResult, SERIES_INTERVAL};
 use super::workloads::{
     entry_name, Ctx, DataJob, GetattrJob, Job, LookupJob, MetaJob, ReaddirJob, Step,
 };
@@ -40,28 +40,57 @@ impl Limit {
     }
 }
 
+/// What one thread did for one volume.
 #[derive(Default)]
-struct ThreadOut {
+struct VolOut {
     ops: u64,
     requests: u64,
     bytes: u64,
     lat_ns: Vec<u64>,
+    series: Series,
+}
+
+impl VolOut {
+    fn add(&mut self, other: VolOut) {
+        self.ops += other.ops;
+        self.requests += other.requests;
+        self.bytes += other.bytes;
+        self.lat_ns.extend(other.lat_ns);
+        self.series.merge(&other.series);
+    }
+}
+
+#[derive(Default)]
+struct ThreadOut {
+    /// Per volume (one without `--volumes`).
+    vols: Vec<VolOut>,
     forgets: HashMap<u64, u64>,
 }
 
 /// Drives QD jobs on one queue until the limit is reached and every started
-/// operation has finished.
+/// operation has finished. Job `slot` works on volume `vol_of[slot]`; its
+/// completions are counted there, in intervals from `start`.
+#[allow(clippy::too_many_arguments)]
 fn drive(
     q: &mut SlotQueue,
     jobs: &mut [Box<dyn Job>],
+    vol_of: &[usize],
+    nvol: usize,
     ctx: &mut Ctx,
     limit: &Limit,
     hiprio: &Mutex<FuseQueue>,
+    start: Instant,
 ) -> LgResult<ThreadOut> {
     let mut out = ThreadOut {
-        lat_ns: Vec::with_capacity(1 << 16),
+        vols: (0..nvol.max(1)).map(|_| VolOut::default()).collect(),
         ..Default::default()
     };
+    for (v, vo) in out.vols.iter_mut().enumerate() {
+        let share = vol_of.iter().filter(|&&x| x == v).count();
+        if share > 0 {
+            vo.lat_ns = Vec::with_capacity((1 << 16) / vol_of.len() * share);
+        }
+    }
     let qname = format!("queue {}", q.index());
     let ctxq = |_: &SlotQueue| qname.clone();
     let mut active = 0usize;
@@ -98,17 +127,20 @@ fn drive(
                 }
                 .map_err(e(&qname))?;
                 first = false;
-                out.requests += 1;
-                out.lat_ns.push(done.latency.as_nanos() as u64);
                 let slot = done.slot;
+                let vo = &mut out.vols[vol_of[slot]];
+                vo.requests += 1;
+                vo.lat_ns.push(done.latency.as_nanos() as u64);
                 let step = jobs[slot].reply(ctx, done.error, done.body)?;
                 (slot, step)
             };
             match step {
                 Step::More(req, fill) => submit(q, slot, req, fill)?,
                 Step::Done(bytes) => {
-                    out.ops += 1;
-                    out.bytes += bytes;
+                    let vo = &mut out.vols[vol_of[slot]];
+                    vo.ops += 1;
+                    vo.bytes += bytes;
+                    vo.series.record(start.elapsed(), bytes);
                     if limit.take() {
                         let (req, fill) = jobs[slot].begin(ctx);
                         submit(q, slot, req, fill)?;
@@ -135,15 +167,174 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx] as f64 / 1000.0
 }
 
+/// The percentiles of latencies in ns, sorted.
+fn latency(sorted: &[u64]) -> Latency {
+    let mean = if sorted.is_empty() {
+        0.0
+    } else {
+        sorted.iter().sum::<u64>() as f64 / sorted.len() as f64 / 1000.0
+    };
+    Latency {
+        p50_us: percentile(sorted, 0.50),
+        p99_us: percentile(sorted, 0.99),
+        p999_us: percentile(sorted, 0.999),
+        mean_us: mean,
+        max_us: sorted.last().copied().unwrap_or(0) as f64 / 1000.0,
+    }
+}
+
+/// Looks up the target's volume from the guest's root (each component of its
+/// name) and then its work dir; every lookup is counted in `forgets`. Returns the
+/// work dir's node id.
+pub(super) fn lookup_work_dir(
+    q: &mut SlotQueue,
+    t: &Target,
+    forgets: &mut HashMap<u64, u64>,
+) -> LgResult<u64> {
+    let mut node = 1;
+    for part in &t.guest_path {
+        node = q
+            .lookup(node, part)
+            .map_err(e(format!("LOOKUP volume /{}", t.name)))?
+            .nodeid;
+        *forgets.entry(node).or_default() += 1;
+    }
+    node = q
+        .lookup(node, WORK_DIR)
+        .map_err(e(format!("{}LOOKUP work dir", t.label())))?
+        .nodeid;
+    *forgets.entry(node).or_default() += 1;
+    Ok(node)
+}
+
+/// What one volume's jobs need, set up before the timed part.
+#[derive(Default)]
+struct VolSetup {
+    file_node: u64,
+    dir_node: u64,
+    nodes: Arc<Vec<u64>>,
+    written: Option<Arc<Vec<AtomicU64>>>,
+    write_path: Option<PathBuf>,
+    meta_dir: Option<PathBuf>,
+    /// The data file's handle on each queue (opened by the queue itself, like
+    /// separate guest processes).
+    fhs: Vec<u64>,
+}
+
+/// Prepares one volume's files on the host and looks up the nodes its jobs use.
+fn setup_volume(
+    q0: &mut SlotQueue,
+    opts: &Options,
+    t: &Target,
+    w: Workload,
+    forgets: &mut HashMap<u64, u64>,
+) -> LgResult<VolSetup> {
+    let wd = t.work_dir();
+    let l = t.label();
+    let base = lookup_work_dir(q0, t, forgets)?;
+    let mut v = VolSetup::default();
+    match w {
+        Workload::RandRead4k | Workload::SeqRead1m => {
+            prepare_read_file(opts, &wd)?;
+            v.file_node = q0
+                .lookup(base, READ_FILE)
+                .map_err(e(format!("{l}LOOKUP read file")))?
+                .nodeid;
+            *forgets.entry(v.file_node).or_default() += 1;
+        }
+        Workload::RandWrite4k | Workload::SeqWrite1m => {
+            v.write_path = Some(prepare_write_file(opts, &wd)?);
+            v.file_node = q0
+                .lookup(base, WRITE_FILE)
+                .map_err(e(format!("{l}LOOKUP write file")))?
+                .nodeid;
+            *forgets.entry(v.file_node).or_default() += 1;
+            let blocks = opts.file_size.div_ceil(4096);
+            v.written = Some(Arc::new(
+                (0..blocks.div_ceil(64))
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
+            ));
+        }
+        Workload::Lookup | Workload::Getattr | Workload::Readdirplus => {
+            prepare_dir(opts, &wd)?;
+            v.dir_node = q0
+                .lookup(base, DIR_10K)
+                .map_err(e(format!("{l}LOOKUP dir")))?
+                .nodeid;
+            *forgets.entry(v.dir_node).or_default() += 1;
+            if w == Workload::Getattr {
+                let mut nodes = Vec::with_capacity(opts.files);
+                for i in 0..opts.files {
+                    let n = q0
+                        .lookup(v.dir_node, &entry_name(i))
+                        .map_err(e(format!("{l}LOOKUP entry")))?
+                        .nodeid;
+                    *forgets.entry(n).or_default() += 1;
+                    nodes.push(n);
+                }
+                v.nodes = Arc::new(nodes);
+            }
+        }
+        Workload::Metadata => {
+            let name = format!("meta-{}", std::process::id());
+            let p = wd.join(&name);
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir(&p).map_err(e(p.display()))?;
+            v.meta_dir = Some(p);
+            v.dir_node = q0
+                .lookup(base, &name)
+                .map_err(e(format!("{l}LOOKUP meta dir")))?
+                .nodeid;
+            *forgets.entry(v.dir_node).or_default() += 1;
+        }
+        Workload::Qd1Read4k | Workload::Qd1Getattr => unreachable!("kind() maps the QD1 workloads"),
+    }
+    Ok(v)
+}
+
+/// The job of one slot, on its volume's nodes.
+#[allow(clippy::too_many_arguments)]
+fn make_job(
+    w: Workload,
+    v: &VolSetup,
+    vol: usize,
+    thread: usize,
+    slot: usize,
+    file_size: u64,
+    block: u32,
+    files: usize,
+) -> Box<dyn Job> {
+    let fh = v.fhs.get(thread).copied().unwrap_or(0);
+    let data = |random, write| {
+        Box::new(
+            DataJob::new(v.file_node, fh, file_size, block, random, write)
+                .for_volume(vol, v.written.clone()),
+        )
+    };
+    match w {
+        Workload::RandRead4k => data(true, false),
+        Workload::RandWrite4k => data(true, true),
+        Workload::SeqRead1m => data(false, false),
+        Workload::SeqWrite1m => data(false, true),
+        Workload::Lookup => Box::new(LookupJob::new(v.dir_node, files)),
+        Workload::Getattr => Box::new(GetattrJob::new(v.nodes.clone())),
+        Workload::Metadata => Box::new(MetaJob::new(v.dir_node, thread, slot)),
+        Workload::Readdirplus => Box::new(ReaddirJob::new(v.dir_node, files)),
+        Workload::Qd1Read4k | Workload::Qd1Getattr => {
+            unreachable!("kind() maps the QD1 workloads")
+        }
+    }
+}
+
 /// Runs one workload: per-thread setup (open handles), the timed part, teardown.
-fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<WorkloadResult> {
+fn run_workload(
+    s: &mut Session,
+    opts: &Options,
+    targets: &[Target],
+    named: Workload,
+) -> LgResult<WorkloadResult> {
     let w = named.kind();
-    let q0 = &mut s.queues[0];
-    let base = q0.lookup(1, WORK_DIR).map_err(e("LOOKUP work dir"))?.nodeid;
-    let mut setup_forgets: HashMap<u64, u64> = HashMap::from([(base, 1)]);
-    let mut written: Option<Arc<Vec<AtomicU64>>> = None;
-    let mut write_path = None;
-    let mut meta_dir = None;
     let block: u32 = match w {
         Workload::SeqRead1m | Workload::SeqWrite1m => (LARGE_BLOCK as u32).min(s.max_write),
         _ => 4096,
@@ -152,72 +343,33 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
         return Err(format!("--file-size must be at least {block}"));
     }
 
-    // Node ids the jobs need.
-    let mut file_node = 0;
-    let mut dir_node = 0;
-    let mut nodes: Arc<Vec<u64>> = Arc::new(Vec::new());
-    match w {
-        Workload::RandRead4k | Workload::SeqRead1m => {
-            prepare_read_file(opts)?;
-            file_node = q0
-                .lookup(base, READ_FILE)
-                .map_err(e("LOOKUP read file"))?
-                .nodeid;
-            *setup_forgets.entry(file_node).or_default() += 1;
-        }
-        Workload::RandWrite4k | Workload::SeqWrite1m => {
-            write_path = Some(prepare_write_file(opts)?);
-            file_node = q0
-                .lookup(base, WRITE_FILE)
-                .map_err(e("LOOKUP write file"))?
-                .nodeid;
-            *setup_forgets.entry(file_node).or_default() += 1;
-            let blocks = opts.file_size.div_ceil(4096);
-            written = Some(Arc::new(
-                (0..blocks.div_ceil(64))
-                    .map(|_| AtomicU64::new(0))
-                    .collect(),
-            ));
-        }
-        Workload::Lookup | Workload::Getattr | Workload::Readdirplus => {
-            prepare_dir(opts)?;
-            dir_node = q0.lookup(base, DIR_10K).map_err(e("LOOKUP dir"))?.nodeid;
-            *setup_forgets.entry(dir_node).or_default() += 1;
-            if w == Workload::Getattr {
-                let mut v = Vec::with_capacity(opts.files);
-                for i in 0..opts.files {
-                    let n = q0
-                        .lookup(dir_node, &entry_name(i))
-                        .map_err(e("LOOKUP entry"))?
-                        .nodeid;
-                    *setup_forgets.entry(n).or_default() += 1;
-                    v.push(n);
-                }
-                nodes = Arc::new(v);
-            }
-        }
-        Workload::Metadata => {
-            let name = format!("meta-{}", std::process::id());
-            let p = work_dir(opts).join(&name);
-            let _ = fs::remove_dir_all(&p);
-            fs::create_dir(&p).map_err(e(p.display()))?;
-            meta_dir = Some(p);
-            dir_node = q0.lookup(base, &name).map_err(e("LOOKUP meta dir"))?.nodeid;
-            *setup_forgets.entry(dir_node).or_default() += 1;
-        }
-        Workload::Qd1Read4k | Workload::Qd1Getattr => unreachable!("kind() maps the QD1 workloads"),
+    // Node ids the jobs need, per volume.
+    let mut setup_forgets: HashMap<u64, u64> = HashMap::new();
+    let mut setups = Vec::with_capacity(targets.len());
+    for t in targets {
+        setups.push(setup_volume(
+            &mut s.queues[0],
+            opts,
+            t,
+            w,
+            &mut setup_forgets,
+        )?);
     }
-
+    let flags = if w == Workload::RandWrite4k || w == Workload::SeqWrite1m {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    } as u32;
     // Each thread opens its own handle (like separate guest processes).
-    let mut fhs = Vec::new();
-    if file_node != 0 {
-        let flags = if written.is_some() {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
-        } as u32;
-        for q in s.queues.iter_mut() {
-            fhs.push(q.open(file_node, flags).map_err(e("OPEN"))?.fh);
+    for (v, t) in setups.iter_mut().zip(targets) {
+        if v.file_node != 0 {
+            for q in s.queues.iter_mut() {
+                v.fhs.push(
+                    q.open(v.file_node, flags)
+                        .map_err(e(format!("{}OPEN", t.label())))?
+                        .fh,
+                );
+            }
         }
     }
 
@@ -231,9 +383,14 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
     } else {
         (opts.qd, s.queues.len())
     };
+    let nvol = targets.len();
+    let vol_of: Vec<usize> = (0..qd).map(|slot| slot_volume(slot, nvol)).collect();
     let hiprio = &s.hiprio;
+    let setups_ref = &setups;
+    let vol_of_ref = &vol_of;
     let cpu_before = opts.daemon_pid.map(tree_cpu_ticks);
     let start = Instant::now();
+    let start_wall = SystemTime::now();
     let results: Vec<LgResult<ThreadOut>> = std::thread::scope(|scope| {
         let handles: Vec<_> = s
             .queues
@@ -242,47 +399,28 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
             .enumerate()
             .map(|(t, q)| {
                 let limit = &limit;
-                let fh = fhs.get(t).copied().unwrap_or(0);
-                let nodes = nodes.clone();
-                let written = written.clone();
                 let file_size = opts.file_size;
                 let files = opts.files;
                 scope.spawn(move || {
                     let mut ctx =
                         Ctx::new(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
-                    ctx.written = written;
                     if w == Workload::Metadata {
                         ctx.forget_batch = 16;
                     }
-                    // Sequential streams: each thread starts at its share of the file.
+                    // Sequential streams: each thread starts at its share of the
+                    // file (of each volume).
                     let blocks = file_size / u64::from(block);
-                    ctx.cursor = blocks / nq as u64 * t as u64;
-                    let mut jobs: Vec<Box<dyn Job>> = (0..qd)
-                        .map(|slot| -> Box<dyn Job> {
-                            match w {
-                                Workload::RandRead4k => Box::new(DataJob::new(
-                                    file_node, fh, file_size, block, true, false,
-                                )),
-                                Workload::RandWrite4k => Box::new(DataJob::new(
-                                    file_node, fh, file_size, block, true, true,
-                                )),
-                                Workload::SeqRead1m => Box::new(DataJob::new(
-                                    file_node, fh, file_size, block, false, false,
-                                )),
-                                Workload::SeqWrite1m => Box::new(DataJob::new(
-                                    file_node, fh, file_size, block, false, true,
-                                )),
-                                Workload::Lookup => Box::new(LookupJob::new(dir_node, files)),
-                                Workload::Getattr => Box::new(GetattrJob::new(nodes.clone())),
-                                Workload::Metadata => Box::new(MetaJob::new(dir_node, t, slot)),
-                                Workload::Readdirplus => Box::new(ReaddirJob::new(dir_node, files)),
-                                Workload::Qd1Read4k | Workload::Qd1Getattr => {
-                                    unreachable!("kind() maps the QD1 workloads")
-                                }
-                            }
+                    ctx.cursors = vec![blocks / nq as u64 * t as u64; nvol];
+                    let mut jobs: Vec<Box<dyn Job>> = vol_of_ref
+                        .iter()
+                        .enumerate()
+                        .map(|(slot, &v)| {
+                            make_job(w, &setups_ref[v], v, t, slot, file_size, block, files)
                         })
                         .collect();
-                    drive(q, &mut jobs, &mut ctx, limit, hiprio)
+                    drive(
+                        q, &mut jobs, vol_of_ref, nvol, &mut ctx, limit, hiprio, start,
+                    )
                 })
             })
             .collect();
@@ -294,22 +432,23 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
             })
             .collect()
     });
-    let seconds = start.elapsed().as_secs_f64();
+    let elapsed = start.elapsed();
+    let seconds = elapsed.as_secs_f64();
     let daemon_cpu_seconds = opts.daemon_pid.zip(cpu_before).map(|(pid, before)| {
         tree_cpu_ticks(pid).saturating_sub(before) as f64 / clock_ticks_per_second()
     });
 
-    let mut total = ThreadOut::default();
+    let mut vols: Vec<VolOut> = (0..nvol).map(|_| VolOut::default()).collect();
+    let mut forgets: HashMap<u64, u64> = HashMap::new();
     let mut first_err = None;
     for r in results {
         match r {
             Ok(t) => {
-                total.ops += t.ops;
-                total.requests += t.requests;
-                total.bytes += t.bytes;
-                total.lat_ns.extend(t.lat_ns);
+                for (acc, v) in vols.iter_mut().zip(t.vols) {
+                    acc.add(v);
+                }
                 for (k, v) in t.forgets {
-                    *total.forgets.entry(k).or_default() += v;
+                    *forgets.entry(k).or_default() += v;
                 }
             }
             Err(err) => {
@@ -322,56 +461,72 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
     }
 
     // Teardown (not timed): handles, lookups, host-side checks, cleanup.
-    if file_node != 0 {
-        let flags = if written.is_some() {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
-        } as u32;
-        for (q, fh) in s.queues.iter_mut().zip(&fhs) {
-            q.release(file_node, *fh, flags).map_err(e("RELEASE"))?;
+    for v in &setups {
+        if v.file_node != 0 {
+            for (q, fh) in s.queues.iter_mut().zip(&v.fhs) {
+                q.release(v.file_node, *fh, flags).map_err(e("RELEASE"))?;
+            }
         }
     }
     for (k, v) in setup_forgets {
-        *total.forgets.entry(k).or_default() += v;
+        *forgets.entry(k).or_default() += v;
     }
-    s.forget_all(std::mem::take(&mut total.forgets))?;
-    if let (Some(path), Some(bits)) = (&write_path, &written) {
-        let n = verify_write_file(path, opts.file_size, bits)?;
-        if n == 0 && total.ops > 0 {
-            return Err(format!(
-                "{}: no block of the write file was written",
-                w.name()
-            ));
+    s.forget_all(forgets)?;
+    for ((v, t), out) in setups.iter().zip(targets).zip(&vols) {
+        if let (Some(path), Some(bits)) = (&v.write_path, &v.written) {
+            let n = verify_write_file(path, opts.file_size, bits)?;
+            if n == 0 && out.ops > 0 {
+                return Err(format!(
+                    "{}: {}no block of the write file was written",
+                    w.name(),
+                    t.label()
+                ));
+            }
+            if !opts.keep_files {
+                let _ = fs::remove_file(path);
+            }
         }
-        if !opts.keep_files {
-            let _ = fs::remove_file(path);
+        if let Some(dir) = &v.meta_dir {
+            let left: Vec<_> = fs::read_dir(dir)
+                .map_err(e(dir.display()))?
+                .filter_map(|d| d.ok())
+                .map(|d| d.file_name())
+                .collect();
+            if !left.is_empty() {
+                return Err(format!(
+                    "metadata: {} files left in {} after UNLINK (e.g. {:?})",
+                    left.len(),
+                    dir.display(),
+                    left[0]
+                ));
+            }
+            fs::remove_dir(dir).map_err(e(dir.display()))?;
         }
-    }
-    if let Some(dir) = &meta_dir {
-        let left: Vec<_> = fs::read_dir(dir)
-            .map_err(e(dir.display()))?
-            .filter_map(|d| d.ok())
-            .map(|d| d.file_name())
-            .collect();
-        if !left.is_empty() {
-            return Err(format!(
-                "metadata: {} files left in {} after UNLINK (e.g. {:?})",
-                left.len(),
-                dir.display(),
-                left[0]
-            ));
-        }
-        fs::remove_dir(dir).map_err(e(dir.display()))?;
     }
 
+    let start_unix_ms = unix_ms(start_wall);
+    let mib = (1u64 << 20) as f64;
+    let mut per_volume = Vec::new();
+    let mut total = VolOut::default();
+    for (v, t) in vols.into_iter().zip(targets) {
+        let mut v = v;
+        v.lat_ns.sort_unstable();
+        if !t.name.is_empty() {
+            per_volume.push(VolumeResult {
+                volume: t.name.clone(),
+                ops: v.ops,
+                requests: v.requests,
+                bytes: v.bytes,
+                ops_per_sec: v.ops as f64 / seconds,
+                mib_per_sec: v.bytes as f64 / seconds / mib,
+                latency: latency(&v.lat_ns),
+                interval_ms: SERIES_INTERVAL.as_millis() as u64,
+                series: v.series.intervals(start_unix_ms, elapsed),
+            });
+        }
+        total.add(v);
+    }
     total.lat_ns.sort_unstable();
-    let lat = &total.lat_ns;
-    let mean = if lat.is_empty() {
-        0.0
-    } else {
-        lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1000.0
-    };
     Ok(WorkloadResult {
         workload: named.name().into(),
         op_unit: named.op_unit().into(),
@@ -381,24 +536,28 @@ fn run_workload(s: &mut Session, opts: &Options, named: Workload) -> LgResult<Wo
         seconds,
         ops_per_sec: total.ops as f64 / seconds,
         requests_per_sec: total.requests as f64 / seconds,
-        mib_per_sec: total.bytes as f64 / seconds / (1u64 << 20) as f64,
-        latency: Latency {
-            p50_us: percentile(lat, 0.50),
-            p99_us: percentile(lat, 0.99),
-            p999_us: percentile(lat, 0.999),
-            mean_us: mean,
-            max_us: lat.last().copied().unwrap_or(0) as f64 / 1000.0,
-        },
+        mib_per_sec: total.bytes as f64 / seconds / mib,
+        latency: latency(&total.lat_ns),
         daemon_cpu_seconds,
         daemon_cpu_us_per_request: daemon_cpu_seconds
             .filter(|_| total.requests > 0)
             .map(|c| c * 1e6 / total.requests as f64),
         verified: true,
+        start_unix_ms,
+        end_unix_ms: start_unix_ms + elapsed.as_millis() as u64,
+        per_volume,
     })
 }
 
-/// Connects, runs every workload in order, cleans up; any failure is an error.
+/// Connects, runs every workload in order at the shared dir's root, cleans up;
+/// any failure is an error.
 pub fn run(opts: &Options) -> LgResult<Report> {
+    run_volumes(opts, &[])
+}
+
+/// Connects, runs every workload in order over `volumes` (see [`volumes`]; none:
+/// the shared dir's root), cleans up; any failure is an error.
+pub fn run_volumes(opts: &Options, volumes: &[String]) -> LgResult<Report> {
     if opts.queues == 0 || opts.qd == 0 {
         return Err("--queues and --qd must be at least 1".into());
     }
@@ -411,8 +570,21 @@ pub fn run(opts: &Options) -> LgResult<Report> {
             opts.shared_dir.display()
         ));
     }
-    let wd = work_dir(opts);
-    fs::create_dir_all(&wd).map_err(e(wd.display()))?;
+    let targets = volumes::targets(&opts.shared_dir, volumes)?;
+    if opts.workloads.iter().any(|w| !w.is_qd1()) {
+        volumes::check_qd(opts, volumes.len())?;
+    }
+    for t in &targets {
+        if !t.host_dir.is_dir() {
+            return Err(format!(
+                "volume {}: {} is not a directory",
+                t.name,
+                t.host_dir.display()
+            ));
+        }
+        let wd = t.work_dir();
+        fs::create_dir_all(&wd).map_err(e(wd.display()))?;
+    }
     let mut session = Session::connect(opts)?;
     // For start-up measured to the first INIT reply (benches/footprint.py): the
     // same clock as Python's time.monotonic().
@@ -442,13 +614,13 @@ pub fn run(opts: &Options) -> LgResult<Report> {
     }
     let held_inodes = match opts.hold_inodes {
         0 => None,
-        n => Some(super::hold::hold(&mut session, opts, n)?),
+        n => Some(super::hold::hold(&mut session, opts, &targets[0], n)?),
     };
     let mut results = Vec::new();
     let mut outcome = Ok(());
     for &w in &opts.workloads {
         say(opts, &format!("running {}", w.name()));
-        match run_workload(&mut session, opts, w) {
+        match run_workload(&mut session, opts, &targets, w) {
             Ok(r) => {
                 say(
                     opts,
@@ -457,6 +629,15 @@ pub fn run(opts: &Options) -> LgResult<Report> {
                         r.workload, r.ops_per_sec, r.mib_per_sec, r.latency.p99_us
                     ),
                 );
+                for v in &r.per_volume {
+                    say(
+                        opts,
+                        &format!(
+                            "{}: volume {}: {:.0} ops/s, {:.1} MiB/s, p99 {:.0} us",
+                            r.workload, v.volume, v.ops_per_sec, v.mib_per_sec, v.latency.p99_us
+                        ),
+                    );
+                }
                 results.push(r);
             }
             Err(err) => {
@@ -475,7 +656,9 @@ pub fn run(opts: &Options) -> LgResult<Report> {
     let max_write = session.max_write;
     drop(session);
     if !opts.keep_files {
-        let _ = fs::remove_dir_all(&wd);
+        for t in &targets {
+            let _ = fs::remove_dir_all(t.work_dir());
+        }
     }
     outcome?;
     Ok(Report {
@@ -487,5 +670,6 @@ pub fn run(opts: &Options) -> LgResult<Report> {
         max_write,
         results,
         held_inodes,
+        volumes: volumes.to_vec(),
     })
 }

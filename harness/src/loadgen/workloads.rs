@@ -62,12 +62,11 @@ pub enum Step {
 /// State shared by the jobs of one queue thread.
 pub struct Ctx {
     pub rng: u64,
-    /// Sequential cursor (in blocks) of this thread.
-    pub cursor: u64,
+    /// Sequential cursor (in blocks) of this thread, one per volume (see
+    /// [`DataJob::stream`]).
+    pub cursors: Vec<u64>,
     /// nodeid -> lookups to FORGET.
     pub forgets: HashMap<u64, u64>,
-    /// 4 KiB blocks written (write workloads), for the host-side check.
-    pub written: Option<Arc<Vec<AtomicU64>>>,
     /// Send FORGETs (BATCH_FORGET on hiprio) once this many node ids are owed.
     /// The metadata workload uses a small batch: the guest kernel forgets an
     /// unlinked file's inode right away, and a daemon that holds an fd per
@@ -79,9 +78,8 @@ impl Ctx {
     pub fn new(seed: u64) -> Self {
         Ctx {
             rng: seed | 1,
-            cursor: 0,
+            cursors: vec![0],
             forgets: HashMap::new(),
-            written: None,
             forget_batch: 4096,
         }
     }
@@ -98,14 +96,6 @@ impl Ctx {
 
     fn forget(&mut self, nodeid: u64) {
         *self.forgets.entry(nodeid).or_insert(0) += 1;
-    }
-
-    fn mark_written(&mut self, off: u64, len: u64) {
-        if let Some(w) = &self.written {
-            for blk in off / 4096..(off + len).div_ceil(4096) {
-                w[(blk / 64) as usize].fetch_or(1 << (blk % 64), Ordering::Relaxed);
-            }
-        }
     }
 }
 
@@ -153,6 +143,10 @@ pub struct DataJob {
     pub block: u32,
     pub random: bool,
     pub write: bool,
+    /// Which of the thread's sequential cursors it advances (its volume's).
+    pub stream: usize,
+    /// 4 KiB blocks written (write workloads), for the host-side check.
+    pub written: Option<Arc<Vec<AtomicU64>>>,
     off: u64,
 }
 
@@ -172,7 +166,25 @@ impl DataJob {
             block,
             random,
             write,
+            stream: 0,
+            written: None,
             off: 0,
+        }
+    }
+
+    /// Works on the file of the volume with this cursor, and marks the 4 KiB
+    /// blocks it writes in `written`.
+    pub fn for_volume(mut self, stream: usize, written: Option<Arc<Vec<AtomicU64>>>) -> Self {
+        self.stream = stream;
+        self.written = written;
+        self
+    }
+
+    fn mark_written(&self, off: u64, len: u64) {
+        if let Some(w) = &self.written {
+            for blk in off / 4096..(off + len).div_ceil(4096) {
+                w[(blk / 64) as usize].fetch_or(1 << (blk % 64), Ordering::Relaxed);
+            }
         }
     }
 }
@@ -182,8 +194,12 @@ impl Job for DataJob {
         let blk = if self.random {
             ctx.rand() % self.blocks
         } else {
-            let c = ctx.cursor % self.blocks;
-            ctx.cursor = c + 1;
+            if ctx.cursors.len() <= self.stream {
+                ctx.cursors.resize(self.stream + 1, 0);
+            }
+            let cursor = &mut ctx.cursors[self.stream];
+            let c = *cursor % self.blocks;
+            *cursor = c + 1;
             c
         };
         self.off = blk * u64::from(self.block);
@@ -218,7 +234,7 @@ impl Job for DataJob {
         }
     }
 
-    fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
+    fn reply(&mut self, _ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
         if self.write {
             if error != 0 {
                 return Err(errno(&format!("WRITE at {}", self.off), error));
@@ -230,7 +246,7 @@ impl Job for DataJob {
                     self.off, out.size, self.block
                 ));
             }
-            ctx.mark_written(self.off, u64::from(self.block));
+            self.mark_written(self.off, u64::from(self.block));
         } else {
             if error != 0 {
                 return Err(errno(&format!("READ at {}", self.off), error));
