@@ -173,7 +173,10 @@ fn serve(
     spawn_signal_thread(term, socket_files.clone());
     crate::logging::spawn_summary_thread()?;
 
-    let backend = Arc::new(FsBackend::new(&stack, config.num_request_queues));
+    let backend = Arc::new(
+        FsBackend::new(&stack, config.num_request_queues)
+            .map_err(|e| format!("creating the queue workers' wake timers: {e}"))?,
+    );
     let stats = backend.stats();
 
     // The control socket serves before the frontend connects: an agent may attach
@@ -207,6 +210,9 @@ fn serve(
             .map_err(|e| format!("creating the vhost-user daemon: {e}"))
         }
     })?;
+    backend
+        .register_wake_timers(&daemon.get_epoll_handlers())
+        .map_err(|e| format!("adding the wake timers to the queue workers: {e}"))?;
     // The main thread, and the vhost-user thread `start` creates, from here on.
     sandbox::confine_thread(ThreadRole::Main)?;
 

@@ -7,4 +7,5 @@ pub mod device;
 pub mod fs;
 pub mod logging;
 pub mod metrics;
+pub mod qos;
 pub mod sandbox;

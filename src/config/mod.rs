@@ -13,6 +13,7 @@ use crate::fs::id_translate::{IdKind, IdTranslation};
 use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path, AclMode, CacheMode, Limits, ShareSpec};
 use crate::logging::LogFormat;
+use crate::qos::{self, RateLimit};
 use crate::sandbox::{IdMaps, IdRange, SandboxMode, SeccompMode};
 
 pub mod virtiofsd_compat;
@@ -147,9 +148,11 @@ pub struct Args {
     pub shared_dir: Option<PathBuf>,
 
     /// A directory of SharedDir the guest may see (absolute or relative to SharedDir),
-    /// read-write (default) or read-only. Repeatable. Without any, the whole SharedDir
-    /// is served.
-    #[arg(long = "allowed-dir", value_name = "PATH[:ro|:rw]")]
+    /// read-write (default) or read-only, with optional rate limits (token buckets:
+    /// ops_size, ops_one_time_burst, ops_refill_time_ms, bw_size, bw_one_time_burst,
+    /// bw_refill_time_ms; a refill time defaults to 1000 ms). Repeatable. Without any,
+    /// the whole SharedDir is served.
+    #[arg(long = "allowed-dir", value_name = "PATH[:ro|:rw][,KEY=N...]")]
     pub allowed_dir: Vec<String>,
 
     /// Control socket (HTTP/1.1 + JSON) to attach and detach volumes at runtime.
@@ -559,6 +562,31 @@ fn resolve_group(group: &str) -> Result<u32, ConfigError> {
     }
 }
 
+/// Splits the rate-limit options off `PATH[:ro|:rw][,KEY=N...]`: the trailing
+/// comma-separated items that are all `KEY=N` with a key of [`qos::OPTIONS`], so a
+/// path with a comma of its own is left whole.
+pub fn split_rate_limit(arg: &str) -> Result<(&str, Option<RateLimit>), String> {
+    let mut path = arg;
+    let mut options = Vec::new();
+    while let Some((head, tail)) = path.rsplit_once(',') {
+        let key = tail.split_once('=').map_or(tail, |(k, _)| k);
+        if !qos::OPTIONS.contains(&key) {
+            break;
+        }
+        options.push(tail);
+        path = head;
+    }
+    if options.is_empty() {
+        return Ok((arg, None));
+    }
+    let mut limit = RateLimit::default();
+    for o in options.iter().rev() {
+        limit.set_option(o)?;
+    }
+    limit.check()?;
+    Ok((path, Some(limit)))
+}
+
 /// Splits `PATH[:ro|:rw]`; a path that itself ends in `:ro` can be written `PATH:ro:rw`.
 pub fn split_access(arg: &str) -> (&str, bool) {
     match arg.rsplit_once(':') {
@@ -576,7 +604,9 @@ pub fn parse_allowed_dirs(
 ) -> Result<Vec<ShareSpec>, ConfigError> {
     let mut specs: Vec<ShareSpec> = Vec::new();
     for arg in args {
-        let (path, read_only) = split_access(arg);
+        let (path, rate_limit) = split_rate_limit(arg)
+            .map_err(|why| ConfigError(format!("--allowed-dir {arg}: {why}")))?;
+        let (path, read_only) = split_access(path);
         let resolved = resolve_share_path(shared_dir, Path::new(path))
             .map_err(|why| ConfigError(format!("--allowed-dir {arg}: {why}")))?;
         if let Some(bad) = resolved.rel.iter().find(|c| !valid_volume_name(c)) {
@@ -600,6 +630,7 @@ pub fn parse_allowed_dirs(
             path: resolved,
             read_only,
             volume_id: None,
+            rate_limit,
         });
     }
     Ok(specs)
@@ -635,6 +666,53 @@ mod tests {
             ParseError::Clap(e) => e.to_string(),
             ParseError::Config(e) => e.0,
         })
+    }
+
+    #[test]
+    fn allowed_dir_rate_limits_follow_the_access_and_a_comma_in_a_path_stays() {
+        let (path, l) =
+            split_rate_limit("data:ro,ops_size=1000,bw_size=4096,bw_refill_time_ms=10").unwrap();
+        assert_eq!(path, "data:ro");
+        let l = l.unwrap();
+        assert_eq!(l.ops.unwrap().size, 1000);
+        assert_eq!(l.ops.unwrap().refill_time_ms, qos::DEFAULT_REFILL_TIME_MS);
+        assert_eq!(l.bandwidth.unwrap().refill_time_ms, 10);
+        assert_eq!(split_rate_limit("a,b:rw").unwrap(), ("a,b:rw", None));
+        assert_eq!(split_rate_limit("a,b").unwrap(), ("a,b", None));
+        let e = split_rate_limit("data,ops_size=0").unwrap_err();
+        assert!(e.contains("size must be above 0"), "{e}");
+        let e = split_rate_limit("data,ops_refill_time_ms=100").unwrap_err();
+        assert!(e.contains("ops: size"), "{e}");
+        let e = split_rate_limit("data,ops_size=ten").unwrap_err();
+        assert!(e.contains("ops_size"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("volfsd-cfg-qos-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        let d = dir.to_str().unwrap();
+        let c = parse(&[
+            "--socket-path",
+            "/a",
+            "--shared-dir",
+            d,
+            "--allowed-dir",
+            "a:ro,ops_size=5",
+        ])
+        .unwrap();
+        let spec = &c.allowed_dirs.unwrap()[0];
+        assert!(spec.read_only);
+        assert_eq!(spec.guest, ["a"]);
+        assert_eq!(spec.rate_limit.unwrap().ops.unwrap().size, 5);
+        let e = parse(&[
+            "--socket-path",
+            "/a",
+            "--shared-dir",
+            d,
+            "--allowed-dir",
+            "a,ops_size=x",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--allowed-dir a,ops_size=x"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The control API's endpoints: routing, request bodies, and the JSON they return.
 //!
 //! PUT    /volumes/{name}   attach   (201 created, 200 identical retry, 409 conflict)
+//! PATCH  /volumes/{name}   change its rate limits (200, 404 unknown)
 //! DELETE /volumes/{name}   detach   (204, 404 unknown)
 //! GET    /volumes          list
 //! GET    /volumes/{name}   one volume
@@ -20,6 +21,7 @@ use crate::fs::names::{valid_volume_name, VOLUME_NAME_RULE};
 use crate::fs::{resolve_share_path_in, AttachError, ShareInfo, ShareSpec, Volumes};
 use crate::metrics::exposition::{self, Snapshot, VolumeSnapshot};
 use crate::metrics::process::ProcessFiles;
+use crate::qos::RateLimit;
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
 #[derive(Debug, Deserialize)]
@@ -36,6 +38,27 @@ pub struct AttachRequest {
     /// started has not propagated into its namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<ExpectedDir>,
+    /// Token buckets for its requests and bytes (absent: unlimited).
+    #[serde(default)]
+    pub rate_limiter: Option<RateLimit>,
+}
+
+/// `PATCH /volumes/{name}` body: `rate_limiter` must be given; null lifts the limits.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    pub rate_limiter: Option<RateLimit>,
+}
+
+/// What a volume's limits held back.
+#[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct QosStats {
+    /// Requests that waited for tokens.
+    pub throttled_requests: u64,
+    /// Requests waiting now.
+    pub waiting_requests: u64,
+    /// Seconds they waited, in all.
+    pub wait_seconds: f64,
 }
 
 /// A directory's identity: `st_dev` and `st_ino`.
@@ -64,6 +87,11 @@ pub struct VolumeInfo {
     pub open_handles: usize,
     pub live_inodes: usize,
     pub stats: VolumeStats,
+    /// The limits in force (absent: unlimited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<RateLimit>,
+    #[serde(default)]
+    pub qos: QosStats,
 }
 
 #[derive(Debug, Deserialize, Serialize, PartialEq)]
@@ -143,6 +171,7 @@ impl Api {
             ("GET", ["volumes"]) => self.list(),
             ("GET", ["volumes", name]) => self.get(name),
             ("PUT", ["volumes", name]) => self.attach(name, body),
+            ("PATCH", ["volumes", name]) => self.patch(name, body),
             ("DELETE", ["volumes", name]) => self.detach(name),
             (_, ["health"]) | (_, ["metrics"]) | (_, ["volumes"]) | (_, ["volumes", _]) => {
                 Reply::error(405, format!("{method} is not allowed on {path}"))
@@ -199,6 +228,23 @@ impl Api {
                     nodes: s.live_inodes,
                     handles: s.open_handles,
                     lock_files: s.share.usage.lock_files.load(Ordering::Relaxed),
+                    throttled: load(&s.share.stats.qos.throttled),
+                    waiting: load(&s.share.stats.qos.waiting),
+                    wait_seconds: load(&s.share.stats.qos.waited_ns) as f64 / 1e9,
+                    ops_limit: s
+                        .share
+                        .stats
+                        .qos
+                        .limit()
+                        .and_then(|l| l.ops)
+                        .map(|b| b.rate()),
+                    bytes_limit: s
+                        .share
+                        .stats
+                        .qos
+                        .limit()
+                        .and_then(|l| l.bandwidth)
+                        .map(|b| b.rate()),
                 })
                 .collect(),
             queue_requests: self.device.queues.iter().map(|q| load(&q.served)).collect(),
@@ -253,11 +299,17 @@ impl Api {
                 return Reply::error(409, format!("path {}: {why}", req.path));
             }
         }
+        if let Some(limit) = &req.rate_limiter {
+            if let Err(why) = limit.check() {
+                return Reply::error(400, format!("rate_limiter: {why}"));
+            }
+        }
         let spec = ShareSpec {
             guest: vec![name.to_string()],
             path,
             read_only: req.read_only,
             volume_id: req.volume_id,
+            rate_limit: req.rate_limiter,
         };
         match self.volumes.attach(&spec) {
             Ok(_) => self.reply_volume(201, name),
@@ -279,8 +331,51 @@ impl Api {
         }
     }
 
+    /// Changes or lifts a volume's limits; the queues look at its waiting requests
+    /// again at once.
+    fn patch(&self, name: &str, body: &[u8]) -> Reply {
+        // Parsed twice: serde reads a missing Option field as None, and a PATCH that
+        // forgot `rate_limiter` must not lift the limits.
+        let given = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .is_some_and(|v| v.get("rate_limiter").is_some());
+        let req: PatchRequest = match serde_json::from_slice(body) {
+            Ok(r) if given => r,
+            Ok(_) => {
+                return Reply::error(
+                    400,
+                    "bad request body: rate_limiter must be given (null lifts the limits)",
+                )
+            }
+            Err(e) => return Reply::error(400, format!("bad request body: {e}")),
+        };
+        if let Some(limit) = &req.rate_limiter {
+            if let Err(why) = limit.check() {
+                return Reply::error(400, format!("rate_limiter: {why}"));
+            }
+        }
+        let Some(s) = self.volumes.get(name) else {
+            return Reply::error(404, format!("no volume named {name}"));
+        };
+        s.share.stats.qos.set(req.rate_limiter);
+        self.device.wake_timers.wake_all();
+        log::info!(
+            "{name}: rate limit now {}",
+            s.share
+                .stats
+                .qos
+                .limit()
+                .map(|l| crate::qos::describe(&l))
+                .unwrap_or_else(|| "none".into())
+        );
+        self.reply_volume(200, name)
+    }
+
     fn detach(&self, name: &str) -> Reply {
-        match self.volumes.detach(name) {
+        let detached = self.volumes.detach(name);
+        // Its throttled requests are answered now, not when their tokens come.
+        self.device.wake_timers.wake_all();
+        match detached {
             Some(_) => Reply {
                 status: 204,
                 content_type: http::JSON,
@@ -310,6 +405,12 @@ fn info(s: &ShareInfo) -> VolumeInfo {
             bytes_read: share.stats.bytes_read.load(Ordering::Relaxed),
             bytes_written: share.stats.bytes_written.load(Ordering::Relaxed),
             errors: share.stats.errors.load(Ordering::Relaxed),
+        },
+        rate_limiter: share.stats.qos.limit(),
+        qos: QosStats {
+            throttled_requests: share.stats.qos.throttled.load(Ordering::Relaxed),
+            waiting_requests: share.stats.qos.waiting.load(Ordering::Relaxed),
+            wait_seconds: share.stats.qos.waited_ns.load(Ordering::Relaxed) as f64 / 1e9,
         },
     }
 }

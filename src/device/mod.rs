@@ -5,14 +5,16 @@
 //! one), so a multi-queue guest is served in parallel.
 
 pub mod queue;
+pub mod throttle;
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringRwLock};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -23,7 +25,8 @@ use vmm_sys_util::event::{
 
 use crate::fs::{FsServer, Stack};
 pub use queue::QueueCounters;
-use queue::{QueueHealth, QueueStart};
+use queue::{QueueHealth, QueueRef, QueueStart};
+use throttle::{WaitRoom, WakeTimers};
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
 /// mask, and the hiprio queue takes one bit.
@@ -44,6 +47,9 @@ pub struct DeviceStats {
     pub connected: AtomicBool,
     /// Queues the frontend has started (kicked at least once).
     pub active_queues: AtomicUsize,
+    /// The request queues' wake timers: the control API fires them when a volume's
+    /// limit changes or it is detached, so its waiting requests are looked at anew.
+    pub wake_timers: Arc<WakeTimers>,
 }
 
 pub struct FsBackend {
@@ -54,6 +60,8 @@ pub struct FsBackend {
     stats: Arc<DeviceStats>,
     started: Vec<AtomicBool>,
     health: Vec<QueueHealth>,
+    /// Per queue: its throttled requests (the hiprio queue's stays empty).
+    rooms: Vec<Mutex<WaitRoom>>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
@@ -61,13 +69,16 @@ pub struct FsBackend {
 }
 
 impl FsBackend {
-    pub fn new(stack: &Stack, num_request_queues: usize) -> Self {
+    /// Fails only when the wake timers cannot be made (out of fds).
+    pub fn new(stack: &Stack, num_request_queues: usize) -> io::Result<Self> {
         let total = num_request_queues + 1;
         let stats = DeviceStats {
             queues: (0..total).map(|_| QueueCounters::default()).collect(),
+            // One per worker thread: worker t serves request queue t + 1.
+            wake_timers: Arc::new(WakeTimers::new(num_request_queues)?),
             ..Default::default()
         };
-        FsBackend {
+        Ok(FsBackend {
             server: Arc::new(FsServer::new(stack)),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
@@ -75,8 +86,72 @@ impl FsBackend {
             stats: Arc::new(stats),
             started: (0..total).map(|_| AtomicBool::new(false)).collect(),
             health: (0..total).map(|_| QueueHealth::default()).collect(),
+            rooms: (0..total).map(|_| Mutex::default()).collect(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
+        })
+    }
+
+    /// The event id of the workers' wake timers: above the queues and the exit event,
+    /// as vhost-user-backend requires of extra listeners.
+    fn wake_event(&self) -> u16 {
+        (self.num_request_queues + 2) as u16
+    }
+
+    /// Adds each worker's wake timer to its event loop.
+    pub fn register_wake_timers(
+        &self,
+        handlers: &[Arc<VringEpollHandler<Arc<FsBackend>>>],
+    ) -> io::Result<()> {
+        for (t, handler) in handlers.iter().enumerate() {
+            if let Some(timer) = self.stats.wake_timers.get(t) {
+                handler.register_listener(
+                    timer.as_raw_fd(),
+                    EventSet::IN,
+                    u64::from(self.wake_event()),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every throttled request unanswered: the session's rings are gone.
+    fn drop_waiting(&self) {
+        for room in &self.rooms {
+            room.lock().unwrap().clear();
+        }
+    }
+
+    /// Worker `thread`'s wake timer fired: serve the waiting requests of its request
+    /// queue whose turn came.
+    fn wake(&self, thread: usize, vrings: &[VringRwLock]) {
+        let index = thread + 1;
+        // Thread 0's vrings are the hiprio queue and request queue 1.
+        let local = if thread == 0 { 1 } else { 0 };
+        let (Some(timer), Some(vring)) = (self.stats.wake_timers.get(thread), vrings.get(local))
+        else {
+            return;
+        };
+        timer.consume();
+        let queue = self.queue_ref(index, vring);
+        if let Err(e) = queue::release_waiting(&self.server, &queue, &self.health[index]) {
+            warn!("queue {index}: {e}");
+        }
+    }
+
+    fn queue_ref<'a>(&'a self, index: usize, vring: &'a VringRwLock) -> QueueRef<'a> {
+        let throttled = index != HIPRIO_QUEUE;
+        QueueRef {
+            vring,
+            index,
+            event_idx: self.event_idx.load(Ordering::Relaxed),
+            counters: &self.stats.queues[index],
+            room: throttled.then(|| &self.rooms[index]),
+            timer: if throttled {
+                self.stats.wake_timers.get(index - 1)
+            } else {
+                None
+            },
         }
     }
 
@@ -138,6 +213,7 @@ impl VhostUserBackend for FsBackend {
 
     fn reset_device(&self) {
         debug!("device reset by the frontend: the guest session ends");
+        self.drop_waiting();
         self.server.start_over();
     }
 
@@ -168,6 +244,10 @@ impl VhostUserBackend for FsBackend {
         vrings: &[VringRwLock],
         thread_id: usize,
     ) -> io::Result<()> {
+        if device_event == self.wake_event() {
+            self.wake(thread_id, vrings);
+            return Ok(());
+        }
         // vhost-user-backend numbers events and `vrings` per worker thread; `index`
         // is the queue's index on the device (0 = hiprio).
         let Some(index) = global_queue_index(self.num_request_queues, thread_id, device_event)
@@ -196,6 +276,8 @@ impl VhostUserBackend for FsBackend {
         // session's node ids, handles and locks go, once per device start. A resume
         // after a pause keeps its ring position, so it keeps its session.
         if health.check_restart(vring) == QueueStart::NewDriver {
+            // Its throttled requests belong to the old ring.
+            self.rooms[index].lock().unwrap().clear();
             let start = self.starts.load(Ordering::Acquire);
             if self.reset_in_start.swap(start, Ordering::AcqRel) != start {
                 debug!("queue {index}: a new driver started the device");
@@ -203,15 +285,8 @@ impl VhostUserBackend for FsBackend {
             }
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
-        if let Err(e) = queue::process(
-            &self.server,
-            &mem,
-            vring,
-            index,
-            self.event_idx.load(Ordering::Relaxed),
-            &self.stats.queues[index],
-            health,
-        ) {
+        let queue = self.queue_ref(index, vring);
+        if let Err(e) = queue::process(&self.server, &mem, &queue, health) {
             warn!("queue {index}: {e}");
         }
         Ok(())

@@ -13,6 +13,7 @@ use std::io;
 use std::num::Wrapping;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
@@ -27,7 +28,9 @@ use crate::fs::reply::reply_error;
 use crate::fs::server::{parse_header, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 
-type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+use super::throttle::{WaitRoom, WakeTimer, MAX_WAITING_REQUEST};
+
+pub(crate) type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
 
 /// The state a queue keeps across kicks.
 #[derive(Default)]
@@ -144,17 +147,29 @@ pub struct QueueCounters {
 /// A ring rule the frontend broke.
 struct Broken(String);
 
+/// One queue as its worker serves it.
+pub struct QueueRef<'a> {
+    pub vring: &'a VringRwLock,
+    /// The queue's index on the device (0: hiprio).
+    pub index: usize,
+    pub event_idx: bool,
+    pub counters: &'a QueueCounters,
+    /// Where its throttled requests wait (None: never throttled, the hiprio queue).
+    pub room: Option<&'a Mutex<WaitRoom>>,
+    /// The worker's wake timer, armed for the next waiting request.
+    pub timer: Option<&'a WakeTimer>,
+}
+
 /// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
-/// a request published in between is not missed.
+/// a request published in between is not missed; then serves the waiting requests
+/// whose turn came.
 pub fn process(
     server: &Arc<FsServer>,
     mem: &GuestMemoryAtomic<GuestMemoryMmap>,
-    vring: &VringRwLock,
-    index: usize,
-    event_idx: bool,
-    counters: &QueueCounters,
+    queue: &QueueRef,
     health: &QueueHealth,
 ) -> io::Result<()> {
+    let (vring, index) = (queue.vring, queue.index);
     if health.is_stopped() {
         return Ok(());
     }
@@ -163,19 +178,11 @@ pub fn process(
         health.stop(vring, index, &why);
         return Ok(());
     }
-    let result = drain(
-        server,
-        &mem,
-        vring,
-        index,
-        event_idx,
-        counters,
-        health.checked_table(),
-    );
+    let result = drain(server, &mem, queue, health.checked_table());
     match result {
         Ok(popped) => {
             health.remember_drained(vring, popped);
-            Ok(())
+            release_waiting(server, queue, health)
         }
         Err(DrainError::BrokenRing(Broken(why))) => {
             health.stop(vring, index, &why);
@@ -203,23 +210,68 @@ impl From<io::Error> for DrainError {
     }
 }
 
+/// Completions put in the used ring and not yet signalled to the guest.
+///
+/// One interrupt per batch, not per request: each eventfd write wakes the frontend's
+/// thread, and on a loaded host that context switch is the largest cost of a small
+/// request. The batch is bounded in requests and in bytes, so large reads are not
+/// held back behind each other.
+struct Completions<'a> {
+    vring: &'a VringRwLock,
+    index: usize,
+    event_idx: bool,
+    unsignalled: usize,
+    bytes: usize,
+}
+
+impl<'a> Completions<'a> {
+    fn new(queue: &QueueRef<'a>) -> Self {
+        Completions {
+            vring: queue.vring,
+            index: queue.index,
+            event_idx: queue.event_idx,
+            unsignalled: 0,
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, head: u16, len: u32) -> io::Result<()> {
+        self.vring
+            .add_used(head, len)
+            .map_err(queue_err(self.index))?;
+        self.unsignalled += 1;
+        self.bytes += len as usize;
+        if self.unsignalled == SIGNAL_BATCH || self.bytes >= SIGNAL_BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.unsignalled > 0 {
+            notify(self.vring, self.event_idx, self.index)?;
+            self.unsignalled = 0;
+            self.bytes = 0;
+        }
+        Ok(())
+    }
+}
+
 fn drain(
     server: &Arc<FsServer>,
     mem: &Mem,
-    vring: &VringRwLock,
-    index: usize,
-    event_idx: bool,
-    counters: &QueueCounters,
+    queue: &QueueRef,
     table: Option<u64>,
 ) -> Result<u16, DrainError> {
+    let (vring, index, event_idx) = (queue.vring, queue.index, queue.event_idx);
+    let counters = queue.counters;
     let mut popped: u16 = 0;
     crate::metrics::start_batch();
     loop {
         if event_idx {
             vring.disable_notification().map_err(queue_err(index))?;
         }
-        let mut unsignalled = 0;
-        let mut unsignalled_bytes = 0;
+        let mut done = Completions::new(queue);
         loop {
             let Some(chain) = pop_checked(mem, vring, table).map_err(DrainError::BrokenRing)?
             else {
@@ -229,40 +281,32 @@ fn drain(
             let head = chain.head_index();
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
-            let len = REQUEST.with(|buf| {
+            let outcome = REQUEST.with(|buf| {
                 let mut buf = buf.borrow_mut();
-                let len = serve_one(server, mem, vring, chain, index, event_idx, &mut buf);
+                let outcome = admit_and_serve(server, queue, table, chain, &mut buf);
                 // A large request (a SETXATTR value, a batch of forgets) must not
                 // keep its buffer in every worker for good.
                 if buf.capacity() > KEPT_REQUEST_CAPACITY {
                     buf.clear();
                     buf.shrink_to(KEPT_REQUEST_CAPACITY);
                 }
-                len
+                outcome
             });
             counters.in_flight.store(0, Ordering::Relaxed);
-            let len = len?;
-            counters.served.fetch_add(1, Ordering::Relaxed);
-            let Some(len) = len else {
+            match outcome? {
+                Outcome::Reply(len) => {
+                    counters.served.fetch_add(1, Ordering::Relaxed);
+                    done.add(head, len)?;
+                }
                 // Handed to a lock-wait thread, which returns it itself.
-                continue;
-            };
-            vring.add_used(head, len).map_err(queue_err(index))?;
-            unsignalled += 1;
-            unsignalled_bytes += len as usize;
-            // One interrupt per batch, not per request: each eventfd write wakes the
-            // frontend's thread, and on a loaded host that context switch is the
-            // largest cost of a small request. The batch is bounded in requests and
-            // in bytes, so large reads are not held back behind each other.
-            if unsignalled == SIGNAL_BATCH || unsignalled_bytes >= SIGNAL_BATCH_BYTES {
-                notify(vring, event_idx, index)?;
-                unsignalled = 0;
-                unsignalled_bytes = 0;
+                Outcome::HandedOver => {
+                    counters.served.fetch_add(1, Ordering::Relaxed);
+                }
+                // Out of the ring, in its volume's line: served when its turn comes.
+                Outcome::Waiting => {}
             }
         }
-        if unsignalled > 0 {
-            notify(vring, event_idx, index)?;
-        }
+        done.flush()?;
         if table.is_some_and(|t| t != position(vring).0) {
             // Set up anew meanwhile: the next kick starts on the new ring, whose
             // driver must be free to kick (without EVENT_IDX, disabling set a flag).
@@ -401,33 +445,79 @@ fn is_write(h: InHeader) -> bool {
     h.opcode == Opcode::Write as u32
 }
 
-/// Runs one request; returns the reply length to put in the used ring, or None when
-/// a lock-wait thread took the chain over.
-fn serve_one(
+/// What became of a popped request.
+enum Outcome {
+    /// Served: its reply length, for the used ring.
+    Reply(u32),
+    /// A lock-wait thread took it over and returns it itself.
+    HandedOver,
+    /// Throttled: it waits in its volume's line.
+    Waiting,
+}
+
+/// Copies the request out of guest memory, and either serves it or, when its volume
+/// is over its limit (or has requests waiting already), puts it in the volume's line.
+fn admit_and_serve(
     server: &Arc<FsServer>,
-    mem: &Mem,
-    vring: &VringRwLock,
+    queue: &QueueRef,
+    table: Option<u64>,
     chain: DescriptorChain<Mem>,
-    index: usize,
-    event_idx: bool,
     buf: &mut Vec<u8>,
-) -> Result<Option<u32>, DrainError> {
+) -> Result<Outcome, DrainError> {
     copy_request(&chain, buf).map_err(DrainError::Broken)?;
-    let Some(header) = parse_header(buf) else {
-        debug!("queue {index}: request shorter than a FUSE header");
-        return Ok(Some(0));
-    };
-    if header.opcode == Opcode::Setlkw as u32 {
-        if let Some(len) = wait_off_thread(server, vring, chain.clone(), buf, event_idx, index) {
-            return Ok(len);
+    if let Some(room) = queue.room {
+        // No limit anywhere (the usual case): not even the volume is looked up.
+        if crate::qos::any_limited() {
+            if let Some((share, cost)) = server.limited_volume(buf) {
+                let now = Instant::now();
+                let mut room = room.lock().unwrap();
+                let waits = room.has_line(&share) || share.stats.qos.admit(cost, now).is_err();
+                if waits {
+                    if buf.len() <= MAX_WAITING_REQUEST {
+                        let table = table.unwrap_or_else(|| position(queue.vring).0);
+                        room.push(&share, table, chain, buf, cost, now);
+                        return Ok(Outcome::Waiting);
+                    }
+                    // Too large to keep a copy of: served now, and paid for by the
+                    // requests after it.
+                    share.stats.qos.charge(cost);
+                }
+            }
         }
     }
-    let writer = match VirtioFsWriter::new(&**mem, chain.clone()) {
+    serve_copied(server, queue, chain, buf)
+}
+
+/// Runs one request whose local copy is `buf`.
+fn serve_copied(
+    server: &Arc<FsServer>,
+    queue: &QueueRef,
+    chain: DescriptorChain<Mem>,
+    buf: &mut [u8],
+) -> Result<Outcome, DrainError> {
+    let (index, mem) = (queue.index, chain.memory());
+    let Some(header) = parse_header(buf) else {
+        debug!("queue {index}: request shorter than a FUSE header");
+        return Ok(Outcome::Reply(0));
+    };
+    if header.opcode == Opcode::Setlkw as u32 {
+        if let Some(len) = wait_off_thread(
+            server,
+            queue.vring,
+            chain.clone(),
+            buf,
+            queue.event_idx,
+            index,
+        ) {
+            return Ok(len.map_or(Outcome::HandedOver, Outcome::Reply));
+        }
+    }
+    let writer = match VirtioFsWriter::new(mem, chain.clone()) {
         Ok(w) => w,
         Err(e) => return Err(DrainError::Broken(Broken(format!("reply buffers: {e}")))),
     };
     let write_data = if is_write(header) {
-        match Reader::from_descriptor_chain(&**mem, chain.clone()) {
+        match Reader::from_descriptor_chain(mem, chain.clone()) {
             // An error here leaves None: the WRITE then fails its size check.
             Ok(mut r) => r.split_at(WRITE_PREFIX).ok(),
             Err(e) => return Err(DrainError::Broken(Broken(format!("write data: {e}")))),
@@ -436,7 +526,65 @@ fn serve_one(
         None
     };
     let result = server.handle_request(buf, write_data, writer.into());
-    Ok(Some(reply_len(result, mem, chain, index)))
+    Ok(Outcome::Reply(reply_len(result, mem, chain.clone(), index)))
+}
+
+/// Serves the waiting requests whose turn came, and arms the worker's timer for the
+/// next one. Requests that wait for a ring set up anew since (a new driver) are
+/// dropped: that ring is gone.
+pub fn release_waiting(
+    server: &Arc<FsServer>,
+    queue: &QueueRef,
+    health: &QueueHealth,
+) -> io::Result<()> {
+    let (Some(room), Some(timer)) = (queue.room, queue.timer) else {
+        return Ok(());
+    };
+    let mut ready = Vec::new();
+    let next = {
+        let mut room = room.lock().unwrap();
+        if room.is_empty() {
+            return Ok(());
+        }
+        if health.is_stopped() || room.table() != Some(position(queue.vring).0) {
+            let n = room.clear();
+            debug!(
+                "queue {}: {n} throttled requests dropped: their ring is gone",
+                queue.index
+            );
+            timer.disarm();
+            return Ok(());
+        }
+        room.take_ready(Instant::now(), &mut ready)
+    };
+    crate::metrics::start_batch();
+    let mut done = Completions::new(queue);
+    let mut result = Ok(());
+    for mut waiting in ready {
+        let head = waiting.chain.head_index();
+        queue.counters.in_flight.store(1, Ordering::Relaxed);
+        let outcome = serve_copied(server, queue, waiting.chain, &mut waiting.request);
+        queue.counters.in_flight.store(0, Ordering::Relaxed);
+        match outcome {
+            Ok(Outcome::Reply(len)) => {
+                queue.counters.served.fetch_add(1, Ordering::Relaxed);
+                done.add(head, len)?;
+            }
+            Ok(_) => {
+                queue.counters.served.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
+                health.stop_after_chain(queue.index, &why);
+            }
+            Err(DrainError::Io(e)) => result = Err(e),
+        }
+    }
+    done.flush()?;
+    match next {
+        Some(wait) => timer.arm(wait),
+        None => timer.disarm(),
+    }
+    result
 }
 
 /// The reply length of a served request: a request that failed without a reply but

@@ -35,6 +35,8 @@ pub struct ShareSpec {
     pub path: SharePath,
     pub read_only: bool,
     pub volume_id: Option<String>,
+    /// Its rate limits (None: unlimited); changed later with PATCH.
+    pub rate_limit: Option<crate::qos::RateLimit>,
 }
 
 pub enum AttachError {
@@ -339,7 +341,8 @@ fn check_conflicts(t: &Table, spec: &ShareSpec, key: &str) -> Result<(), AttachE
     if let Some(a) = t.shares.get(key) {
         let same = a.share.read_only == spec.read_only
             && a.share.host_path == spec.path.host
-            && a.share.volume_id == spec.volume_id;
+            && a.share.volume_id == spec.volume_id
+            && a.share.stats.qos.limit() == spec.rate_limit.filter(|l| !l.is_empty());
         return Err(if same {
             AttachError::AlreadyAttached(a.share.clone())
         } else {
@@ -383,6 +386,7 @@ mod tests {
             },
             read_only: ro,
             volume_id: None,
+            rate_limit: None,
         }
     }
 

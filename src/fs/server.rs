@@ -30,7 +30,9 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
+use super::share::Share;
 use super::{extra_ops, init, reply, Stack, VolFs, Volumes};
+use crate::qos::Cost;
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -100,6 +102,41 @@ impl FsServer {
             volumes: stack.volumes.clone(),
             initialized: AtomicBool::new(false),
         }
+    }
+
+    /// The volume a request is for, and what it costs, when that volume is limited
+    /// now. None for what is never throttled: FORGET, BATCH_FORGET and INTERRUPT free
+    /// resources or cancel a wait, INIT and DESTROY belong to the session, and a
+    /// request about a virtual directory is for no volume.
+    pub fn limited_volume(&self, request: &[u8]) -> Option<(Arc<Share>, Cost)> {
+        let header = parse_header(request)?;
+        let exempt = [
+            Opcode::Forget,
+            Opcode::BatchForget,
+            Opcode::Interrupt,
+            Opcode::Init,
+            Opcode::Destroy,
+        ];
+        if exempt.iter().any(|op| *op as u32 == header.opcode) {
+            return None;
+        }
+        let share = self.fs.inner().share_of(header.nodeid)?;
+        if !share.stats.qos.is_limited() {
+            return None;
+        }
+        let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
+        let bytes = if header.opcode == Opcode::Read as u32 {
+            ReadIn::from_slice(args.get(..size_of::<ReadIn>()).unwrap_or(&[])).map(|r| r.size)
+        } else if header.opcode == Opcode::Write as u32 {
+            WriteIn::from_slice(args.get(..size_of::<WriteIn>()).unwrap_or(&[])).map(|w| w.size)
+        } else {
+            None
+        };
+        let cost = Cost {
+            ops: 1,
+            bytes: u64::from(bytes.unwrap_or(0)),
+        };
+        Some((share, cost))
     }
 
     /// The device was reset, or a new driver started its queues (a guest reboot):

@@ -20,6 +20,8 @@ pub struct ShareStats {
     pub errors: AtomicU64,
     /// Per operation and errno class, for `GET /metrics` (unless `--no-metrics`).
     pub metrics: crate::metrics::VolumeMetrics,
+    /// Its rate limits and what they held back.
+    pub qos: crate::qos::VolumeQos,
 }
 
 impl ShareStats {

@@ -403,6 +403,7 @@ impl Volumes {
             .map_err(|e| AttachError::Io(io::Error::new(e.kind(), format!("{key}: {e}"))))?;
         let mut share = Share::new(key.clone(), spec.path.host.clone(), spec.read_only);
         share.volume_id = spec.volume_id.clone();
+        share.stats.qos.set(spec.rate_limit);
         let share = Arc::new(share);
         let root_nodeid = self.inner.alloc_nodeid();
         self.inner
@@ -416,11 +417,17 @@ impl Volumes {
             return Err(e);
         }
         info!(
-            "attached {key} ({}{})",
+            "attached {key} ({}{}{})",
             if spec.read_only { "ro" } else { "rw" },
             spec.volume_id
                 .as_ref()
                 .map(|v| format!(", volume {v}"))
+                .unwrap_or_default(),
+            share
+                .stats
+                .qos
+                .limit()
+                .map(|l| format!(", limited to {}", crate::qos::describe(&l)))
                 .unwrap_or_default()
         );
         Ok(share)
@@ -431,6 +438,9 @@ impl Volumes {
     /// so that no fd into it is left when this returns. None if unknown.
     pub fn detach(&self, name: &str) -> Option<Arc<Share>> {
         let share = self.registry.remove(name)?.share;
+        // Its throttled requests are served now (and fail: the volume is gone), once
+        // the caller wakes the queues; the limit no longer counts as one.
+        share.stats.qos.set(None);
         let (nodes, handles) = self.inner.detach_share(&share);
         let deadline = Instant::now() + DETACH_DRAIN;
         while Arc::strong_count(&share) > 1 && Instant::now() < deadline {

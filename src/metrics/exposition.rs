@@ -20,6 +20,13 @@ pub struct VolumeSnapshot<'a> {
     pub nodes: usize,
     pub handles: usize,
     pub lock_files: usize,
+    /// QoS: requests that waited for tokens, waiting now, and seconds waited.
+    pub throttled: u64,
+    pub waiting: u64,
+    pub wait_seconds: f64,
+    /// The volume's limits as rates (None: that measure is not limited).
+    pub ops_limit: Option<f64>,
+    pub bytes_limit: Option<f64>,
 }
 
 /// Everything one scrape shows.
@@ -42,6 +49,13 @@ type PerVolumeFamily = (
     &'static str,
     &'static str,
     fn(&VolumeSnapshot) -> u64,
+);
+
+/// A family of volume limits: name, help, and the rate if the volume has one.
+type LimitFamily = (
+    &'static str,
+    &'static str,
+    fn(&VolumeSnapshot) -> Option<f64>,
 );
 
 fn escape(v: &str) -> String {
@@ -144,7 +158,7 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
 
-    let per_volume: [PerVolumeFamily; 5] = [
+    let per_volume: [PerVolumeFamily; 7] = [
         (
             "volfsd_read_bytes_total",
             "counter",
@@ -175,11 +189,58 @@ pub fn render(s: &Snapshot) -> String {
             "Files carrying a guest process's POSIX locks in the volume.",
             |v| v.lock_files as u64,
         ),
+        (
+            "volfsd_qos_throttled_requests_total",
+            "counter",
+            "Requests of the volume that waited for its rate limit's tokens.",
+            |v| v.throttled,
+        ),
+        (
+            "volfsd_qos_waiting_requests",
+            "gauge",
+            "Requests of the volume waiting for tokens now, out of the virtqueues.",
+            |v| v.waiting,
+        ),
     ];
     for (name, kind, help, get) in per_volume {
         family(&mut out, name, kind, help);
         for v in &s.volumes {
             let _ = writeln!(out, "{name}{{volume=\"{}\"}} {}", escape(v.name), get(v));
+        }
+    }
+
+    family(
+        &mut out,
+        "volfsd_qos_wait_seconds_total",
+        "counter",
+        "Seconds the volume's requests waited for tokens, in all.",
+    );
+    for v in &s.volumes {
+        let _ = writeln!(
+            out,
+            "volfsd_qos_wait_seconds_total{{volume=\"{}\"}} {}",
+            escape(v.name),
+            v.wait_seconds
+        );
+    }
+    let limits: [LimitFamily; 2] = [
+        (
+            "volfsd_qos_limit_requests_per_second",
+            "The volume's request rate limit (its ops bucket's size per refill time); absent when unlimited.",
+            |v| v.ops_limit,
+        ),
+        (
+            "volfsd_qos_limit_bytes_per_second",
+            "The volume's byte rate limit (its bandwidth bucket's size per refill time); absent when unlimited.",
+            |v| v.bytes_limit,
+        ),
+    ];
+    for (name, help, get) in limits {
+        family(&mut out, name, "gauge", help);
+        for v in &s.volumes {
+            if let Some(rate) = get(v) {
+                let _ = writeln!(out, "{name}{{volume=\"{}\"}} {rate}", escape(v.name));
+            }
         }
     }
 
@@ -295,6 +356,11 @@ mod tests {
                 nodes: 3,
                 handles: 1,
                 lock_files: 0,
+                throttled: 5,
+                waiting: 2,
+                wait_seconds: 0.25,
+                ops_limit: Some(1000.0),
+                bytes_limit: None,
             }],
             queue_requests: vec![7, 0],
             queue_in_flight: vec![1, 0],
@@ -315,6 +381,11 @@ mod tests {
             .contains("volfsd_request_duration_seconds_count{volume=\"data\",op=\"lookup\"} 2\n"));
         assert!(text.contains("volfsd_request_errors_total{volume=\"data\",errno=\"ENOENT\"} 1\n"));
         assert!(text.contains("volfsd_read_bytes_total{volume=\"data\"} 4096\n"));
+        assert!(text.contains("volfsd_qos_throttled_requests_total{volume=\"data\"} 5\n"));
+        assert!(text.contains("volfsd_qos_waiting_requests{volume=\"data\"} 2\n"));
+        assert!(text.contains("volfsd_qos_wait_seconds_total{volume=\"data\"} 0.25\n"));
+        assert!(text.contains("volfsd_qos_limit_requests_per_second{volume=\"data\"} 1000\n"));
+        assert!(!text.contains("volfsd_qos_limit_bytes_per_second{"));
         assert!(text.contains("volfsd_queue_in_flight_requests{queue=\"0\"} 1\n"));
         assert!(
             !text.contains("op=\"read\""),

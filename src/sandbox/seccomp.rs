@@ -260,6 +260,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_epoll_ctl, MAIN | WORKER, "register queue kick fds (frontend thread), the worker loops"),
     allow!(SYS_epoll_wait, WORKER, "the queue workers' event loops"),
     allow!(SYS_eventfd2, WORKER, "the queue workers' exit events"),
+    allow!(SYS_timerfd_settime, WORKER | CONTROL, "QoS: a queue worker arms its wake timer for its next throttled request; the control API fires the timers when a limit changes or a volume is detached"),
     allow!(SYS_accept4, MAIN | CONTROL, "the frontend's connection; control clients"),
     allow!(SYS_recvmsg, MAIN, "vhost-user messages with their fds"),
     allow!(SYS_sendmsg, MAIN, "vhost-user replies"),

@@ -236,7 +236,10 @@ mod tests {
         assert!(page.contains(".SH \"CONTROL CLIENT\""));
         let ctl = ctl_command();
         let subs: Vec<_> = ctl_subcommands(&ctl).map(|s| s.get_name()).collect();
-        assert_eq!(subs, ["attach", "detach", "list", "stats", "metrics"]);
+        assert_eq!(
+            subs,
+            ["attach", "detach", "limit", "list", "stats", "metrics"]
+        );
         for sub in ctl_subcommands(&ctl) {
             assert!(
                 page.contains(&format!("volfsd ctl {}", sub.get_name())),

@@ -8,17 +8,31 @@ use nix::mount::{mount, umount, MsFlags};
 
 use super::http::{expect, request};
 use crate::control::api::{Health, VolumeInfo};
+use crate::qos::RateLimit;
 use crate::sandbox::mounts::unescape;
+
+/// What `ctl attach` asks for.
+pub(super) struct AttachOptions {
+    pub path: Option<PathBuf>,
+    pub read_only: bool,
+    pub volume_id: Option<String>,
+    pub bind: Option<PathBuf>,
+    pub limit: Option<RateLimit>,
+}
 
 pub(super) fn attach(
     socket: &Path,
     json: bool,
     name: &str,
-    path: Option<PathBuf>,
-    read_only: bool,
-    volume_id: Option<String>,
-    bind: Option<PathBuf>,
+    options: AttachOptions,
 ) -> Result<String, String> {
+    let AttachOptions {
+        path,
+        read_only,
+        volume_id,
+        bind,
+        limit,
+    } = options;
     let target = match path {
         Some(p) => p,
         None => {
@@ -37,7 +51,11 @@ pub(super) fn attach(
                 serde_json::from_str(&existing.body).map_err(|e| format!("bad reply: {e}"))?;
             let same_dir = Path::new(&v.path) == target
                 || Path::new(&v.path).canonicalize().ok() == target.canonicalize().ok();
-            if same_dir && v.read_only == read_only && v.volume_id == volume_id {
+            if same_dir
+                && v.read_only == read_only
+                && v.volume_id == volume_id
+                && v.rate_limiter == limit
+            {
                 return Ok(if json {
                     existing.body
                 } else {
@@ -79,6 +97,9 @@ pub(super) fn attach(
         "read_only": read_only,
         "volume_id": volume_id,
     });
+    if let Some(l) = limit {
+        body["rate_limiter"] = serde_json::json!(l);
+    }
     if let Some(e) = expected_root {
         body["expect"] = e;
     }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use super::api::{Health, VolumeInfo};
+use crate::qos::RateLimit;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,9 +44,25 @@ pub enum CtlCommand {
         /// as a node agent would; rolled back if the attach fails.
         #[arg(long, value_name = "HOST_PATH")]
         bind: Option<PathBuf>,
+        /// A rate limit, as in --allowed-dir: ops_size=N, ops_refill_time_ms=MS,
+        /// bw_size=BYTES, ... Repeatable.
+        #[arg(long = "limit", value_name = "KEY=N")]
+        limits: Vec<String>,
     },
     /// Remove NAME from the guest, then unmount its bind mount if it has one.
     Detach { name: String },
+    /// Set, change or lift NAME's rate limits while the guest runs (PATCH).
+    Limit {
+        name: String,
+        /// The new limits (they replace the old ones whole): ops_size=N,
+        /// ops_one_time_burst=N, ops_refill_time_ms=MS, bw_size=BYTES,
+        /// bw_one_time_burst=BYTES, bw_refill_time_ms=MS.
+        #[arg(value_name = "KEY=N", required_unless_present = "none")]
+        options: Vec<String>,
+        /// Lift every limit.
+        #[arg(long, conflicts_with = "options")]
+        none: bool,
+    },
     /// List attached volumes.
     List,
     /// Show one volume's counters, or all volumes' and the device's health.
@@ -74,7 +91,44 @@ pub fn run(args: CtlArgs) -> Result<String, String> {
             read_only,
             volume_id,
             bind,
-        } => attach(&socket, args.json, &name, path, read_only, volume_id, bind),
+            limits,
+        } => {
+            let limit = parse_limit(&limits)?;
+            attach(
+                &socket,
+                args.json,
+                &name,
+                bind::AttachOptions {
+                    path,
+                    read_only,
+                    volume_id,
+                    bind,
+                    limit,
+                },
+            )
+        }
+        CtlCommand::Limit {
+            name,
+            options,
+            none,
+        } => {
+            let limit = if none { None } else { parse_limit(&options)? };
+            let body = serde_json::json!({ "rate_limiter": limit }).to_string();
+            let r = expect(
+                request(&socket, "PATCH", &format!("/volumes/{name}"), Some(&body))?,
+                &[200],
+                &format!("limit {name}"),
+            )?;
+            if args.json {
+                return Ok(r.body);
+            }
+            Ok(format!(
+                "{name}: {}",
+                limit
+                    .map(|l| format!("limited to {}", crate::qos::describe(&l)))
+                    .unwrap_or_else(|| "unlimited".into())
+            ))
+        }
         CtlCommand::Detach { name } => detach(&socket, &name),
         CtlCommand::List => {
             let r = expect(request(&socket, "GET", "/volumes", None)?, &[200], "list")?;
@@ -126,6 +180,19 @@ pub fn run(args: CtlArgs) -> Result<String, String> {
     }
 }
 
+/// `KEY=N` options as one limit (None for no options).
+fn parse_limit(options: &[String]) -> Result<Option<RateLimit>, String> {
+    if options.is_empty() {
+        return Ok(None);
+    }
+    let mut limit = RateLimit::default();
+    for o in options {
+        limit.set_option(o)?;
+    }
+    limit.check()?;
+    Ok(Some(limit))
+}
+
 fn table(vols: &[VolumeInfo]) -> String {
     if vols.is_empty() {
         return "no volumes attached".to_string();
@@ -155,7 +222,8 @@ fn details(v: &VolumeInfo) -> String {
     format!(
         "name:          {}\nvolume_id:     {}\npath:          {}\nread_only:     {}\n\
          attached_at:   {}\nopen_handles:  {}\nlive_inodes:   {}\nops:           {}\n\
-         bytes_read:    {}\nbytes_written: {}\nerrors:        {}",
+         bytes_read:    {}\nbytes_written: {}\nerrors:        {}\nrate_limit:    {}\n\
+         throttled:     {} requests, {:.3} s waited, {} waiting now",
         v.name,
         v.volume_id.as_deref().unwrap_or("-"),
         v.path,
@@ -166,6 +234,13 @@ fn details(v: &VolumeInfo) -> String {
         v.stats.ops,
         v.stats.bytes_read,
         v.stats.bytes_written,
-        v.stats.errors
+        v.stats.errors,
+        v.rate_limiter
+            .as_ref()
+            .map(crate::qos::describe)
+            .unwrap_or_else(|| "none".into()),
+        v.qos.throttled_requests,
+        v.qos.wait_seconds,
+        v.qos.waiting_requests
     )
 }

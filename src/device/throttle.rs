@@ -1,0 +1,390 @@
+//! Where a throttled request waits: out of its virtqueue, in its volume's own line.
+//!
+//! A queue worker that pops a request whose volume has no tokens left keeps the
+//! request's chain and its local copy here, and goes on popping: the requests of
+//! other volumes behind it on the same queue are served at once. Each volume's line
+//! is served in order when its buckets refill; the worker's [`WakeTimer`] fires at
+//! the earliest such moment.
+//!
+//! A waiting request is answered whatever happens to its volume: lifting or changing
+//! the limit, or detaching the volume, fires the timers at once (the control API
+//! does), and a detached volume's line is served there and then (each request fails
+//! as any request to a detached volume does). Only a new driver on the queue (a
+//! reboot, a device reset) drops the lines unanswered: their ring is gone.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use virtio_queue::DescriptorChain;
+
+use crate::fs::share::Share;
+use crate::qos::Cost;
+
+use super::queue::Mem;
+
+/// The largest local copy a waiting request may keep: a request larger than this (a
+/// SETXATTR value, a SYMLINK of a long target) is served at once and charged, so a
+/// guest cannot make the daemon hold a full queue of megabyte copies.
+pub const MAX_WAITING_REQUEST: usize = 8 * 1024;
+
+/// One request waiting for its volume's tokens.
+pub struct Waiting {
+    pub chain: DescriptorChain<Mem>,
+    /// The request's local copy, made when it was popped (served from it later, as
+    /// any request is).
+    pub request: Vec<u8>,
+    cost: Cost,
+    since: Instant,
+}
+
+struct Line {
+    /// Weak: a waiting request does not hold its volume attached (a detach does not
+    /// wait for the line, it serves it).
+    share: Weak<Share>,
+    requests: VecDeque<Waiting>,
+}
+
+/// One request queue's waiting lines, one per volume with requests waiting.
+#[derive(Default)]
+pub struct WaitRoom {
+    /// The descriptor table the waiting chains belong to.
+    table: Option<u64>,
+    lines: Vec<Line>,
+}
+
+impl WaitRoom {
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    /// Requests waiting, over every volume.
+    pub fn len(&self) -> usize {
+        self.lines.iter().map(|l| l.requests.len()).sum()
+    }
+
+    /// Whether `share` has requests waiting here: a new one then waits behind them.
+    pub fn has_line(&self, share: &Arc<Share>) -> bool {
+        let weak = Arc::downgrade(share);
+        self.lines.iter().any(|l| l.share.ptr_eq(&weak))
+    }
+
+    /// The descriptor table the waiting chains came from.
+    pub fn table(&self) -> Option<u64> {
+        self.table
+    }
+
+    /// Puts a request at the end of its volume's line.
+    pub fn push(
+        &mut self,
+        share: &Arc<Share>,
+        table: u64,
+        chain: DescriptorChain<Mem>,
+        request: &[u8],
+        cost: Cost,
+        now: Instant,
+    ) {
+        self.table = Some(table);
+        share.stats.qos.throttled.fetch_add(1, Ordering::Relaxed);
+        share.stats.qos.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting {
+            chain,
+            request: request.to_vec(),
+            cost,
+            since: now,
+        };
+        let weak = Arc::downgrade(share);
+        match self.lines.iter_mut().find(|l| l.share.ptr_eq(&weak)) {
+            Some(line) => line.requests.push_back(waiting),
+            None => self.lines.push(Line {
+                share: weak,
+                requests: VecDeque::from([waiting]),
+            }),
+        }
+    }
+
+    /// Moves into `ready` the requests that may go now, in order within each volume:
+    /// those whose volume's buckets admit them, and every request of a volume that is
+    /// detached or no longer limited. Returns how long until the next may go (None:
+    /// nothing waits).
+    pub fn take_ready(&mut self, now: Instant, ready: &mut Vec<Waiting>) -> Option<Duration> {
+        let mut next: Option<Duration> = None;
+        self.lines.retain_mut(|line| {
+            let share = line.share.upgrade().filter(|s| !s.is_revoked());
+            while let Some(front) = line.requests.front() {
+                if let Some(s) = &share {
+                    if let Err(wait) = s.stats.qos.admit(front.cost, now) {
+                        next = Some(next.map_or(wait, |n| n.min(wait)));
+                        break;
+                    }
+                }
+                let w = line.requests.pop_front().expect("front was Some");
+                if let Some(s) = line.share.upgrade() {
+                    s.stats.qos.waiting.fetch_sub(1, Ordering::Relaxed);
+                    s.stats.qos.waited(now.saturating_duration_since(w.since));
+                }
+                ready.push(w);
+            }
+            !line.requests.is_empty()
+        });
+        next
+    }
+
+    /// Drops every waiting request unanswered (their ring belongs to a driver that is
+    /// gone); returns how many there were.
+    pub fn clear(&mut self) -> usize {
+        let n = self.len();
+        for line in self.lines.drain(..) {
+            if let Some(s) = line.share.upgrade() {
+                s.stats
+                    .qos
+                    .waiting
+                    .fetch_sub(line.requests.len() as u64, Ordering::Relaxed);
+            }
+        }
+        self.table = None;
+        n
+    }
+}
+
+/// A one-shot monotonic timer (a timerfd) a queue worker waits on beside its queues.
+pub struct WakeTimer(OwnedFd);
+
+impl WakeTimer {
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: timerfd_create takes no pointers; the fd it returns is ours alone.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just created and is owned by nothing else.
+        Ok(WakeTimer(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires once, `after` from now (at once for zero).
+    pub fn arm(&self, after: Duration) {
+        let after = after.max(Duration::from_nanos(1));
+        self.set(libc::timespec {
+            tv_sec: after.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: after.subsec_nanos() as libc::c_long,
+        });
+    }
+
+    pub fn disarm(&self) {
+        self.set(libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        });
+    }
+
+    fn set(&self, value: libc::timespec) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
+        // SAFETY: spec is a valid itimerspec; the old value is not asked for. The
+        // call fails only for a bad fd or value, neither of which can happen here.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Reads the expirations, so the fd is quiet until the timer fires again.
+    pub fn consume(&self) {
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `count`. EAGAIN (nothing expired: a wake
+        // the worker already saw) is fine.
+        unsafe { libc::read(self.0.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+    }
+}
+
+impl AsRawFd for WakeTimer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// The wake timers of the request queues' workers (worker `t` serves request queue
+/// `t + 1`), shared with the control API, which fires them when a limit changes or a
+/// volume is detached.
+#[derive(Default)]
+pub struct WakeTimers(Vec<WakeTimer>);
+
+impl WakeTimers {
+    pub fn new(workers: usize) -> io::Result<Self> {
+        (0..workers)
+            .map(|_| WakeTimer::new())
+            .collect::<io::Result<Vec<_>>>()
+            .map(WakeTimers)
+    }
+
+    pub fn get(&self, worker: usize) -> Option<&WakeTimer> {
+        self.0.get(worker)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &WakeTimer> {
+        self.0.iter()
+    }
+
+    /// Every worker looks at its waiting requests now.
+    pub fn wake_all(&self) {
+        for t in &self.0 {
+            t.arm(Duration::ZERO);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qos::{BucketConfig, RateLimit};
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::QueueT;
+    use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+
+    fn limited(name: &str, per_second: u64) -> Arc<Share> {
+        let s = Arc::new(Share::for_test(name, false));
+        s.stats.qos.set(Some(RateLimit {
+            ops: Some(BucketConfig {
+                size: per_second,
+                one_time_burst: 0,
+                refill_time_ms: 1000,
+            }),
+            bandwidth: None,
+        }));
+        s
+    }
+
+    const ONE: Cost = Cost { ops: 1, bytes: 0 };
+
+    #[test]
+    fn lines_go_in_order_as_their_volumes_refill_and_a_detached_one_goes_at_once() {
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
+        let m = mem.memory();
+        let q = MockSplitQueue::new(&*m, 16);
+        let a = limited("a", 10);
+        let b = limited("b", 10);
+        let mut room = WaitRoom::default();
+        let t0 = Instant::now();
+        // Both volumes' buckets are empty.
+        for s in [&a, &b] {
+            for _ in 0..10 {
+                s.stats.qos.admit(ONE, t0).unwrap();
+            }
+        }
+        let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
+        let mut chains = Vec::new();
+        for i in 0..3u8 {
+            q.build_desc_chain(&[RawDescriptor::from(Descriptor::new(
+                0x8000 + 0x100 * u64::from(i),
+                64,
+                0,
+                0,
+            ))])
+            .unwrap();
+            chains.push(queue.pop_descriptor_chain(m.clone()).unwrap());
+        }
+        let mut chains = chains.into_iter();
+        room.push(&a, 0, chains.next().unwrap(), b"a1", ONE, t0);
+        room.push(&b, 0, chains.next().unwrap(), b"b1", ONE, t0);
+        room.push(&a, 0, chains.next().unwrap(), b"a2", ONE, t0);
+        assert!(room.has_line(&a) && room.has_line(&b));
+        assert_eq!(a.stats.qos.waiting.load(Ordering::Relaxed), 2);
+        let mut ready = Vec::new();
+        // Nothing refilled yet: the next token is 100 ms away.
+        assert_eq!(
+            room.take_ready(t0, &mut ready),
+            Some(Duration::from_millis(100))
+        );
+        assert!(ready.is_empty());
+        // One token each after 100 ms: a1 and b1 go, a2 waits.
+        let next = room.take_ready(t0 + Duration::from_millis(100), &mut ready);
+        let names: Vec<&[u8]> = ready.iter().map(|w| &w.request[..]).collect();
+        assert_eq!(names, [&b"a1"[..], b"b1"]);
+        assert_eq!(next, Some(Duration::from_millis(100)));
+        assert!(!room.has_line(&b));
+        // a is detached: its line goes at once, without tokens.
+        a.revoke();
+        ready.clear();
+        assert_eq!(
+            room.take_ready(t0 + Duration::from_millis(100), &mut ready),
+            None
+        );
+        assert_eq!(ready.len(), 1);
+        assert!(room.is_empty());
+        assert_eq!(a.stats.qos.waiting.load(Ordering::Relaxed), 0);
+        assert_eq!(a.stats.qos.throttled.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_new_driver_drops_the_lines_and_a_lifted_limit_lets_them_go() {
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
+        let m = mem.memory();
+        let q = MockSplitQueue::new(&*m, 16);
+        let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
+        let a = limited("a", 1);
+        let t0 = Instant::now();
+        a.stats.qos.admit(ONE, t0).unwrap();
+        let mut room = WaitRoom::default();
+        for i in 0..2u64 {
+            q.build_desc_chain(&[RawDescriptor::from(Descriptor::new(
+                0x8000 + i * 64,
+                64,
+                0,
+                0,
+            ))])
+            .unwrap();
+            let c = queue.pop_descriptor_chain(m.clone()).unwrap();
+            room.push(&a, 0x1000, c, b"r", ONE, t0);
+        }
+        assert_eq!(room.table(), Some(0x1000));
+        assert_eq!(room.clear(), 2);
+        assert_eq!(a.stats.qos.waiting.load(Ordering::Relaxed), 0);
+        assert_eq!(room.table(), None);
+
+        let c = {
+            q.build_desc_chain(&[RawDescriptor::from(Descriptor::new(0x9000, 64, 0, 0))])
+                .unwrap();
+            queue.pop_descriptor_chain(m.clone()).unwrap()
+        };
+        room.push(&a, 0x1000, c, b"r", ONE, t0);
+        a.stats.qos.set(None);
+        let mut ready = Vec::new();
+        assert_eq!(room.take_ready(t0, &mut ready), None);
+        assert_eq!(ready.len(), 1);
+    }
+
+    #[test]
+    fn a_wake_timer_fires_once_when_armed() {
+        let t = WakeTimer::new().unwrap();
+        let mut pfd = libc::pollfd {
+            fd: t.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let poll = |pfd: &mut libc::pollfd, ms| unsafe { libc::poll(pfd, 1, ms) };
+        assert_eq!(poll(&mut pfd, 0), 0, "unarmed");
+        t.arm(Duration::ZERO);
+        assert_eq!(poll(&mut pfd, 1000), 1, "fired");
+        t.consume();
+        assert_eq!(poll(&mut pfd, 0), 0, "quiet after consume");
+        t.arm(Duration::from_secs(60));
+        t.disarm();
+        assert_eq!(poll(&mut pfd, 50), 0, "disarmed");
+    }
+}
