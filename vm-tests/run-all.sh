@@ -31,6 +31,9 @@ SUITES=(
 	"features-qemu       --vmm qemu --suite features"
 	# --translate-uid/--translate-gid seen from the guest
 	"idmap-qemu          --vmm qemu --suite idmap"
+	# per-volume QoS: a throttled volume answers every request correctly, later;
+	# its neighbour keeps working; the limit is lifted at runtime
+	"qos-qemu            --vmm qemu --suite qos"
 	# Debian's libvirt 9.0 finds volfsd through a vhost-user descriptor, starts it
 	# with its own argument vector for a domain's <filesystem>, the guest uses it
 	"libvirt             run:run-libvirt.sh"
