@@ -87,9 +87,17 @@ fn metrics_count_known_traffic_and_parse_as_prometheus_text() {
     c.mkdir("data");
     c.mkdir("ro");
     c.attach("data", "data");
+    // ro is rate-limited far above this test's traffic: its limit gauges show.
     c.put(
         "ro",
-        &serde_json::json!({ "path": "ro", "read_only": true }),
+        &serde_json::json!({
+            "path": "ro",
+            "read_only": true,
+            "rate_limiter": {
+                "ops": { "size": 100000, "refill_time_ms": 1000 },
+                "bandwidth": { "size": 1048576, "refill_time_ms": 100 }
+            }
+        }),
     )
     .expect(201);
     std::fs::write(c.shared().join("data/f"), vec![5u8; 8192]).unwrap();
@@ -135,6 +143,26 @@ fn metrics_count_known_traffic_and_parse_as_prometheus_text() {
     assert_eq!(requests("data", "create", "ok"), 1.0);
     assert_eq!(requests("data", "write", "ok"), 1.0);
     assert_eq!(requests("ro", "mkdir", "error"), 1.0);
+    let per_volume = |name, vol| value(&samples, name, &[("volume", vol)]);
+    assert_eq!(
+        per_volume("volfsd_qos_limit_requests_per_second", "ro"),
+        100000.0
+    );
+    assert_eq!(
+        per_volume("volfsd_qos_limit_bytes_per_second", "ro"),
+        10485760.0
+    );
+    for vol in ["data", "ro"] {
+        assert_eq!(per_volume("volfsd_qos_throttled_requests_total", vol), 0.0);
+        assert_eq!(per_volume("volfsd_qos_waiting_requests", vol), 0.0);
+        assert_eq!(per_volume("volfsd_qos_wait_seconds_total", vol), 0.0);
+    }
+    assert!(
+        !samples
+            .iter()
+            .any(|(n, l, _)| n == "volfsd_qos_limit_requests_per_second" && l["volume"] == "data"),
+        "an unlimited volume has no limit gauge"
+    );
     let errno = |vol, e| {
         value(
             &samples,
