@@ -220,6 +220,33 @@ fn a_new_driver_drops_the_waiting_requests_and_its_ring_gets_none_of_them() {
     assert!(stray.is_empty(), "{stray:?}");
 }
 
+#[test]
+fn a_paused_queue_gets_no_answer_until_it_is_started_again_on_the_same_rings() {
+    let (c, mut fc, a, _, _) = two_volumes("qos-pause");
+    let q = fc.request_queue(0).unwrap();
+    let waiting: Vec<u64> = (0..3).map(|_| q.submit(&getattr(a)).unwrap()).collect();
+    q.kick().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.volume("a")["qos"]["waiting_requests"] != 3 {
+        assert!(Instant::now() < deadline, "{}", c.volume("a"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The VM is paused (the queue stopped) and the limit lifted meanwhile: nothing
+    // may be returned to a stopped ring.
+    fc.pause_request_queue(0, || {
+        patch(&c, "a", Value::Null);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(c.volume("a")["qos"]["waiting_requests"], 3, "{}", c.d.log());
+    })
+    .unwrap();
+    // Resumed on the same rings: the waiting requests are answered there, in order.
+    let q = fc.request_queue(0).unwrap();
+    let done = collect(q, 3, Duration::from_secs(10));
+    let order: Vec<u64> = done.iter().map(|d| d.0).collect();
+    assert_eq!(order, waiting, "{done:?}");
+    assert!(done.iter().all(|d| d.1 == Ok(16 + 104)), "{done:?}");
+}
+
 /// Sends `request` with `depth` in flight for `run`, counting completions; returns
 /// (completions, seconds from the first submit to the last completion).
 fn hammer(q: &mut FuseQueue, request: &Request, depth: usize, run: Duration) -> (u64, f64) {

@@ -529,6 +529,9 @@ fn serve_copied(
     Ok(Outcome::Reply(reply_len(result, mem, chain.clone(), index)))
 }
 
+/// How often a stopped queue's waiting requests are looked at again.
+const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Serves the waiting requests whose turn came, and arms the worker's timer for the
 /// next one. Requests that wait for a ring set up anew since (a new driver) are
 /// dropped: that ring is gone.
@@ -553,6 +556,13 @@ pub fn release_waiting(
                 queue.index
             );
             timer.disarm();
+            return Ok(());
+        }
+        if !queue.vring.get_ref().get_queue().ready() {
+            // Stopped by the frontend (GET_VRING_BASE: a paused VM): nothing may be
+            // returned to the ring until it starts it again, on the same rings
+            // (then they are answered) or on new ones (then they are dropped).
+            timer.arm(PAUSED_POLL);
             return Ok(());
         }
         room.take_ready(Instant::now(), &mut ready)

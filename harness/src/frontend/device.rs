@@ -180,6 +180,12 @@ impl VhostUserFsDevice {
         Ok(queue)
     }
 
+    /// Starts a stopped queue again on its own rings from avail index `base`, as a
+    /// VMM resuming a paused VM does.
+    pub fn resume_queue(&mut self, queue: &SplitQueue, base: u32) -> Result<()> {
+        start_queue_at(&mut self.frontend, queue, base)
+    }
+
     /// Closes the vhost-user connection (same as dropping the device).
     pub fn disconnect(self) {
         drop(self);
@@ -290,13 +296,17 @@ fn read_fs_config(frontend: &mut Frontend) -> Result<FsConfig> {
 }
 
 fn start_queue(frontend: &mut Frontend, queue: &SplitQueue) -> Result<()> {
+    start_queue_at(frontend, queue, 0)
+}
+
+fn start_queue_at(frontend: &mut Frontend, queue: &SplitQueue, base: u32) -> Result<()> {
     let i = usize::from(queue.index());
     let ctx = |msg: &str| format!("queue {i}: {msg}");
     frontend
         .set_vring_num(i, queue.size())
         .map_err(|e| Error::vhost(ctx("SET_VRING_NUM"), e))?;
     frontend
-        .set_vring_base(i, 0)
+        .set_vring_base(i, base as u16)
         .map_err(|e| Error::vhost(ctx("SET_VRING_BASE"), e))?;
     frontend
         .set_vring_addr(i, &queue.config_data()?)

@@ -102,6 +102,17 @@ impl FuseClient {
         Ok(())
     }
 
+    /// Pauses request queue `i` as a VMM pausing the VM does (SET_VRING_ENABLE 0,
+    /// GET_VRING_BASE), runs `paused` meanwhile, then starts the queue again on the
+    /// same rings where the backend stopped.
+    pub fn pause_request_queue(&mut self, i: usize, paused: impl FnOnce()) -> Result<()> {
+        let index = self.request_queue(i)?.index();
+        let base = self.device.stop_queue(index)?;
+        paused();
+        let ring = self.request_queues[i].ring_mut();
+        self.device.resume_queue(ring, base)
+    }
+
     /// Routes subsequent typed calls to request queue `i`.
     pub fn use_request_queue(&mut self, i: usize) -> Result<()> {
         self.request_queue(i)?;
