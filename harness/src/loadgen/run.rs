@@ -391,6 +391,13 @@ fn run_workload(
     let cpu_before = opts.daemon_pid.map(tree_cpu_ticks);
     let start = Instant::now();
     let start_wall = SystemTime::now();
+    // For scripts that act while the load runs (benches/qos.sh): the timed part
+    // starts now, setup done, on the clock of the per-volume series.
+    eprintln!(
+        "loadgen: START {} unix_ms={}",
+        named.name(),
+        unix_ms(start_wall)
+    );
     let results: Vec<LgResult<ThreadOut>> = std::thread::scope(|scope| {
         let handles: Vec<_> = s
             .queues
