@@ -43,7 +43,8 @@
 #             completions per 100 ms (unix ms)
 #   bw        randread4k only, a: bw_size=1048576,bw_refill_time_ms=100 (10 MiB/s)
 # /metrics (volfsd_qos_*) and GET /volumes/a are scraped at the start, around
-# each PATCH and just before the end of every run.
+# each PATCH and just before the end of every run; DATA keeps the /metrics scrapes
+# at the end (whole) and around the PATCHes (without the latency histograms).
 #
 # Quiet machine: as benches/compare.sh, the script waits (up to 2 minutes) for the
 # 1-minute load average to fall under 1 and for no other QEMU, cargo, rustc or
@@ -301,9 +302,10 @@ DATA=${DATA:-$REPO/docs/bench-data/$(date -u +%Y-%m-%d)-$REV-qos}
 rm -rf "$DATA"
 mkdir -p "$DATA"
 (cd "$OUT" && cp -t "$DATA" env.txt quiet.tsv patches.tsv ./*.cmd ./*.loadgen-cmd ./*.metrics-end.txt ./*.patch-*.json)
-# The other scrapes (start, around each PATCH) without the latency histograms.
+# The scrapes around each PATCH without the latency histograms (those at the
+# start stay in OUT).
 for f in "$OUT"/*.metrics-*.txt; do
-	case "$f" in *.metrics-end.txt) continue ;; esac
+	case "$f" in *.metrics-end.txt | *.metrics-start.txt) continue ;; esac
 	grep -v '^volfsd_request_duration_seconds_bucket' "$f" >"$DATA/$(basename "$f")" || true
 done
 # The load generator's reports, one line each (the same JSON, without the indentation).
