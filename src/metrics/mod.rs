@@ -36,6 +36,14 @@ pub fn request_clock() -> Instant {
     LAST_END.with(|c| c.take()).unwrap_or_else(Instant::now)
 }
 
+/// A recent time for a decision that may lag the clock a little but never run
+/// ahead of it (QoS admission): the end of this thread's previous request in the
+/// batch, read for the histogram, else the clock. With `--no-metrics` no request
+/// reads the clock, so this always does.
+pub fn recent_clock() -> Instant {
+    LAST_END.with(|c| c.get()).unwrap_or_else(Instant::now)
+}
+
 /// The request that started at `start` is done: its duration, and the next one's
 /// start.
 pub fn request_done(start: Instant) -> Duration {

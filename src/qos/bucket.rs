@@ -83,8 +83,10 @@ impl TokenBucket {
     /// however often this runs.
     fn refill(&mut self, now: Instant) {
         let size = i128::from(self.config.size);
+        // `now` may be a little stale and come from another queue's thread than the
+        // last update's: the clock of the bucket never moves back.
         if self.budget >= size {
-            self.updated = now;
+            self.updated = self.updated.max(now);
             return;
         }
         let elapsed = now.saturating_duration_since(self.updated).as_nanos();
@@ -96,7 +98,7 @@ impl TokenBucket {
         let missing = (size - self.budget) as u128;
         if tokens >= missing {
             self.budget = size;
-            self.updated = now;
+            self.updated = self.updated.max(now);
         } else {
             self.budget += tokens as i128;
             // The time `tokens` took, rounded up so the clock never runs ahead.

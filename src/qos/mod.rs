@@ -12,7 +12,7 @@
 
 pub mod bucket;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -146,11 +146,24 @@ struct Buckets {
     bandwidth: Option<TokenBucket>,
 }
 
+impl Buckets {
+    fn take(&mut self, cost: Cost) {
+        if let Some(t) = self.ops.as_mut() {
+            t.take(cost.ops);
+        }
+        if let Some(t) = self.bandwidth.as_mut() {
+            t.take(cost.bytes);
+        }
+    }
+}
+
 /// One volume's buckets and QoS counters.
 #[derive(Default)]
 pub struct VolumeQos {
     /// None: not limited.
     buckets: Mutex<Option<Buckets>>,
+    /// Whether `buckets` is Some, read without the lock on every request.
+    limited: AtomicBool,
     /// Requests that had to wait.
     pub throttled: AtomicU64,
     /// Nanoseconds they waited, in all.
@@ -182,6 +195,7 @@ impl VolumeQos {
                 bandwidth: keep(bandwidth, l.bandwidth),
             }
         });
+        self.limited.store(buckets.is_some(), Ordering::Relaxed);
         match (was, buckets.is_some()) {
             (false, true) => {
                 LIMITED_VOLUMES.fetch_add(1, Ordering::Relaxed);
@@ -202,11 +216,15 @@ impl VolumeQos {
     }
 
     pub fn is_limited(&self) -> bool {
-        self.buckets.lock().unwrap().is_some()
+        self.limited.load(Ordering::Relaxed)
     }
 
-    /// Takes `cost` from both buckets if both have it now; else takes nothing and
-    /// says how long until they may. Unlimited: always now.
+    /// Takes `cost` from both buckets if both have it at `now`; else takes nothing
+    /// and says how long until they may. Unlimited: always now.
+    ///
+    /// `now` may lag the real time a little (the queues pass the clock read that
+    /// ended the previous request): the buckets then refill a little later, which
+    /// never admits more than the limit. It must not run ahead.
     pub fn admit(&self, cost: Cost, now: Instant) -> Result<(), Duration> {
         let mut guard = self.buckets.lock().unwrap();
         let Some(b) = guard.as_mut() else {
@@ -224,12 +242,7 @@ impl VolumeQos {
         if !wait.is_zero() {
             return Err(wait);
         }
-        if let Some(t) = b.ops.as_mut() {
-            t.take(cost.ops);
-        }
-        if let Some(t) = b.bandwidth.as_mut() {
-            t.take(cost.bytes);
-        }
+        b.take(cost);
         Ok(())
     }
 
@@ -237,12 +250,7 @@ impl VolumeQos {
     /// `device/throttle.rs`): the requests after it wait for it instead.
     pub fn charge(&self, cost: Cost) {
         if let Some(b) = self.buckets.lock().unwrap().as_mut() {
-            if let Some(t) = b.ops.as_mut() {
-                t.take(cost.ops);
-            }
-            if let Some(t) = b.bandwidth.as_mut() {
-                t.take(cost.bytes);
-            }
+            b.take(cost);
         }
     }
 
