@@ -44,9 +44,12 @@ done
 [[ -n $NAME ]] || die "--name is required"
 [[ -x $VOLFSD && -x $LOADGEN ]] || die "build first: cargo build --release --workspace"
 OUT=${OUT:-$REPO/docs/bench-data/$(date -u +%F)-$(git -C "$REPO" rev-parse --short HEAD)-$NAME}
-mkdir -p "$OUT" "$WORK/share"
+# The load generator's work directory exists before the daemon starts, so a side
+# may serve it as a volume (--allowed-dir volfsd-loadgen[,limits]).
+mkdir -p "$OUT" "$WORK/share/volfsd-loadgen"
 
-company() { pgrep -x 'qemu-system-x86|cargo|rustc|volfsd|virtiofsd' | tr '\n' ' ' || true; }
+# pgrep matches at most 15 characters of a process name: QEMU is qemu-system-x86.
+company() { pgrep -x 'qemu-system-x86|cargo|rustc|volfsd|virtiofsd' 2>/dev/null | tr '\n' ' ' || true; }
 if [[ $ALLOW_BUSY == 0 && -n $(company) ]]; then
 	die "the machine is not quiet: $(company)(--allow-busy to measure anyway)"
 fi
@@ -82,25 +85,5 @@ for pair in $(seq "$PAIRS"); do
 done
 rm -rf "$WORK"
 
-python3 - "$OUT" "$PAIRS" >"$OUT/summary.md" <<'PY'
-import json, statistics, sys
-out, pairs = sys.argv[1], int(sys.argv[2])
-env = open(f"{out}/env.txt").read().splitlines()
-def load(side, pair):
-    return {r["workload"]: r for r in json.load(open(f"{out}/{side}-pair{pair}.json"))["results"]}
-data = {s: [load(s, p) for p in range(1, pairs + 1)] for s in "ab"}
-print("| workload | A ops/s | B ops/s | ops/s A/B (range) | A CPU µs/req | B CPU µs/req | CPU A/B (range) |")
-print("|---|---|---|---|---|---|---|")
-for w in data["a"][0]:
-    ops = {s: [d[w]["ops_per_sec"] for d in data[s]] for s in "ab"}
-    cpu = {s: [d[w]["daemon_cpu_us_per_request"] for d in data[s]] for s in "ab"}
-    r_ops = [x / y for x, y in zip(ops["a"], ops["b"])]
-    r_cpu = [x / y for x, y in zip(cpu["a"], cpu["b"])]
-    med = statistics.median
-    print(f"| {w} | {med(ops['a']):,.0f} | {med(ops['b']):,.0f} | {med(r_ops):.3f} ({min(r_ops):.3f}–{max(r_ops):.3f}) "
-          f"| {med(cpu['a']):.3f} | {med(cpu['b']):.3f} | {med(r_cpu):.3f} ({min(r_cpu):.3f}–{max(r_cpu):.3f}) |")
-print()
-for l in env:
-    print(f"- {l}")
-PY
+python3 "$HERE/ab_report.py" "$OUT" >"$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -179,7 +179,12 @@ def within(x, target, tol=TOL):
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    data = sys.argv[1]
+    lines, _ = render(sys.argv[1])
+    print("\n".join(lines))
+
+
+def render(data):
+    """The section's lines, and its checks as (what, target, result)."""
     env = read_env(data)
     R = runs(data)
     patches = {}
@@ -202,7 +207,8 @@ def main():
         r = res(kind, wl, rep)
         return Vol(r, name) if r else None
 
-    P("## Per-volume QoS (`benches/qos.sh`)\n")
+    P("## Per-volume QoS\n")
+    P("Measured by `benches/qos.sh`.\n")
     P(f"Two volumes, **a** and **b**, of one daemon are loaded at once over **one request queue** "
       f"(`--num-request-queues 1`; `volfsd-loadgen --queues 1 --qd {env.get('qd', '?')} --volumes a,b`: "
       f"in-flight slot i works on volume i % 2, so half the slots are a's and half b's, all on the same "
@@ -390,8 +396,8 @@ def main():
         P("The PATCHes: `curl --unix-socket CTL -X PATCH http://localhost/volumes/a -d BODY` with the bodies "
           "above; send and reply times (unix ms) are in `patches.tsv`.\n")
     P(f"Raw data: `{os.path.relpath(data, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))}` "
-      f"(load generator JSON with per-volume series, `/metrics` scrapes, `patches.tsv`, `env.txt`, `quiet.tsv`).")
-    print("\n".join(out))
+      f"(load generator JSON with per-volume series, `/metrics` scrapes, `patches.tsv`, `env.txt`, `quiet.tsv`).\n")
+    return out, checks
 
 
 if __name__ == "__main__":

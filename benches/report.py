@@ -170,10 +170,66 @@ class Series:
 
 
 # ---------------------------------------------------------------- report
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+# What each A/B run measures, by the name ab.sh gave its directory: (title, what
+# A and B are, the CPU-per-request target as (label, limit) or None).
+AB_RUNS = {
+    "metrics-cost": ("Metrics (`GET /metrics`) against `--no-metrics`",
+                     "A records every request's operation, duration and errno; B keeps only the "
+                     "per-volume totals of `GET /volumes`.",
+                     ("metrics cost ≤ 2% CPU per request on {w}", 1.02)),
+    "qos-cost": ("Per-volume QoS switched on, never throttling",
+                 "Both serve the load generator's directory as a volume. A gives it both buckets "
+                 "far above the rate reached, so every request is classified (its volume looked "
+                 "up, its cost taken from both buckets) and none waits; B has no limit anywhere, "
+                 "which costs a request one relaxed atomic load.",
+                 None),
+    "confinement": ("Confinement (namespace sandbox, seccomp) against none",
+                    "A runs volfsd's defaults; B `--sandbox none --seccomp none`.",
+                    ("confinement costs ≤ 3% CPU per request on {w} (A/B run)", 1.03)),
+}
+
+
+def ab_section(P, d, targets, readings):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import ab_report
+    name = next((k for k in AB_RUNS if d.endswith("-" + k)), None)
+    title, what, target = AB_RUNS.get(name, (os.path.basename(d), "", None))
+    rel = os.path.relpath(d, REPO)
+    P(f"## What a feature costs: {title}\n")
+    P(f"`benches/ab.sh`, raw results in [`{rel}`](../{rel}): two volfsd configurations on the "
+      "load generator (1 queue, QD 32), alternated pair by pair on one quiet machine, each run on "
+      "a fresh daemon; the ratio A/B is taken per pair. " + what + "\n")
+    P(ab_report.table(d))
+    if target:
+        label, limit = target
+        for w, _, _, _, _, _, rc in ab_report.rows(d):
+            targets.append((label.format(w=w), rc, med(rc) <= limit))
+    for w, oa, ob, ro, ca, cb, rc in ab_report.rows(d):
+        spread = max(rc) - min(rc)
+        readings.append(f"{title}: CPU per request on {w} is {med(rc):.3f}× (per-pair range "
+                        f"{min(rc):.2f}–{max(rc):.2f}, a spread of {spread * 100:.0f} points).")
+
+
+def qos_section(P, d, targets, readings):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import qos_report
+    lines, checks = qos_report.render(d)
+    for line in lines:
+        P(line)
+    met = [c for c in checks if c[2].startswith("yes")]
+    readings.append(f"Per-volume QoS: {len(met)} of {len(checks)} checks met in every repetition "
+                    "(the section's own Targets table).")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data", nargs="?")
     ap.add_argument("--extract-fio", nargs=2, metavar=("SERIAL", "OUT"))
+    ap.add_argument("--ab", action="append", default=[], metavar="DIR",
+                    help="a benches/ab.sh run (what a feature costs); repeatable")
+    ap.add_argument("--qos", metavar="DIR", help="a benches/qos.sh run (per-volume QoS)")
     args = ap.parse_args()
     if args.extract_fio:
         with open(args.extract_fio[1], "w") as f:
@@ -266,6 +322,11 @@ def main():
               f"{r['worker_filter_ns'] - r['no_filter_ns']:+.0f} |")
         P("")
 
+    for ab_dir in args.ab:
+        ab_section(P, ab_dir.rstrip("/"), targets, readings)
+    if args.qos:
+        qos_section(P, args.qos.rstrip("/"), targets, readings)
+
     if targets:
         P("## Targets\n")
         P("Judged on the median of the per-pair ratios.\n")
@@ -287,7 +348,12 @@ def main():
     P("```sh")
     P("sudo benches/compare.sh                 # everything above; keeps docs/bench-data/<date>-<commit>, writes docs/BENCHMARKS.md")
     P("sudo benches/compare.sh --quick         # small sizes, 2 repetitions")
-    P(f"python3 benches/report.py {rel} > docs/BENCHMARKS.md   # the page again from the kept data")
+    extra = "".join(f" --ab {os.path.relpath(d.rstrip('/'), REPO)}" for d in args.ab)
+    if args.qos:
+        extra += f" --qos {os.path.relpath(args.qos.rstrip('/'), REPO)}"
+    P(f"python3 benches/report.py {rel}{extra} > docs/BENCHMARKS.md   # the page again from the kept data")
+    P("sudo benches/ab.sh --name metrics-cost --a '' --b --no-metrics --pairs 10   # what a feature costs (A/B)")
+    P("sudo benches/qos.sh                     # per-volume QoS: rates against the limits, the neighbour")
     P("sudo benches/smoke.sh                   # CI smoke: runs and validates, no speed asserted")
     P("benches/profile.sh strace randread4k    # syscalls per request (also: callgrind, --daemon virtiofsd)")
     P("target/release/volfsd-loadgen --socket S --shared-dir D --queues 1 --qd 32 \\")
