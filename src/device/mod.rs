@@ -134,7 +134,12 @@ impl FsBackend {
         };
         timer.consume();
         let queue = self.queue_ref(index, vring);
-        if let Err(e) = queue::release_waiting(&self.server, &queue, &self.health[index]) {
+        if let Err(e) = queue::release_waiting(
+            &self.server,
+            &queue,
+            &self.health[index],
+            queue::Wake::Timer,
+        ) {
             warn!("queue {index}: {e}");
         }
     }

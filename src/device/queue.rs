@@ -182,7 +182,7 @@ pub fn process(
     match result {
         Ok(popped) => {
             health.remember_drained(vring, popped);
-            release_waiting(server, queue, health)
+            release_waiting(server, queue, health, Wake::Drain)
         }
         Err(DrainError::BrokenRing(Broken(why))) => {
             health.stop(vring, index, &why);
@@ -534,20 +534,35 @@ fn serve_copied(
 /// How often a stopped queue's waiting requests are looked at again.
 const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Serves the waiting requests whose turn came, and arms the worker's timer for the
+/// Why the waiting requests are looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// After a drain: only if it started a volume's line.
+    Drain,
+    /// The worker's timer fired (their turn, or a limit changed).
+    Timer,
+}
+
+/// Serves the waiting requests whose turn came, and sets the worker's timer for the
 /// next one. Requests that wait for a ring set up anew since (a new driver) are
 /// dropped: that ring is gone.
 pub fn release_waiting(
     server: &Arc<FsServer>,
     queue: &QueueRef,
     health: &QueueHealth,
+    why: Wake,
 ) -> io::Result<()> {
     let (Some(room), Some(timer)) = (queue.room, queue.timer) else {
         return Ok(());
     };
     let mut ready = Vec::new();
-    let next = {
+    {
         let mut room = room.lock().unwrap();
+        if why == Wake::Timer {
+            room.timer_fired();
+        } else if !room.needs_look() {
+            return Ok(());
+        }
         if room.is_empty() {
             return Ok(());
         }
@@ -560,15 +575,17 @@ pub fn release_waiting(
             timer.disarm();
             return Ok(());
         }
+        let now = Instant::now();
         if !queue.vring.get_ref().get_queue().ready() {
             // Stopped by the frontend (GET_VRING_BASE: a paused VM): nothing may be
             // returned to the ring until it starts it again, on the same rings
             // (then they are answered) or on new ones (then they are dropped).
-            timer.arm(PAUSED_POLL);
+            room.set_timer(timer, now, Some(PAUSED_POLL));
             return Ok(());
         }
-        room.take_ready(Instant::now(), &mut ready)
-    };
+        let next = room.take_ready(now, &mut ready);
+        room.set_timer(timer, now, next);
+    }
     crate::metrics::start_batch();
     let mut done = Completions::new(queue);
     let mut result = Ok(());
@@ -592,10 +609,6 @@ pub fn release_waiting(
         }
     }
     done.flush()?;
-    match next {
-        Some(wait) => timer.arm(wait),
-        None => timer.disarm(),
-    }
     result
 }
 

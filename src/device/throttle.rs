@@ -54,6 +54,11 @@ pub struct WaitRoom {
     /// The descriptor table the waiting chains belong to.
     table: Option<u64>,
     lines: Vec<Line>,
+    /// When the worker's timer is set to fire (None: not set, or it fired).
+    armed: Option<Instant>,
+    /// A volume's line was started since the lines were last looked at: its first
+    /// request may be due before the timer.
+    new_line: bool,
 }
 
 impl WaitRoom {
@@ -99,10 +104,47 @@ impl WaitRoom {
         let weak = Arc::downgrade(share);
         match self.lines.iter_mut().find(|l| l.share.ptr_eq(&weak)) {
             Some(line) => line.requests.push_back(waiting),
-            None => self.lines.push(Line {
-                share: weak,
-                requests: VecDeque::from([waiting]),
-            }),
+            None => {
+                self.new_line = true;
+                self.lines.push(Line {
+                    share: weak,
+                    requests: VecDeque::from([waiting]),
+                })
+            }
+        }
+    }
+
+    /// Whether the queue's worker must look at the lines after a drain: only when a
+    /// line was started. The requests that joined an existing line wait behind its
+    /// first, for which the timer is set already; looking at every drain cost the
+    /// other volumes' requests a clock read and a timer system call each time.
+    pub fn needs_look(&self) -> bool {
+        self.new_line
+    }
+
+    /// The timer fired: it is set no more.
+    pub fn timer_fired(&mut self) {
+        self.armed = None;
+    }
+
+    /// Sets `timer` for the next request due `wait` after `now`, unless it is set to
+    /// fire no later already (an early wake is harmless: the lines are looked at and
+    /// the timer set again); None stops it.
+    pub fn set_timer(&mut self, timer: &WakeTimer, now: Instant, wait: Option<Duration>) {
+        self.new_line = false;
+        match wait {
+            Some(wait) => {
+                let due = now + wait;
+                if self.armed.is_none_or(|armed| due < armed) {
+                    timer.arm(wait);
+                    self.armed = Some(due);
+                }
+            }
+            None => {
+                if self.armed.take().is_some() {
+                    timer.disarm();
+                }
+            }
         }
     }
 
@@ -146,6 +188,8 @@ impl WaitRoom {
             }
         }
         self.table = None;
+        self.armed = None;
+        self.new_line = false;
         n
     }
 }
@@ -366,6 +410,45 @@ mod tests {
         let mut ready = Vec::new();
         assert_eq!(room.take_ready(t0, &mut ready), None);
         assert_eq!(ready.len(), 1);
+    }
+
+    #[test]
+    fn the_timer_is_set_again_only_for_an_earlier_request_and_a_new_line_asks_for_a_look() {
+        let t = WakeTimer::new().unwrap();
+        let mut room = WaitRoom::default();
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        room.set_timer(&t, now, Some(ms(100)));
+        assert_eq!(room.armed, Some(now + ms(100)));
+        room.set_timer(&t, now, Some(ms(200)));
+        assert_eq!(room.armed, Some(now + ms(100)), "a later request keeps it");
+        room.set_timer(&t, now, Some(ms(50)));
+        assert_eq!(room.armed, Some(now + ms(50)));
+        room.timer_fired();
+        room.set_timer(&t, now, Some(ms(200)));
+        assert_eq!(room.armed, Some(now + ms(200)), "set anew once it fired");
+        room.set_timer(&t, now, None);
+        assert_eq!(room.armed, None);
+
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+        );
+        let m = mem.memory();
+        let q = MockSplitQueue::new(&*m, 16);
+        let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
+        let mut pop = || {
+            q.build_desc_chain(&[RawDescriptor::from(Descriptor::new(0x8000, 64, 0, 0))])
+                .unwrap();
+            queue.pop_descriptor_chain(m.clone()).unwrap()
+        };
+        let a = limited("a", 1);
+        assert!(!room.needs_look());
+        room.push(&a, 0, pop(), b"1", ONE, now);
+        assert!(room.needs_look(), "a new line");
+        room.set_timer(&t, now, Some(ms(1000)));
+        assert!(!room.needs_look());
+        room.push(&a, 0, pop(), b"2", ONE, now);
+        assert!(!room.needs_look(), "behind the first of its line");
     }
 
     #[test]

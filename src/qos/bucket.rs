@@ -91,7 +91,15 @@ impl TokenBucket {
         }
         let elapsed = now.saturating_duration_since(self.updated).as_nanos();
         let refill_ns = self.config.refill_ns();
-        let tokens = elapsed * u128::from(self.config.size) / refill_ns;
+        // On the request path: 64-bit arithmetic when it cannot overflow (a 128-bit
+        // division costs several times a 64-bit one), else 128-bit.
+        let tokens = match (u64::try_from(elapsed).ok())
+            .and_then(|e| e.checked_mul(self.config.size))
+            .zip(u64::try_from(refill_ns).ok())
+        {
+            Some((product, refill)) => u128::from(product / refill),
+            None => elapsed * u128::from(self.config.size) / refill_ns,
+        };
         if tokens == 0 {
             return;
         }
