@@ -353,5 +353,15 @@ rm -rf "$DATA"
 mkdir -p "$DATA"
 (cd "$OUT" && find . \( -name '*.json' -o -name '*.cmd' -o -name '*.loadgen-cmd' -o -name env.txt -o -name quiet.tsv \) \
 	-not -path './fio*/*-rep*/*' -print0 | xargs -0 cp --parents -t "$DATA")
-python3 "$HERE/report.py" "$DATA" >"$DOC"
+# The separate measurements the page also shows (what a feature costs, per-volume
+# QoS): the kept runs named in docs/bench-data/sections.txt, one "--ab DIR" or
+# "--qos DIR" per line (paths from the repository root).
+SECTIONS=()
+if [[ -f $REPO/docs/bench-data/sections.txt ]]; then
+	while read -r opt dir; do
+		[[ -z $opt || $opt == \#* ]] && continue
+		SECTIONS+=("$opt" "$REPO/$dir")
+	done <"$REPO/docs/bench-data/sections.txt"
+fi
+python3 "$HERE/report.py" "$DATA" "${SECTIONS[@]}" >"$DOC"
 say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT, kept ones in ${DATA#"$REPO"/})"

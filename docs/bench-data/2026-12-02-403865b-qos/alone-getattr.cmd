@@ -1,0 +1,1 @@
+/work/main/target/release/volfsd --socket-path /var/tmp/volfsd-qos/fs.sock --shared-dir /var/tmp/volfsd-qos/share --allowed-dir a --allowed-dir b --num-request-queues 1 --control-socket /var/tmp/volfsd-qos/ctl.sock --cache none --log-level warn
