@@ -164,6 +164,44 @@ fn forget_and_interrupt_are_never_held_back() {
     assert_eq!(done[0].0, waiting);
 }
 
+/// A request whose copy would exceed 8 KiB is never held: the daemon would have to
+/// keep its copy, and a guest could fill a queue with them. It is served at once
+/// and charged to the volume.
+#[test]
+fn a_large_request_is_served_at_once_and_charged() {
+    let c = Ctl::start("qos-large", &["--num-request-queues", "1", "--xattr"]);
+    c.mkdir("a");
+    std::fs::write(c.shared().join("a/f"), b"x").unwrap();
+    c.put(
+        "a",
+        &json!({ "path": "a", "rate_limiter": one_then_wait() }),
+    )
+    .expect(201);
+    let mut fc = c.client();
+    let a = fc.lookup(ROOT, "a").unwrap().nodeid;
+    let f = fc.lookup(a, "f").unwrap().nodeid; // a's one token
+                                               // 16 KiB of value: answered now (the host takes it or refuses it: either is an
+                                               // answer), not after the minute the bucket needs.
+    let value = vec![b'v'; 16 << 10];
+    let r = fc.setxattr(f, "user.big", &value, 0);
+    eprintln!("16 KiB SETXATTR on the throttled volume: {r:?}");
+    let v = c.volume("a");
+    assert_eq!(v["qos"]["throttled_requests"], 0, "{v}");
+    assert_eq!(v["qos"]["waiting_requests"], 0, "{v}");
+    // It was charged: a small request now waits.
+    let q = fc.request_queue(0).unwrap();
+    let small = q.submit(&getattr(f)).unwrap();
+    q.kick().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.volume("a")["qos"]["waiting_requests"] != 1 {
+        assert!(Instant::now() < deadline, "{}", c.volume("a"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    patch(&c, "a", Value::Null);
+    let done = collect(q, 1, Duration::from_secs(10));
+    assert_eq!(done.first().map(|d| d.0), Some(small), "{done:?}");
+}
+
 #[test]
 fn a_detach_answers_the_waiting_requests_with_an_error_at_once() {
     let (c, mut fc, a, b, _) = two_volumes("qos-detach");
