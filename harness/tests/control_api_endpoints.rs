@@ -78,10 +78,16 @@ fn endpoints_answer_with_documented_status_and_bodies() {
             "attached_at",
             "open_handles",
             "live_inodes",
-            "stats"
+            "stats",
+            "qos"
         ]
         .into_iter()
-        .collect()
+        .collect(),
+        "rate_limiter is absent for an unlimited volume"
+    );
+    assert_eq!(
+        a["qos"],
+        json!({ "throttled_requests": 0, "waiting_requests": 0, "wait_seconds": 0.0 })
     );
 
     // 200: an identical retry returns the same volume, unchanged.
@@ -144,7 +150,7 @@ fn endpoints_answer_with_documented_status_and_bodies() {
     // 405 on a known resource, 404 elsewhere.
     for (m, p) in [
         ("POST", "/volumes/a"),
-        ("PATCH", "/volumes/a"),
+        ("PATCH", "/volumes"),
         ("DELETE", "/health"),
         ("PUT", "/volumes"),
         ("POST", "/volumes"),
