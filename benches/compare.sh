@@ -158,34 +158,9 @@ T0=$SECONDS
 } >"$OUT/env.txt"
 
 # ---------------------------------------------------------------- quiet machine
-# Processes that would share the two cores with a measurement: other VMs,
-# builds, other vhost-user daemons (ours are stopped between runs).
-company() {
-	pgrep -a -f '(^|/)(qemu-system-[a-z0-9_]+|cargo|rustc|cc1|cc1plus|ld|volfsd|virtiofsd|cloud-hypervisor|fio|stress-ng)( |$)' |
-		awk -v self=$$ '$1 != self {print $2}' | xargs -r -n1 basename | sort | uniq -c | awk '{printf "%s%s×%s", sep, $2, $1; sep=","}'
-}
-load1() { cut -d' ' -f1 /proc/loadavg; }
-# quiet_check: waits up to 2 minutes for a quiet machine; refuses or marks.
-quiet_check() {
-	local waited=0 c l
-	while :; do
-		c=$(company) l=$(load1)
-		if [[ -z $c ]] && awk -v l="$l" 'BEGIN {exit !(l < 1.0)}'; then
-			echo "quiet: yes (load average $l, no other QEMU, cargo or daemon)" >>"$OUT/env.txt"
-			return
-		fi
-		if ((waited >= 120)); then
-			if [[ $ALLOW_BUSY == 1 ]]; then
-				echo "quiet: NO (load average $l; running: ${c:-nothing else}) - measured anyway (--allow-busy)" >>"$OUT/env.txt"
-				say "machine not quiet (load $l; ${c:-}); measuring anyway (--allow-busy)"
-				return
-			fi
-			die "machine not quiet after 2 minutes (load average $l; running: ${c:-nothing else}); stop them or pass --allow-busy"
-		fi
-		sleep 5
-		waited=$((waited + 5))
-	done
-}
+QUIET_NAME=compare
+# shellcheck source=quiet-lib.sh
+. "$HERE/quiet-lib.sh"
 # note_run KIND NAME REP: the load and the company at the start of one run
 note_run() {
 	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(load1)" "$(company)" >>"$OUT/quiet.tsv"

@@ -154,35 +154,9 @@ REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 } >"$OUT/env.txt"
 
 # ---------------------------------------------------------------- quiet machine
-# As benches/compare.sh: other VMs, builds and vhost-user daemons share the cores.
-# Matched on the program's name (comm, at most 15 characters), not its command
-# line, so that this script, whose arguments may name volfsd, is not company.
-company() {
-	ps -e -o comm= | awk '/^(qemu-system-.*|cargo|rustc|cc1|cc1plus|ld|volfsd|virtiofsd|cloud-hyperviso.*|fio|stress-ng)$/' |
-		sort | uniq -c | awk '{printf "%s%s×%s", sep, $2, $1; sep=","}'
-}
-load1() { cut -d' ' -f1 /proc/loadavg; }
-quiet_check() {
-	local waited=0 c l
-	while :; do
-		c=$(company) l=$(load1)
-		if [[ -z $c ]] && awk -v l="$l" 'BEGIN {exit !(l < 1.0)}'; then
-			echo "quiet: yes (load average $l, no other QEMU, cargo or daemon)" >>"$OUT/env.txt"
-			return
-		fi
-		if ((waited >= 120)); then
-			if [[ $ALLOW_BUSY == 1 ]]; then
-				echo "quiet: NO (load average $l; running: ${c:-nothing else}) - measured anyway (--allow-busy)" >>"$OUT/env.txt"
-				say "machine not quiet (load $l; ${c:-}); measuring anyway (--allow-busy)"
-				return
-			fi
-			echo "qos: error: machine not quiet after 2 minutes (load average $l; running: ${c:-nothing else}); stop them or pass --allow-busy" >&2
-			exit 3
-		fi
-		sleep 5
-		waited=$((waited + 5))
-	done
-}
+QUIET_NAME=qos
+# shellcheck source=quiet-lib.sh
+. "$HERE/quiet-lib.sh"
 note_run() { # note_run NAME REP
 	printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$(load1)" "$(company)" >>"$OUT/quiet.tsv"
 }

@@ -42,6 +42,15 @@ fn patch(c: &Ctl, name: &str, limit: Value) -> Value {
     .json()
 }
 
+/// Waits until `n` requests of volume `name` wait in the daemon.
+fn wait_until_waiting(c: &Ctl, name: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.volume(name)["qos"]["waiting_requests"] != n {
+        assert!(Instant::now() < deadline, "{}", c.volume(name));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Collects completions until `want` have come, or `timeout` passes.
 fn collect(q: &mut FuseQueue, want: usize, timeout: Duration) -> Vec<(u64, Result<u64, i32>)> {
     let deadline = Instant::now() + timeout;
@@ -192,11 +201,7 @@ fn a_large_request_is_served_at_once_and_charged() {
     let q = fc.request_queue(0).unwrap();
     let small = q.submit(&getattr(f)).unwrap();
     q.kick().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.volume("a")["qos"]["waiting_requests"] != 1 {
-        assert!(Instant::now() < deadline, "{}", c.volume("a"));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_waiting(&c, "a", 1);
     patch(&c, "a", Value::Null);
     let done = collect(q, 1, Duration::from_secs(10));
     assert_eq!(done.first().map(|d| d.0), Some(small), "{done:?}");
@@ -208,11 +213,7 @@ fn a_detach_answers_the_waiting_requests_with_an_error_at_once() {
     let q = fc.request_queue(0).unwrap();
     let waiting: BTreeSet<u64> = (0..4).map(|_| q.submit(&getattr(a)).unwrap()).collect();
     q.kick().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.volume("a")["qos"]["waiting_requests"] != 4 {
-        assert!(Instant::now() < deadline, "{}", c.volume("a"));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_waiting(&c, "a", 4);
     c.detach("a");
     let done = collect(q, 4, Duration::from_secs(10));
     let tokens: BTreeSet<u64> = done.iter().map(|d| d.0).collect();
@@ -236,11 +237,7 @@ fn a_new_driver_drops_the_waiting_requests_and_its_ring_gets_none_of_them() {
         q.submit(&getattr(a)).unwrap();
     }
     q.kick().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.volume("a")["qos"]["waiting_requests"] != 3 {
-        assert!(Instant::now() < deadline, "{}", c.volume("a"));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_waiting(&c, "a", 3);
     // A rebooted guest: its new driver sets the queue up on fresh rings.
     fc.restart_request_queue(0, 256).unwrap();
     fc.init_session(&InitParams::default()).unwrap();
@@ -264,11 +261,7 @@ fn a_paused_queue_gets_no_answer_until_it_is_started_again_on_the_same_rings() {
     let q = fc.request_queue(0).unwrap();
     let waiting: Vec<u64> = (0..3).map(|_| q.submit(&getattr(a)).unwrap()).collect();
     q.kick().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.volume("a")["qos"]["waiting_requests"] != 3 {
-        assert!(Instant::now() < deadline, "{}", c.volume("a"));
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_waiting(&c, "a", 3);
     // The VM is paused (the queue stopped) and the limit lifted meanwhile: nothing
     // may be returned to a stopped ring.
     fc.pause_request_queue(0, || {

@@ -299,10 +299,8 @@ impl Api {
                 return Reply::error(409, format!("path {}: {why}", req.path));
             }
         }
-        if let Some(limit) = &req.rate_limiter {
-            if let Err(why) = limit.check() {
-                return Reply::error(400, format!("rate_limiter: {why}"));
-            }
+        if let Err(reply) = check_limit(req.rate_limiter.as_ref()) {
+            return reply;
         }
         let spec = ShareSpec {
             guest: vec![name.to_string()],
@@ -349,10 +347,8 @@ impl Api {
             }
             Err(e) => return Reply::error(400, format!("bad request body: {e}")),
         };
-        if let Some(limit) = &req.rate_limiter {
-            if let Err(why) = limit.check() {
-                return Reply::error(400, format!("rate_limiter: {why}"));
-            }
+        if let Err(reply) = check_limit(req.rate_limiter.as_ref()) {
+            return reply;
         }
         let Some(s) = self.volumes.get(name) else {
             return Reply::error(404, format!("no volume named {name}"));
@@ -383,6 +379,14 @@ impl Api {
             },
             None => Reply::error(404, format!("no volume named {name}")),
         }
+    }
+}
+
+/// A 400 for limits no bucket can run with.
+fn check_limit(limit: Option<&RateLimit>) -> Result<(), Reply> {
+    match limit.map(RateLimit::check) {
+        Some(Err(why)) => Err(Reply::error(400, format!("rate_limiter: {why}"))),
+        _ => Ok(()),
     }
 }
 
