@@ -185,7 +185,7 @@ words=$(bash -c 'source /usr/share/bash-completion/completions/volfsd
 	COMP_WORDS=(volfsd --shared); COMP_CWORD=1; COMP_LINE="volfsd --shared"; COMP_POINT=${#COMP_LINE}
 	_volfsd volfsd --shared volfsd; echo "${COMPREPLY[*]}"' 2>&1)
 check "bash completes 'volfsd ctl ' and 'volfsd --shared': $(tr '\n' '/' <<<"$words")" \
-	grep -qzE 'attach detach list stats.*--shared-dir' <<<"$words"
+	grep -qzE 'attach detach limit list stats.*--shared-dir' <<<"$words"
 check "zsh completion is #compdef volfsd" \
 	test "$(head -n 1 /usr/share/zsh/vendor-completions/_volfsd)" = "#compdef volfsd"
 if command -v zsh >/dev/null; then
