@@ -207,6 +207,46 @@ fn a_large_request_is_served_at_once_and_charged() {
     assert_eq!(done.first().map(|d| d.0), Some(small), "{done:?}");
 }
 
+/// A READ asking for more than the largest payload is refused with EINVAL, and
+/// costs the volume's bandwidth bucket no more than the largest payload: a guest's
+/// bogus size must not put its volume in debt for hours.
+#[test]
+fn an_oversized_read_costs_at_most_the_largest_payload() {
+    let c = Ctl::start("qos-oversized", &["--num-request-queues", "1"]);
+    c.mkdir("a");
+    std::fs::write(c.shared().join("a/f"), vec![3u8; 8192]).unwrap();
+    c.put(
+        "a",
+        &json!({ "path": "a", "rate_limiter": { "bandwidth": { "size": 1 << 20, "refill_time_ms": 100 } } }),
+    )
+    .expect(201);
+    let mut fc = c.client();
+    let a = fc.lookup(ROOT, "a").unwrap().nodeid;
+    let f = fc.lookup(a, "f").unwrap().nodeid;
+    let fh = fc.open(f, RDONLY).unwrap().fh;
+    let read = |size: u32| {
+        Request::new(Opcode::Read, f)
+            .arg(&ReadIn {
+                fh,
+                offset: 0,
+                size,
+                ..Default::default()
+            })
+            .reply_size(16 + 4096)
+    };
+    let q = fc.request_queue(0).unwrap();
+    let bogus = q.submit(&read(u32::MAX)).unwrap();
+    q.kick().unwrap();
+    let done = collect(q, 1, Duration::from_secs(10));
+    assert_eq!(done, [(bogus, Err(libc::EINVAL))]);
+    // At most 1 MiB of debt on a 10 MiB/s bucket: the next read goes within
+    // 100 ms, not after the ~7 minutes 4 GiB would take.
+    let next = q.submit(&read(4096)).unwrap();
+    q.kick().unwrap();
+    let done = collect(q, 1, Duration::from_secs(10));
+    assert_eq!(done, [(next, Ok(16 + 4096))]);
+}
+
 #[test]
 fn a_detach_answers_the_waiting_requests_with_an_error_at_once() {
     let (c, mut fc, a, b, _) = two_volumes("qos-detach");

@@ -132,9 +132,11 @@ impl FsServer {
         } else {
             None
         };
+        // A size above MAX_PAYLOAD is refused with EINVAL when served: it costs no
+        // more than the largest payload.
         let cost = Cost {
             ops: 1,
-            bytes: u64::from(bytes.unwrap_or(0)),
+            bytes: u64::from(bytes.unwrap_or(0).min(MAX_PAYLOAD)),
         };
         Some((share, cost))
     }
