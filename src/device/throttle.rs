@@ -48,6 +48,13 @@ struct Line {
     requests: VecDeque<Waiting>,
 }
 
+impl Line {
+    /// Compared by address: no reference count is touched on the request path.
+    fn is_for(&self, share: &Arc<Share>) -> bool {
+        std::ptr::eq(self.share.as_ptr(), Arc::as_ptr(share))
+    }
+}
+
 /// One request queue's waiting lines, one per volume with requests waiting.
 #[derive(Default)]
 pub struct WaitRoom {
@@ -73,8 +80,7 @@ impl WaitRoom {
 
     /// Whether `share` has requests waiting here: a new one then waits behind them.
     pub fn has_line(&self, share: &Arc<Share>) -> bool {
-        let weak = Arc::downgrade(share);
-        self.lines.iter().any(|l| l.share.ptr_eq(&weak))
+        self.lines.iter().any(|l| l.is_for(share))
     }
 
     /// The descriptor table the waiting chains came from.
@@ -101,13 +107,12 @@ impl WaitRoom {
             cost,
             since: now,
         };
-        let weak = Arc::downgrade(share);
-        match self.lines.iter_mut().find(|l| l.share.ptr_eq(&weak)) {
+        match self.lines.iter_mut().find(|l| l.is_for(share)) {
             Some(line) => line.requests.push_back(waiting),
             None => {
                 self.new_line = true;
                 self.lines.push(Line {
-                    share: weak,
+                    share: Arc::downgrade(share),
                     requests: VecDeque::from([waiting]),
                 })
             }

@@ -237,6 +237,23 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_time_never_moves_the_bucket_clock_back() {
+        // Another queue's thread updated the bucket at t0 + 50 ms; this one passes
+        // the clock read that ended its own previous request, at t0 + 10 ms.
+        let (mut b, t0) = bucket(10, 0, 100);
+        assert!(b.wait_for(1, t0 + ms(50)).is_zero());
+        b.wait_for(1, t0 + ms(10));
+        b.take(10);
+        // Had the clock gone back to t0 + 10 ms, 40 ms would count twice: 4 tokens.
+        let mut n = 0;
+        while b.wait_for(1, t0 + ms(50)).is_zero() {
+            b.take(1);
+            n += 1;
+        }
+        assert_eq!(n, 0, "no time has passed since t0 + 50 ms");
+    }
+
+    #[test]
     fn bad_parameters_are_refused() {
         let cfg = |size, refill_time_ms| BucketConfig {
             size,
