@@ -12,6 +12,16 @@ pass() { result "PASS $1"; }
 fail() { result "FAIL $1: $2"; FAILS="$FAILS $1"; }
 info() { result "INFO $*"; }
 
+# ack_in DIR STEP: answers the guest's STEP in DIR/.acks/STEP (the guest waits for
+# that file): "ok", or the checks of this step that failed (FAILS). Written under
+# a temporary name and renamed, so the guest never reads half an answer.
+ack_in() {
+	local reply=ok
+	[[ -z $FAILS ]] || reply="fail:$FAILS (see $(basename "$RESULTS"))"
+	mkdir -p "$1/.acks"
+	printf '%s\n' "$reply" >"$1/.acks/.$2.tmp" && mv "$1/.acks/.$2.tmp" "$1/.acks/$2"
+}
+
 # The SYNC steps in the serial log so far, complete lines only (the console
 # writes a line in pieces; a step must not be read before its newline).
 sync_steps() {

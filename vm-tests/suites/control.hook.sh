@@ -27,12 +27,7 @@ HOOK_NAME=control-hook
 . "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 ctl() { "$VOLFSD" ctl "$@" --control-socket "$SOCK"; }
 
-ack() { # ack STEP: "ok", or the checks of this step that failed
-	local reply=ok
-	[[ -z $FAILS ]] || reply="fail:$FAILS (see control-hook-results.log)"
-	mkdir -p "$DATA/.acks"
-	printf '%s\n' "$reply" >"$DATA/.acks/.$1.tmp" && mv "$DATA/.acks/.$1.tmp" "$DATA/.acks/$1"
-}
+ack() { ack_in "$DATA" "$1"; } # ack STEP: "ok", or the checks of this step that failed
 
 # field JSON NAME: a numeric field of a volume's JSON
 field() { grep -o "\"$2\":[0-9]*" <<<"$1" | head -n 1 | cut -d: -f2; }

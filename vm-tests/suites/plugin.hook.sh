@@ -51,12 +51,7 @@ checked_host_path() {
 	echo "$real"
 }
 
-ack() {
-	local reply=ok dir=$1
-	[[ -z $FAILS ]] || reply="fail:$FAILS (see plugin-hook-results.log)"
-	mkdir -p "$dir/.acks"
-	printf '%s\n' "$reply" >"$dir/.acks/.$2.tmp" && mv "$dir/.acks/.$2.tmp" "$dir/.acks/$2"
-}
+ack() { ack_in "$1" "$2"; } # ack DIR STEP
 
 # hook_attach SANDBOX REFCOUNT CHECK: run the plugin's attach and check its
 # answer; sets HOST_PATH and METADATA (empty on failure)

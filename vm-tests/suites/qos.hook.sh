@@ -24,12 +24,7 @@ HOOK_NAME=qos-hook
 . "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 ctl() { "$VOLFSD" ctl "$@" --control-socket "$SOCK"; }
 
-ack() { # ack STEP: "ok", or the checks of this step that failed
-	local reply=ok
-	[[ -z $FAILS ]] || reply="fail:$FAILS (see qos-hook-results.log)"
-	mkdir -p "$S/qb/.acks"
-	printf '%s\n' "$reply" >"$S/qb/.acks/.$1.tmp" && mv "$S/qb/.acks/.$1.tmp" "$S/qb/.acks/$1"
-}
+ack() { ack_in "$S/qb" "$1"; } # ack STEP: "ok", or the checks of this step that failed
 
 # metric NAME LABELS: the value of one sample (0 if absent)
 metric() {

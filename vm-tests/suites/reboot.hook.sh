@@ -23,12 +23,7 @@ HOOK_NAME=reboot-hook
 # shellcheck source=../hook-lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../hook-lib.sh"
 
-ack() { # ack STEP: "ok", or the checks of this step that failed
-	local reply=ok
-	[[ -z $FAILS ]] || reply="fail:$FAILS (see reboot-hook-results.log)"
-	mkdir -p "$S/reboot/.acks"
-	printf '%s\n' "$reply" >"$S/reboot/.acks/.$1.tmp" && mv "$S/reboot/.acks/.$1.tmp" "$S/reboot/.acks/$1"
-}
+ack() { ack_in "$S/reboot" "$1"; } # ack STEP: "ok", or the checks of this step that failed
 
 # lock_check NAME posix|flock WANT: the host's non-blocking attempt must end in WANT
 lock_check() {
