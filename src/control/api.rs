@@ -405,7 +405,7 @@ fn info(s: &ShareInfo) -> VolumeInfo {
         open_handles: s.open_handles,
         live_inodes: s.live_inodes,
         stats: VolumeStats {
-            ops: share.stats.ops.load(Ordering::Relaxed),
+            ops: share.stats.requests(),
             bytes_read: share.stats.bytes_read.load(Ordering::Relaxed),
             bytes_written: share.stats.bytes_written.load(Ordering::Relaxed),
             errors: share.stats.errors.load(Ordering::Relaxed),

@@ -65,7 +65,10 @@ impl ReadOnlyGuard {
             return run();
         };
         let started = self.metrics.then(metrics::request_clock);
-        ShareStats::add(&share.stats.ops, 1);
+        if started.is_none() {
+            // With metrics on, the metrics count the request.
+            ShareStats::add(&share.stats.ops, 1);
+        }
         // The share is this thread's current request while it runs: every log line
         // written meanwhile names its volume and operation.
         let refused = mutates && share.read_only;

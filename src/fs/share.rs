@@ -14,6 +14,8 @@ use super::sys::errno;
 /// Per-share counters, bumped on the hot path with relaxed atomics and read on demand.
 #[derive(Default)]
 pub struct ShareStats {
+    /// Requests, when metrics are off; with metrics on, `metrics` counts them (one
+    /// add less per request). Read through [`ShareStats::requests`].
     pub ops: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
@@ -27,6 +29,11 @@ pub struct ShareStats {
 impl ShareStats {
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Requests served for the volume, with metrics on or off.
+    pub fn requests(&self) -> u64 {
+        self.ops.load(Ordering::Relaxed) + self.metrics.requests()
     }
 }
 

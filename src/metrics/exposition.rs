@@ -82,8 +82,8 @@ pub fn render(s: &Snapshot) -> String {
     for v in &s.volumes {
         let vol = escape(v.name);
         for op in Op::ALL {
-            let m = &v.metrics.ops[op as usize];
-            let (ok, err) = (load(&m.ok), load(&m.errors));
+            let m = v.metrics.ops[op as usize].snapshot();
+            let (ok, err) = (m.ok, m.errors);
             if ok + err == 0 {
                 continue;
             }
@@ -106,15 +106,15 @@ pub fn render(s: &Snapshot) -> String {
     for v in &s.volumes {
         let vol = escape(v.name);
         for op in Op::ALL {
-            let m = &v.metrics.ops[op as usize];
-            let count: u64 = m.buckets.iter().map(load).sum();
+            let m = v.metrics.ops[op as usize].snapshot();
+            let count = m.count();
             if count == 0 {
                 continue;
             }
             let labels = format!("volume=\"{vol}\",op=\"{}\"", op.name());
             let mut cumulative = 0;
             for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
-                cumulative += load(&m.buckets[i]);
+                cumulative += m.buckets[i];
                 let _ = writeln!(
                     out,
                     "volfsd_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
@@ -124,7 +124,7 @@ pub fn render(s: &Snapshot) -> String {
                 out,
                 "volfsd_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
             );
-            let sum = load(&m.duration_nanos) as f64 / 1e9;
+            let sum = m.duration_nanos as f64 / 1e9;
             let _ = writeln!(out, "volfsd_request_duration_seconds_sum{{{labels}}} {sum}");
             let _ = writeln!(
                 out,
