@@ -26,3 +26,5 @@ mod sessions;
 mod sockets;
 #[path = "hostile_guest/special_files.rs"]
 mod special_files;
+#[path = "hostile_guest/translated_ids.rs"]
+mod translated_ids;

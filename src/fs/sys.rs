@@ -140,11 +140,23 @@ pub fn renameat2(
 }
 
 /// Switches this thread's filesystem uid/gid to the guest caller's for the lifetime
-/// of the guard, so that files the guest creates are owned by the guest's user.
-/// setfsuid/setfsgid are per-thread at the syscall level, which is what we want here.
+/// of the guard, so that files the guest creates are owned by the guest's user, and,
+/// with `--translate-uid/gid`, so that the host kernel decides each identity-dependent
+/// call as it would for that user. setfsuid/setfsgid are per-thread at the syscall
+/// level, which is what we want here. A switch from fsuid 0 to another clears
+/// CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID and
+/// CAP_MKNOD from the thread's effective set, and the switch back restores them
+/// (capabilities(7), "Effect of user ID changes on capabilities").
 pub struct FsCredsGuard {
     old_uid: u32,
     old_gid: u32,
+}
+
+/// The daemon's own effective ids: it never changes them, so they are read once.
+fn own_ids() -> (u32, u32) {
+    static OWN_IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    // SAFETY: geteuid/getegid cannot fail.
+    *OWN_IDS.get_or_init(|| unsafe { (libc::geteuid(), libc::getegid()) })
 }
 
 impl FsCredsGuard {
@@ -152,10 +164,7 @@ impl FsCredsGuard {
     /// (the common case of a root guest and a root daemon): four syscalls spared on
     /// every create.
     pub fn switch(uid: u32, gid: u32) -> Option<Self> {
-        // The daemon never changes its own ids, so read them once, not per request.
-        static OWN_IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
-        // SAFETY: geteuid/getegid cannot fail.
-        let &(euid, egid) = OWN_IDS.get_or_init(|| unsafe { (libc::geteuid(), libc::getegid()) });
+        let (euid, egid) = own_ids();
         if uid == euid && gid == egid {
             return None;
         }
@@ -167,6 +176,46 @@ impl FsCredsGuard {
             Some(FsCredsGuard { old_uid, old_gid })
         }
     }
+
+    /// [`Self::switch`] for a translated caller: the thread also holds no
+    /// supplementary groups, since the daemon's own (root's group, say) must not lend
+    /// the caller a group's access. A thread's first switch is checked: a daemon that
+    /// may not change its fs ids (no CAP_SETUID/CAP_SETGID) would otherwise act as
+    /// itself. Threads keep those capabilities for their life, so once is enough.
+    pub fn switch_translated(uid: u32, gid: u32) -> io::Result<Option<Self>> {
+        thread_local! {
+            static READY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        }
+        let (euid, egid) = own_ids();
+        if uid == euid && gid == egid {
+            return Ok(None);
+        }
+        if READY.with(|r| r.get()) {
+            return Ok(FsCredsGuard::switch(uid, gid));
+        }
+        drop_supplementary_groups()?;
+        let guard = FsCredsGuard::switch(uid, gid);
+        // setfsuid/setfsgid answer the previous value, never an error: asking again
+        // for the same id tells whether the first call took.
+        // SAFETY: as in `switch`; setting the id just set changes nothing.
+        let (now_uid, now_gid) = unsafe {
+            (
+                libc::syscall(libc::SYS_setfsuid, uid) as u32,
+                libc::syscall(libc::SYS_setfsgid, gid) as u32,
+            )
+        };
+        if now_uid != uid || now_gid != gid {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "cannot act as host uid {uid} gid {gid} (setfsuid/setfsgid refused: \
+                     the daemon lacks CAP_SETUID/CAP_SETGID)"
+                ),
+            ));
+        }
+        READY.with(|r| r.set(true));
+        Ok(guard)
+    }
 }
 
 impl Drop for FsCredsGuard {
@@ -177,6 +226,20 @@ impl Drop for FsCredsGuard {
             libc::syscall(libc::SYS_setfsgid, self.old_gid);
         }
     }
+}
+
+/// Empties this thread's supplementary groups. The raw system call acts on the
+/// calling thread only (glibc's setgroups would change every thread).
+fn drop_supplementary_groups() -> io::Result<()> {
+    // SAFETY: setgroups with a count of 0 reads no list.
+    cvt64(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })
+        .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("dropping the supplementary groups of a queue thread: {e}"),
+        )
+    })?;
+    Ok(())
 }
 
 /// `getdents64` into `buf`; the number of bytes filled (0 at the end).
@@ -278,6 +341,51 @@ mod tests {
         let d = std::fs::metadata(dir.join("daemon")).unwrap();
         assert_eq!((g.uid(), g.gid()), (1234, 5678));
         assert_eq!((d.uid(), d.gid()), (euid, egid));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_translated_switch_drops_the_fs_capabilities_and_the_groups() {
+        use crate::sandbox::caps::{current, CAP_DAC_OVERRIDE, CAP_FOWNER};
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // switching needs CAP_SETUID
+        }
+        let dir = std::env::temp_dir().join(format!("volfsd-translated-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let in_thread = dir.clone();
+        std::thread::spawn(move || {
+            let dir = in_thread;
+            let groups = || {
+                // SAFETY: a count of 0 asks the number only.
+                unsafe { libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>()) }
+            };
+            let (before, _) = current().unwrap();
+            {
+                let _g = FsCredsGuard::switch_translated(100_000, 100_000)
+                    .unwrap()
+                    .expect("another id: a switch");
+                let (eff, _) = current().unwrap();
+                assert!(!eff.contains(CAP_DAC_OVERRIDE) && !eff.contains(CAP_FOWNER));
+                assert_eq!(groups(), 0, "no supplementary groups");
+                // A second switch on this thread skips the checks and still works.
+                let _h = FsCredsGuard::switch_translated(100_001, 100_001).unwrap();
+                let f = dir.join("by-100001");
+                File::create(&f).expect("create in a 0777 directory");
+                use std::os::unix::fs::MetadataExt;
+                assert_eq!(std::fs::metadata(&f).unwrap().uid(), 100_001);
+            }
+            assert_eq!(
+                current().unwrap().0,
+                before,
+                "capabilities back after the switch"
+            );
+            assert!(FsCredsGuard::switch_translated(0, 0).unwrap().is_none());
+        })
+        .join()
+        .unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

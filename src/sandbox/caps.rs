@@ -127,29 +127,66 @@ pub fn current() -> io::Result<(CapSet, CapSet)> {
 pub fn restrict_thread(keep: CapSet) -> io::Result<()> {
     let (_, permitted) = current()?;
     let set = CapSet(keep.0 & permitted.0);
+    set_thread(set, set)
+}
+
+/// Sets this thread's effective and permitted sets (capset on the calling thread).
+fn set_thread(effective: CapSet, permitted: CapSet) -> io::Result<()> {
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
     let data = [
         CapData {
-            effective: set.0 as u32,
-            permitted: set.0 as u32,
+            effective: effective.0 as u32,
+            permitted: permitted.0 as u32,
             inheritable: 0,
         },
         CapData {
-            effective: (set.0 >> 32) as u32,
-            permitted: (set.0 >> 32) as u32,
+            effective: (effective.0 >> 32) as u32,
+            permitted: (permitted.0 >> 32) as u32,
             inheritable: 0,
         },
     ];
-    // SAFETY: capset reads two CapData structs for version 3; it applies to the
-    // calling thread only (pid 0).
+    // SAFETY: capset reads two CapData structs for version 3; pid 0 is this thread.
     let ret = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Capabilities taken out of this thread's effective set for as long as it lives,
+/// its permitted set untouched: on drop they are raised again. Used around one host
+/// call that must be decided without them (a translated caller's xattr change).
+pub struct EffectiveLowered {
+    dropped: CapSet,
+}
+
+impl EffectiveLowered {
+    /// Lowers `caps` where the thread has them effective; None when it has none.
+    pub fn lower(caps: CapSet) -> io::Result<Option<EffectiveLowered>> {
+        let (effective, permitted) = current()?;
+        let dropped = CapSet(effective.0 & caps.0);
+        if dropped == CapSet::EMPTY {
+            return Ok(None);
+        }
+        set_thread(CapSet(effective.0 & !dropped.0), permitted)?;
+        Ok(Some(EffectiveLowered { dropped }))
+    }
+}
+
+impl Drop for EffectiveLowered {
+    fn drop(&mut self) {
+        // Only the dropped capabilities are raised again, onto whatever the set is
+        // now: an fsuid switched back in between has raised its own set already.
+        if let Ok((effective, permitted)) = current() {
+            let _ = set_thread(
+                CapSet((effective.0 | self.dropped.0) & permitted.0),
+                permitted,
+            );
+        }
+    }
 }
 
 /// Process-wide lock-down, done in the main thread before it spawns any other (every
@@ -232,5 +269,25 @@ mod tests {
         assert_eq!(eff.0 & !CapSet::of(&[CAP_CHOWN]).0, 0);
         assert_eq!(perm.0 & !CapSet::of(&[CAP_CHOWN]).0, 0);
         assert_eq!(current().unwrap(), before, "other threads keep their sets");
+    }
+
+    #[test]
+    fn lowered_capabilities_come_back_and_only_they() {
+        std::thread::spawn(|| {
+            let (eff, perm) = current().unwrap();
+            if !eff.contains(CAP_SYS_ADMIN) || !eff.contains(CAP_CHOWN) {
+                return; // not root: nothing to lower
+            }
+            {
+                let _lowered = EffectiveLowered::lower(CapSet::of(&[CAP_SYS_ADMIN])).unwrap();
+                let (now, now_perm) = current().unwrap();
+                assert!(!now.contains(CAP_SYS_ADMIN) && now.contains(CAP_CHOWN));
+                assert_eq!(now_perm, perm, "permitted untouched");
+            }
+            assert_eq!(current().unwrap(), (eff, perm));
+            assert!(EffectiveLowered::lower(CapSet::EMPTY).unwrap().is_none());
+        })
+        .join()
+        .unwrap();
     }
 }

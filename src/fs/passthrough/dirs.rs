@@ -35,7 +35,7 @@ impl PassthroughFs {
 
     pub(super) fn opendir(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
@@ -43,7 +43,9 @@ impl PassthroughFs {
         if !data.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
-        let file = self.reopen(
+        // As the caller with translation: the host checks its read access.
+        let file = self.reopen_as_caller(
+            ctx,
             &data,
             (self.host_open_flags(flags) & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY,
         )?;
@@ -65,7 +67,7 @@ impl PassthroughFs {
 
     pub(super) fn readdirplus(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         size: u32,
@@ -79,7 +81,7 @@ impl PassthroughFs {
                 return add_entry(e, Entry::default());
             }
             let cname = CString::new(name).map_err(|_| errno(libc::EIO))?;
-            let entry = match self.do_lookup(&h.inode, &cname) {
+            let entry = match self.do_lookup(ctx, &h.inode, &cname) {
                 Ok(entry) => entry,
                 // Gone since getdents: skip it, as if it had not been listed.
                 Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(1),

@@ -43,7 +43,9 @@ impl PassthroughFs {
                 libc::S_IFREG => {
                     let file = self.reopen_fd(&path_fd, flags)?;
                     if flags & libc::O_TRUNC != 0 && args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 {
-                        kill_suidgid_fd(file.as_raw_fd(), &st)?;
+                        // The bits as they are after the open: a caller without
+                        // CAP_FSETID had them cleared by the truncating open already.
+                        kill_suidgid_fd(file.as_raw_fd())?;
                     }
                     Ok(file)
                 }
@@ -58,42 +60,34 @@ impl PassthroughFs {
 
     /// Clears setuid, and setgid where group-execute is set, as Linux does when a
     /// process without CAP_FSETID writes, truncates or chowns a regular file (the
-    /// daemon has it, so it must do this itself). `fd` is an open fd of the file,
-    /// else the node's `O_PATH` fd is used through `/proc/self/fd`.
-    pub(super) fn kill_suidgid(
-        &self,
-        inode: &InodeData,
-        fd: Option<libc::c_int>,
-    ) -> io::Result<()> {
+    /// daemon has it, so it must do this itself when the guest asks), on the inode
+    /// whose `O_PATH` fd is `path_fd`, through `/proc/self/fd`.
+    pub(super) fn kill_suidgid_path(&self, inode: &InodeData, path_fd: &File) -> io::Result<()> {
         if inode.file_type() != libc::S_IFREG {
             return Ok(());
         }
-        let inode_fd = inode.fd()?;
-        let st = sys::stat_fd(&inode_fd)?;
-        match fd {
-            Some(fd) => kill_suidgid_fd(fd, &st),
-            None => match suidgid_cleared(st.st_mode) {
-                Some(mode) => {
-                    let name = ProcFdName::new(inode_fd.as_raw_fd());
-                    // SAFETY: fchmodat through the magic link of our own fd.
-                    cvt(unsafe {
-                        libc::fchmodat(
-                            self.proc_self_fd.as_raw_fd(),
-                            name.as_cstr().as_ptr(),
-                            mode,
-                            0,
-                        )
-                    })
-                    .map(|_| ())
-                }
-                None => Ok(()),
-            },
+        let st = sys::stat_fd(path_fd)?;
+        match suidgid_cleared(st.st_mode) {
+            Some(mode) => {
+                let name = ProcFdName::new(path_fd.as_raw_fd());
+                // SAFETY: fchmodat through the magic link of our own fd.
+                cvt(unsafe {
+                    libc::fchmodat(
+                        self.proc_self_fd.as_raw_fd(),
+                        name.as_cstr().as_ptr(),
+                        mode,
+                        0,
+                    )
+                })
+                .map(|_| ())
+            }
+            None => Ok(()),
         }
     }
 
     pub(super) fn open(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         flags: u32,
         fuse_flags: u32,
@@ -102,10 +96,14 @@ impl PassthroughFs {
         if data.is_dir() && (flags as libc::c_int & libc::O_ACCMODE) != libc::O_RDONLY {
             return Err(errno(libc::EISDIR));
         }
-        // EBADF for FIFOs, sockets and device nodes (see `reopen`).
-        let file = self.reopen(&data, self.host_open_flags(flags))?;
-        if flags as libc::c_int & libc::O_TRUNC != 0 && fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 {
-            self.kill_suidgid(&data, Some(file.as_raw_fd()))?;
+        // EBADF for FIFOs, sockets and device nodes (see `reopen`). As the caller
+        // with translation: the host checks its access (and O_TRUNC clears setuid).
+        let file = self.reopen_as_caller(ctx, &data, self.host_open_flags(flags))?;
+        if flags as libc::c_int & libc::O_TRUNC != 0
+            && fuse_flags & FOPEN_IN_KILL_SUIDGID != 0
+            && data.file_type() == libc::S_IFREG
+        {
+            kill_suidgid_fd(file.as_raw_fd())?;
         }
         let is_dir = data.is_dir();
         let fh = self.handles.insert(data, file)?;
@@ -148,7 +146,7 @@ impl PassthroughFs {
 
     pub(super) fn write(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         r: &mut dyn ZeroCopyReader,
@@ -161,12 +159,16 @@ impl PassthroughFs {
     ) -> io::Result<usize> {
         let h = self.handle(handle, inode)?;
         let share = &h.inode.share;
-        if fuse_flags & WRITE_KILL_PRIV != 0 {
-            self.kill_suidgid(&h.inode, Some(h.file.as_raw_fd()))?;
+        if fuse_flags & WRITE_KILL_PRIV != 0 && h.inode.file_type() == libc::S_IFREG {
+            kill_suidgid_fd(h.file.as_raw_fd())?;
         }
         let mut f = borrow_file(&h.file);
+        // As the caller with translation: a writer without CAP_FSETID has the host
+        // clear setuid and setgid, whatever the guest's flags say.
+        let caller = self.as_caller(ctx)?;
         // Writes go straight from the guest's buffers into the file (pwritev).
         let n = r.read_to(&mut *f, size as usize, offset)?;
+        drop(caller);
         ShareStats::add(&share.stats.bytes_written, n as u64);
         Ok(n)
     }
@@ -211,7 +213,7 @@ impl PassthroughFs {
 
     pub(super) fn fallocate(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         mode: u32,
@@ -219,6 +221,8 @@ impl PassthroughFs {
         length: u64,
     ) -> io::Result<()> {
         let h = self.handle(handle, inode)?;
+        // A change of the file's data: setuid cleared as for a write.
+        let _caller = self.as_caller(ctx)?;
         // SAFETY: fallocate on an fd we own; the kernel validates mode and range.
         cvt(unsafe {
             libc::fallocate64(
@@ -283,7 +287,7 @@ impl ExtraOps for PassthroughFs {
 
     fn copy_file_range(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         nodeid_in: u64,
         fh_in: u64,
         off_in: u64,
@@ -301,6 +305,8 @@ impl ExtraOps for PassthroughFs {
         let mut oi = off_in as i64;
         let mut oo = off_out as i64;
         let len = len.min(isize::MAX as u64) as usize;
+        // A write of the output file: setuid cleared as for a write.
+        let _caller = self.as_caller(ctx)?;
         // SAFETY: both fds are owned by live handles; offsets are valid pointers.
         let n = unsafe {
             libc::copy_file_range(
@@ -339,7 +345,9 @@ fn suidgid_cleared(mode: u32) -> Option<u32> {
     (new != mode & 0o7777).then_some(new)
 }
 
-fn kill_suidgid_fd(fd: libc::c_int, st: &stat64) -> io::Result<()> {
+/// [`PassthroughFs::kill_suidgid_path`] on an open regular file, by its mode now.
+pub(super) fn kill_suidgid_fd(fd: libc::c_int) -> io::Result<()> {
+    let st = sys::stat_fd(&fd)?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Ok(());
     }

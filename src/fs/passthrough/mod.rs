@@ -91,13 +91,41 @@ pub struct PassthroughFs {
     /// POSIX ACLs negotiated in this session's INIT: the guest kernel enforces them
     /// and sends creation modes without its umask (FUSE_DONT_MASK).
     acl: AtomicBool,
+    /// `--translate-uid/gid` is in force: identity-dependent host calls run as the
+    /// caller's host ids (see [`PassthroughFs::as_caller`]).
+    translating: bool,
 }
+
+/// The host id a guest id no rule lets own anything (`forbid-guest`) acts as: Linux's
+/// default overflow id, `nobody`, which owns nothing a guest should reach.
+pub const OVERFLOW_ID: u32 = 65534;
 
 /// Borrows a raw fd as a `File` without taking ownership.
 fn borrow_file(f: &impl AsRawFd) -> ManuallyDrop<File> {
     // SAFETY: the ManuallyDrop wrapper never closes the fd, and the caller keeps the
     // owner alive for as long as the borrowed File is used.
     ManuallyDrop::new(unsafe { File::from_raw_fd(f.as_raw_fd()) })
+}
+
+/// ELOOP for a symlink (as O_NOFOLLOW gives), EBADF for a FIFO, socket or device
+/// node: only regular files and directories are ever opened (see `reopen`).
+fn check_openable(inode: &InodeData) -> io::Result<()> {
+    if inode.is_openable() {
+        return Ok(());
+    }
+    Err(errno(if inode.file_type() == libc::S_IFLNK {
+        libc::ELOOP
+    } else {
+        libc::EBADF
+    }))
+}
+
+/// A translated caller's identity for an xattr change: the capabilities are raised
+/// again before the fs ids switch back (fields drop in order), though either order
+/// restores the same sets.
+pub(super) struct XattrCaller {
+    _lowered: Option<EffectiveLowered>,
+    _creds: Option<FsCredsGuard>,
 }
 
 /// What the files of this layer share.
@@ -131,6 +159,8 @@ mod prelude {
     pub(super) use super::super::{AclMode, CacheMode};
     pub(super) use super::{borrow_file, PassthroughFs};
     pub(super) use std::sync::atomic::{AtomicBool, Ordering};
+
+    pub(super) use crate::sandbox::caps::{CapSet, EffectiveLowered, CAP_SETFCAP, CAP_SYS_ADMIN};
 }
 
 mod dirs;
@@ -151,6 +181,7 @@ impl PassthroughFs {
         let session = Arc::new(Session::default());
         let budget = Arc::new(FdBudget::from_rlimit());
         let limits = cfg.limits;
+        let translating = !cfg.uids.is_identity() || !cfg.gids.is_identity();
         Ok(PassthroughFs {
             inodes: InodeStore::new(
                 ROOT_ID + 1,
@@ -166,6 +197,7 @@ impl PassthroughFs {
             cfg,
             timeout,
             acl: AtomicBool::new(false),
+            translating,
         })
     }
 
@@ -350,13 +382,7 @@ impl PassthroughFs {
     /// node would reach the host's device. A symlink is ELOOP (as O_NOFOLLOW gives),
     /// anything else EBADF, as in virtiofsd.
     fn reopen(&self, inode: &InodeData, flags: libc::c_int) -> io::Result<File> {
-        if !inode.is_openable() {
-            return Err(errno(if inode.file_type() == libc::S_IFLNK {
-                libc::ELOOP
-            } else {
-                libc::EBADF
-            }));
-        }
+        check_openable(inode)?;
         match inode.inode_ref() {
             InodeRef::Fd(f) => self.reopen_fd(f, flags),
             // The handle opens the inode itself with the real flags: no O_PATH step.
@@ -474,7 +500,71 @@ impl PassthroughFs {
     pub(super) fn caller_creds(&self, ctx: &Context) -> io::Result<Option<FsCredsGuard>> {
         let uid = self.cfg.uids.to_host(ctx.uid)?;
         let gid = self.cfg.gids.to_host(ctx.gid)?;
-        Ok(FsCredsGuard::switch(uid, gid))
+        if self.translating {
+            FsCredsGuard::switch_translated(uid, gid)
+        } else {
+            Ok(FsCredsGuard::switch(uid, gid))
+        }
+    }
+
+    /// The identity a host call whose outcome depends on who asks runs with (SETATTR,
+    /// OPEN, WRITE and what else clears setuid bits, links, renames, removals, xattrs,
+    /// lookups and directory opens).
+    ///
+    /// With `--translate-uid/gid` the guest kernel's permission checks are its own (its
+    /// root may do anything), so only the daemon can stand for the host's rules: the
+    /// call runs as the caller's translated host ids, without supplementary groups,
+    /// and the host kernel decides as it would for that user, in the call itself (no
+    /// check that a change could race). A non-root fsuid has no CAP_CHOWN,
+    /// CAP_DAC_OVERRIDE, CAP_FOWNER or CAP_FSETID, so it cannot chmod or chown what it
+    /// does not own, write what it may not write, or keep setuid bits across a write.
+    /// A guest id that may not own anything (`forbid-guest`) acts as [`OVERFLOW_ID`].
+    ///
+    /// Without translation: None, the daemon's own identity, as in virtiofsd (the
+    /// guest's root is the host's root; see docs/SECURITY.md).
+    pub(super) fn as_caller(&self, ctx: &Context) -> io::Result<Option<FsCredsGuard>> {
+        if !self.translating {
+            return Ok(None);
+        }
+        let uid = self.cfg.uids.to_host(ctx.uid).unwrap_or(OVERFLOW_ID);
+        let gid = self.cfg.gids.to_host(ctx.gid).unwrap_or(OVERFLOW_ID);
+        FsCredsGuard::switch_translated(uid, gid)
+    }
+
+    /// [`Self::as_caller`] for an xattr change: `trusted.*` and `security.*` are
+    /// decided by CAP_SYS_ADMIN and CAP_SETFCAP, which an fsuid switch leaves in place,
+    /// so a translated caller who is not host root has them lowered too.
+    /// A forbidden guest id gets EPERM, as for a create.
+    pub(super) fn as_caller_for_xattrs(&self, ctx: &Context) -> io::Result<XattrCaller> {
+        let creds = self.caller_creds(ctx)?;
+        let lowered = if self.translating && self.cfg.uids.to_host(ctx.uid).ok() != Some(0) {
+            EffectiveLowered::lower(CapSet::of(&[CAP_SYS_ADMIN, CAP_SETFCAP]))?
+        } else {
+            None
+        };
+        Ok(XattrCaller {
+            _lowered: lowered,
+            _creds: creds,
+        })
+    }
+
+    /// Reopens `inode` with real open flags as the caller ([`Self::as_caller`]): the
+    /// `O_PATH` fd is had first with the daemon's own rights (opening a file handle
+    /// needs CAP_DAC_READ_SEARCH), then the magic link is opened as the caller, so
+    /// the host checks the caller's access to the file.
+    pub(super) fn reopen_as_caller(
+        &self,
+        ctx: &Context,
+        inode: &InodeData,
+        flags: libc::c_int,
+    ) -> io::Result<File> {
+        if !self.translating {
+            return self.reopen(inode, flags);
+        }
+        check_openable(inode)?;
+        let path_fd = inode.fd()?;
+        let _caller = self.as_caller(ctx)?;
+        self.reopen_fd(&*path_fd, flags)
     }
 
     fn open_options(&self, is_dir: bool) -> OpenOptions {

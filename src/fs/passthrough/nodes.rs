@@ -1,6 +1,7 @@
 //! Names and attributes: lookup, forget, stat, create and remove entries, links,
 //! statfs, access.
 
+use super::files::kill_suidgid_fd;
 use super::prelude::*;
 
 impl PassthroughFs {
@@ -57,27 +58,45 @@ impl PassthroughFs {
         Ok(want & capable)
     }
 
-    /// Opens `name` under `parent` without following symlinks and registers it.
-    pub(super) fn do_lookup(&self, parent: &Arc<InodeData>, name: &CStr) -> io::Result<Entry> {
+    /// Opens `name` under `parent` without following symlinks and registers it. The
+    /// open is the caller's (search access to `parent`, with translation).
+    pub(super) fn do_lookup(
+        &self,
+        ctx: &Context,
+        parent: &Arc<InodeData>,
+        name: &CStr,
+    ) -> io::Result<Entry> {
         check_name(name)?;
         if name.to_bytes() == b"." {
             return self.ref_existing(parent);
         }
         if name.to_bytes() == b".." {
-            return self.lookup_dotdot(parent);
+            return self.lookup_dotdot(ctx, parent);
         }
-        let file = sys::openat(&parent.fd()?, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let parent_fd = parent.fd()?;
+        let file = {
+            let _caller = self.as_caller(ctx)?;
+            sys::openat(&*parent_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?
+        };
         self.register(file, parent)
     }
 
     /// A guest kernel never sends `LOOKUP ..`; a malicious one may. It may only reach a
     /// directory the guest already holds, and never climbs above the share root.
-    pub(super) fn lookup_dotdot(&self, parent: &Arc<InodeData>) -> io::Result<Entry> {
+    pub(super) fn lookup_dotdot(
+        &self,
+        ctx: &Context,
+        parent: &Arc<InodeData>,
+    ) -> io::Result<Entry> {
         if parent.is_share_root() {
             // The virtual layer answers `..` of a share root; here it stays put.
             return self.ref_existing(parent);
         }
-        let file = sys::openat(&parent.fd()?, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+        let parent_fd = parent.fd()?;
+        let file = {
+            let _caller = self.as_caller(ctx)?;
+            sys::openat(&*parent_fd, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?
+        };
         let st = sys::stat_fd(&file)?;
         let key = InodeKey {
             dev: st.st_dev,
@@ -104,9 +123,9 @@ impl PassthroughFs {
         Ok(self.entry_from(&node, st, None))
     }
 
-    pub(super) fn lookup(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+    pub(super) fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         let dir = self.inode(parent)?;
-        self.do_lookup(&dir, name)
+        self.do_lookup(ctx, &dir, name)
     }
 
     pub(super) fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
@@ -129,7 +148,7 @@ impl PassthroughFs {
 
     pub(super) fn setattr(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         attr: stat64,
         handle: Option<u64>,
@@ -137,8 +156,21 @@ impl PassthroughFs {
     ) -> io::Result<(stat64, Duration)> {
         let data = self.inode(inode)?;
         let h = handle.and_then(|fh| self.handle(fh, inode).ok());
+        // Before acting as the caller: opening a node's file handle needs the
+        // daemon's own rights.
         let data_fd = data.fd()?;
         let proc_name = ProcFdName::new(data_fd.as_raw_fd());
+        // The guest's ids, as the host's (`--translate-uid/gid`); a forbidden one is
+        // EPERM before any host call.
+        let uid = match valid.contains(SetattrValid::UID) {
+            true => self.cfg.uids.to_host(attr.st_uid)?,
+            false => u32::MAX,
+        };
+        let gid = match valid.contains(SetattrValid::GID) {
+            true => self.cfg.gids.to_host(attr.st_gid)?,
+            false => u32::MAX,
+        };
+        let caller = self.as_caller(ctx)?;
 
         if valid.contains(SetattrValid::MODE) {
             // SAFETY: fchmodat on the /proc/self/fd magic link of our own fd.
@@ -155,18 +187,6 @@ impl PassthroughFs {
             })?;
         }
         if valid.intersects(SetattrValid::UID | SetattrValid::GID) {
-            // The guest's ids, as the host's (`--translate-uid/gid`); a forbidden one
-            // is EPERM.
-            let uid = if valid.contains(SetattrValid::UID) {
-                self.cfg.uids.to_host(attr.st_uid)?
-            } else {
-                u32::MAX
-            };
-            let gid = if valid.contains(SetattrValid::GID) {
-                self.cfg.gids.to_host(attr.st_gid)?
-            } else {
-                u32::MAX
-            };
             // SAFETY: fchownat with an empty path acts on the fd itself.
             cvt(unsafe {
                 libc::fchownat(
@@ -178,7 +198,7 @@ impl PassthroughFs {
                 )
             })?;
             if valid.contains(SetattrValid::KILL_SUIDGID) {
-                self.kill_suidgid(&data, None)?;
+                self.kill_suidgid_path(&data, &data_fd)?;
             }
         }
         if valid.contains(SetattrValid::SIZE) {
@@ -192,12 +212,17 @@ impl PassthroughFs {
             let fd = match &h {
                 Some(h) => h.file.as_raw_fd(),
                 None => {
-                    owned = self.reopen(&data, libc::O_WRONLY)?;
+                    // As the caller: truncate(2) needs write access to the file.
+                    owned = if caller.is_some() {
+                        self.reopen_fd(&*data_fd, libc::O_WRONLY)?
+                    } else {
+                        self.reopen(&data, libc::O_WRONLY)?
+                    };
                     owned.as_raw_fd()
                 }
             };
             if valid.contains(SetattrValid::KILL_SUIDGID) {
-                self.kill_suidgid(&data, Some(fd))?;
+                kill_suidgid_fd(fd)?;
             }
             // SAFETY: ftruncate on an fd we own.
             cvt(unsafe { libc::ftruncate64(fd, attr.st_size) })?;
@@ -251,6 +276,7 @@ impl PassthroughFs {
                 }
             })?;
         }
+        drop(caller);
         Ok((self.guest_ids(sys::stat_fd(&data_fd)?), self.timeout))
     }
 
@@ -286,7 +312,7 @@ impl PassthroughFs {
             // SAFETY: both strings are NUL-terminated.
             cvt(unsafe { libc::symlinkat(linkname.as_ptr(), dir_fd.as_raw_fd(), name.as_ptr()) })?;
         }
-        self.do_lookup(&dir, name)
+        self.do_lookup(ctx, &dir, name)
     }
 
     pub(super) fn mknod(
@@ -309,7 +335,7 @@ impl PassthroughFs {
                 libc::mknodat(dir_fd.as_raw_fd(), name.as_ptr(), mode, rdev as libc::dev_t)
             })?;
         }
-        self.do_lookup(&dir, name)
+        self.do_lookup(ctx, &dir, name)
     }
 
     pub(super) fn mkdir(
@@ -329,20 +355,23 @@ impl PassthroughFs {
             // SAFETY: NUL-terminated name, dir fd owned by the inode.
             cvt(unsafe { libc::mkdirat(dir_fd.as_raw_fd(), name.as_ptr(), mode) })?;
         }
-        self.do_lookup(&dir, name)
+        self.do_lookup(ctx, &dir, name)
     }
 
-    pub(super) fn unlink(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+    pub(super) fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         let dir = self.inode(parent)?;
         check_name(name)?;
         if is_dot_or_dotdot(name) {
             return Err(errno(libc::EISDIR));
         }
+        let dir_fd = dir.fd()?;
+        // As the caller: write access to the directory, and its sticky bit.
+        let _caller = self.as_caller(ctx)?;
         // SAFETY: NUL-terminated name, dir fd owned by the inode.
-        cvt(unsafe { libc::unlinkat(dir.fd()?.as_raw_fd(), name.as_ptr(), 0) }).map(|_| ())
+        cvt(unsafe { libc::unlinkat(dir_fd.as_raw_fd(), name.as_ptr(), 0) }).map(|_| ())
     }
 
-    pub(super) fn rmdir(&self, _ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+    pub(super) fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         let dir = self.inode(parent)?;
         check_name(name)?;
         match name.to_bytes() {
@@ -350,14 +379,16 @@ impl PassthroughFs {
             b".." => return Err(errno(libc::ENOTEMPTY)),
             _ => {}
         }
+        let dir_fd = dir.fd()?;
+        let _caller = self.as_caller(ctx)?;
         // SAFETY: NUL-terminated name, dir fd owned by the inode.
-        cvt(unsafe { libc::unlinkat(dir.fd()?.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
+        cvt(unsafe { libc::unlinkat(dir_fd.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })
             .map(|_| ())
     }
 
     pub(super) fn rename(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         olddir: u64,
         oldname: &CStr,
         newdir: u64,
@@ -371,12 +402,14 @@ impl PassthroughFs {
         if !Arc::ptr_eq(&od.share, &nd.share) {
             return Err(errno(libc::EXDEV));
         }
-        sys::renameat2(&od.fd()?, oldname, &nd.fd()?, newname, flags)
+        let (od_fd, nd_fd) = (od.fd()?, nd.fd()?);
+        let _caller = self.as_caller(ctx)?;
+        sys::renameat2(&*od_fd, oldname, &*nd_fd, newname, flags)
     }
 
     pub(super) fn link(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         newparent: u64,
         newname: &CStr,
@@ -388,18 +421,24 @@ impl PassthroughFs {
             return Err(errno(libc::EXDEV));
         }
         let data_fd = data.fd()?;
+        let dir_fd = dir.fd()?;
         let proc_name = ProcFdName::new(data_fd.as_raw_fd());
-        // SAFETY: linkat through the /proc/self/fd magic link of our own fd.
-        cvt(unsafe {
-            libc::linkat(
-                self.proc_self_fd.as_raw_fd(),
-                proc_name.as_cstr().as_ptr(),
-                dir.fd()?.as_raw_fd(),
-                newname.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
-            )
-        })?;
-        self.do_lookup(&dir, newname)
+        {
+            // As the caller: write access to the directory, and the host's
+            // protected_hardlinks rule (own the file, or may read and write it).
+            let _caller = self.as_caller(ctx)?;
+            // SAFETY: linkat through the /proc/self/fd magic link of our own fd.
+            cvt(unsafe {
+                libc::linkat(
+                    self.proc_self_fd.as_raw_fd(),
+                    proc_name.as_cstr().as_ptr(),
+                    dir_fd.as_raw_fd(),
+                    newname.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            })?;
+        }
+        self.do_lookup(ctx, &dir, newname)
     }
 
     pub(super) fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
@@ -419,7 +458,12 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         let data_fd = data.fd()?;
         let proc_name = ProcFdName::new(data_fd.as_raw_fd());
-        let _creds = self.caller_creds(ctx)?;
+        // Without translation the guest's own ids (a forbidden one cannot be had
+        // there); with it, as every identity-dependent call.
+        let _creds = match self.translating {
+            true => self.as_caller(ctx)?,
+            false => self.caller_creds(ctx)?,
+        };
         // faccessat2 with AT_EACCESS checks as the fs ids just switched to; plain
         // faccessat would check the daemon's real ids (root) and allow everything.
         // SAFETY: faccessat2 through the magic link of our own fd.

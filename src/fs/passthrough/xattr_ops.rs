@@ -26,8 +26,9 @@ impl PassthroughFs {
         xattrs::check_write(name, self.cfg.privileged_xattrs)?;
         let f = self.xattr_file(&data)?;
         // As the caller: only the owner may change a POSIX ACL, and only a writer a
-        // user.* attribute (the switch drops the daemon's CAP_FOWNER for the call).
-        let _creds = self.caller_creds(ctx)?;
+        // user.* attribute (the switch drops the daemon's CAP_FOWNER for the call);
+        // with translation, `trusted.*` and `security.*` as the host decides for it.
+        let _caller = self.as_caller_for_xattrs(ctx)?;
         // SAFETY: valid name and value buffer.
         cvt(unsafe {
             libc::fsetxattr(
@@ -43,7 +44,7 @@ impl PassthroughFs {
 
     pub(super) fn getxattr(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         name: &CStr,
         size: u32,
@@ -56,6 +57,8 @@ impl PassthroughFs {
         // The size comes from the guest: no value is larger than XATTR_SIZE_MAX, so a
         // larger buffer is never needed (Linux clamps the same way).
         let mut buf = vec![0u8; xattrs::clamp_size(size)];
+        // As the caller with translation: reading `user.*` needs read access.
+        let caller = self.as_caller(ctx)?;
         // SAFETY: `buf` is valid for its length (an empty one asks the size).
         let n = unsafe {
             libc::fgetxattr(
@@ -65,6 +68,7 @@ impl PassthroughFs {
                 buf.len(),
             )
         };
+        drop(caller);
         let n = cvt64(n as i64)? as usize;
         if size == 0 {
             Ok(GetxattrReply::Count(n as u32))
@@ -76,7 +80,7 @@ impl PassthroughFs {
 
     pub(super) fn listxattr(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         size: u32,
     ) -> io::Result<ListxattrReply> {
@@ -85,6 +89,7 @@ impl PassthroughFs {
         // The host list is read whole (bounded by XATTR_LIST_MAX), hidden names are
         // taken out, and the guest's size is checked against what is left.
         let mut buf = vec![0u8; xattrs::LIST_MAX];
+        let caller = self.as_caller(ctx)?;
         // SAFETY: `buf` is valid for its length.
         let n = unsafe {
             libc::flistxattr(
@@ -93,6 +98,7 @@ impl PassthroughFs {
                 buf.len(),
             )
         };
+        drop(caller);
         let n = cvt64(n as i64)? as usize;
         buf.truncate(n);
         let names = xattrs::visible_names(&buf, self.cfg.privileged_xattrs);
@@ -109,7 +115,7 @@ impl PassthroughFs {
         let data = self.inode(inode)?;
         xattrs::check_write(name, self.cfg.privileged_xattrs)?;
         let f = self.xattr_file(&data)?;
-        let _creds = self.caller_creds(ctx)?;
+        let _caller = self.as_caller_for_xattrs(ctx)?;
         // SAFETY: valid NUL-terminated name.
         cvt(unsafe { libc::fremovexattr(f.as_raw_fd(), name.as_ptr()) }).map(|_| ())
     }
