@@ -878,6 +878,15 @@ static int cmd_write(int argc, char **argv)
 	return close(fd) < 0 ? report(-1, errno, "close") : report(0, 0, "");
 }
 
+/* setxattr FILE NAME VALUE: one extended attribute (busybox has no setfattr) */
+static int cmd_setxattr(int argc, char **argv)
+{
+	if (argc != 4)
+		usage_exit("setxattr FILE NAME VALUE");
+	int ret = setxattr(argv[1], argv[2], argv[3], strlen(argv[3]), 0);
+	return report(ret, errno, "setxattr");
+}
+
 /* mode PATH: print st_mode & 07777 in octal (pjdfstest's "stat PATH mode") */
 static int cmd_mode(int argc, char **argv)
 {
@@ -1067,6 +1076,7 @@ static const struct {
 	{"readfd", cmd_readfd, "FD"},
 	{"asuser", cmd_asuser, "UID GID CMD [ARGS...] (no supplementary groups)"},
 	{"write", cmd_write, "FILE STRING (O_WRONLY, no create/truncate)"},
+	{"setxattr", cmd_setxattr, "FILE NAME VALUE"},
 	{"mode", cmd_mode, "PATH (prints the octal mode & 07777)"},
 	{"lockhold", cmd_lockhold, "FILE [posix|ofd] (that write lock + flock, held until killed)"},
 	{"trylock", cmd_trylock, "posix|ofd|flock[-read] FILE (non-blocking; EAGAIN if held; -read: a read lock on a read-only open)"},

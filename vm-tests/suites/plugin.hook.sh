@@ -126,6 +126,13 @@ step() {
 		[[ $(awk -v p="$real" '$5 == p {print $(NF - 2)}' /proc/self/mountinfo) == fuse.juicefs ]] &&
 			pass host-hostpath-is-juicefs ||
 			fail host-hostpath-is-juicefs "$real is not a JuiceFS mount: $(findmnt -n "$real" 2>&1)"
+		# A guest without uid translation is root on the volume: its setuid files
+		# and device nodes must mean nothing on the node (docs/SECURITY.md).
+		local opts
+		opts=$(awk -v p="$real" '$5 == p {print $6}' /proc/self/mountinfo)
+		[[ ,$opts, == *,nosuid,* && ,$opts, == *,nodev,* ]] &&
+			pass host-hostpath-is-nosuid-nodev ||
+			fail host-hostpath-is-nosuid-nodev "$real is mounted $opts"
 		printf 'written on the node before the attach\n' >"$real/from-node.txt"
 		if out=$(ctl attach vol --bind "$real" 2>&1); then
 			pass host-ctl-attach-vol
