@@ -15,6 +15,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, SocketSource};
 use crate::control::{Api, ControlServer};
+use crate::device::state_transfer::StateConfig;
 use crate::device::FsBackend;
 use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
@@ -213,6 +214,21 @@ fn serve(
     backend
         .register_wake_timers(&daemon.get_epoll_handlers())
         .map_err(|e| format!("adding the wake timers to the queue workers: {e}"))?;
+    // The thread that saves and loads the device state (migration, snapshots),
+    // confined for its role like the workers are.
+    let state_cfg = StateConfig {
+        view: config.guest_view(),
+        save: config.migration.save,
+        load: config.migration.load,
+    };
+    run_confined(ThreadRole::State, {
+        let backend = backend.clone();
+        move || {
+            backend
+                .start_state_thread(state_cfg)
+                .map_err(|e| format!("starting the state thread: {e}"))
+        }
+    })?;
     // The main thread, and the vhost-user thread `start` creates, from here on.
     sandbox::confine_thread(ThreadRole::Main)?;
 

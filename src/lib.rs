@@ -9,3 +9,4 @@ pub mod logging;
 pub mod metrics;
 pub mod qos;
 pub mod sandbox;
+pub mod state;

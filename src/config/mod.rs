@@ -15,6 +15,7 @@ use crate::fs::{resolve_share_path, AclMode, CacheMode, Limits, ShareSpec};
 use crate::logging::LogFormat;
 use crate::qos::{self, RateLimit};
 use crate::sandbox::{IdMaps, IdRange, SandboxMode, SeccompMode};
+use crate::state::{LoadOptions, MigrationMode, OnError, SaveOptions};
 
 pub mod virtiofsd_compat;
 
@@ -325,6 +326,39 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "never")]
     pub inode_file_handles: FileHandlesArg,
 
+    /// Live migration and snapshots, as in virtiofsd: how the source names each node
+    /// the guest holds in the device state, `find-paths` (its path below its volume)
+    /// or `file-handles` (its file handle; source and destination must serve the same
+    /// file system, and the destination needs CAP_DAC_READ_SEARCH). Paths are kept
+    /// with the handles, to check where each handle leads. Ignored on the destination.
+    #[arg(long, value_enum, default_value = "find-paths")]
+    pub migration_mode: MigrationMode,
+
+    /// What the destination of a migration or restore does with a node, open file
+    /// or lock it cannot get back, as in virtiofsd: `abort` the load (the migration
+    /// fails and the source runs on), or `guest-error` (the load succeeds; the guest
+    /// gets ESTALE for what was lost). Ignored on the source.
+    #[arg(long, value_enum, default_value = "abort")]
+    pub migration_on_error: OnError,
+
+    /// With find-paths: each node also carries its file handle, and the destination
+    /// checks that the path it opens is that very inode (only where both serve the
+    /// same file system; not for a restore into a copy). Ignored on the destination.
+    #[arg(long)]
+    pub migration_verify_handles: bool,
+
+    /// With find-paths: each node's path is opened again when the state is written,
+    /// and a node whose path leads elsewhere (renamed by the host meanwhile) is written
+    /// without one. Ignored on the destination.
+    #[arg(long)]
+    pub migration_confirm_paths: bool,
+
+    /// Serve the next frontend after one disconnects, on the same socket, instead of
+    /// exiting (a VMM restarted by the platform, a VM powered off and booted again):
+    /// the guest session ends as on a device reset; attached volumes stay.
+    #[arg(long)]
+    pub keep_serving: bool,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,
@@ -375,6 +409,39 @@ pub struct Config {
     pub sandbox: SandboxMode,
     pub seccomp: SeccompMode,
     pub file_handles: FileHandleMode,
+    /// `--migration-*`: how the device state is written and read.
+    pub migration: MigrationOptions,
+    /// `--keep-serving`.
+    pub keep_serving: bool,
+    /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
+    pub translate_rules: (Vec<String>, Vec<String>),
+}
+
+impl Config {
+    /// The options the guest's view depends on, as the device state records them.
+    pub fn guest_view(&self) -> crate::state::format::GuestView {
+        crate::state::format::GuestView {
+            cache: match self.cache {
+                CacheMode::None => "none",
+                CacheMode::Auto => "auto",
+                CacheMode::Always => "always",
+                CacheMode::Metadata => "metadata",
+            }
+            .to_string(),
+            xattr: self.xattr,
+            privileged_xattrs: self.privileged_xattrs,
+            translate_uid: self.translate_rules.0.clone(),
+            translate_gid: self.translate_rules.1.clone(),
+            whole_share: self.allowed_dirs.is_none(),
+        }
+    }
+}
+
+/// The `--migration-*` flags.
+#[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
+pub struct MigrationOptions {
+    pub save: SaveOptions,
+    pub load: LoadOptions,
 }
 
 #[derive(Debug, Eq, PartialEq)]
@@ -459,6 +526,7 @@ impl Args {
         } else {
             Some(parse_allowed_dirs(&shared_dir, &self.allowed_dir)?)
         };
+        let translate_rules = (self.translate_uid.clone(), self.translate_gid.clone());
         let uids = IdTranslation::parse(IdKind::Uid, &self.translate_uid).map_err(ConfigError)?;
         let gids = IdTranslation::parse(IdKind::Gid, &self.translate_gid).map_err(ConfigError)?;
         if self.posix_acl != PosixAclArg::Never && !(uids.is_identity() && gids.is_identity()) {
@@ -477,6 +545,26 @@ impl Args {
         let id_maps = IdMaps {
             uids: parse_maps("--uid-map", &self.uid_map)?,
             gids: parse_maps("--gid-map", &self.gid_map)?,
+        };
+        if self.migration_mode == MigrationMode::FileHandles
+            && (self.migration_verify_handles || self.migration_confirm_paths)
+        {
+            // virtiofsd's rule: with handles they would check nothing more.
+            return Err(ConfigError(
+                "--migration-mode=file-handles cannot be used with --migration-verify-handles \
+                 or --migration-confirm-paths: they apply to find-paths"
+                    .to_string(),
+            ));
+        }
+        let migration = MigrationOptions {
+            save: SaveOptions {
+                mode: self.migration_mode,
+                verify_handles: self.migration_verify_handles,
+                confirm_paths: self.migration_confirm_paths,
+            },
+            load: LoadOptions {
+                on_error: self.migration_on_error,
+            },
         };
         Ok(Config {
             socket,
@@ -512,6 +600,9 @@ impl Args {
             sandbox: self.sandbox,
             seccomp: self.seccomp,
             file_handles: self.inode_file_handles.into(),
+            migration,
+            keep_serving: self.keep_serving,
+            translate_rules,
         })
     }
 }
@@ -848,15 +939,47 @@ mod tests {
     }
 
     #[test]
-    fn migration_flags_are_accepted_with_a_warning() {
+    fn migration_flags_have_virtiofsd_meaning() {
+        let c = parse(&["--socket-path=/tmp/s", "--shared-dir=/tmp"]).unwrap();
+        assert_eq!(c.migration, MigrationOptions::default());
+        assert!(!c.keep_serving);
         let c = parse(&[
             "--socket-path=/tmp/s",
             "--shared-dir=/tmp",
             "--migration-mode=file-handles",
             "--migration-on-error=guest-error",
+            "--keep-serving",
         ])
         .unwrap();
-        assert_eq!(c.warnings, [virtiofsd_compat::MIGRATION_WARNING]);
+        assert!(c.warnings.is_empty(), "no longer ignored: {:?}", c.warnings);
+        assert_eq!(c.migration.save.mode, MigrationMode::FileHandles);
+        assert_eq!(c.migration.load.on_error, OnError::GuestError);
+        assert!(c.keep_serving);
+        // KubeVirt's spelling, values apart.
+        let c = parse(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--migration-mode",
+            "find-paths",
+            "--migration-verify-handles",
+            "--migration-confirm-paths",
+        ])
+        .unwrap();
+        assert!(c.migration.save.verify_handles && c.migration.save.confirm_paths);
+        let err = |v: &[&str]| parse(v).err().unwrap_or_else(|| panic!("accepted: {v:?}"));
+        let e = err(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--migration-mode=file-handles",
+            "--migration-verify-handles",
+        ]);
+        assert!(e.contains("--migration-verify-handles"), "{e}");
+        let e = err(&[
+            "--socket-path=/tmp/s",
+            "--shared-dir=/tmp",
+            "--migration-mode=teleport",
+        ]);
+        assert!(e.contains("teleport") && e.contains("find-paths"), "{e}");
     }
 
     #[test]

@@ -6,8 +6,6 @@
 //!   forms;
 //! - `-f` (no effect), `-d` (debug log level), `--socket` (old name of
 //!   `--socket-path`);
-//! - the `--migration-*` flags KubeVirt passes on every launch: accepted with one
-//!   warning, since volfsd offers the VMM no migration feature.
 //!
 //! A virtiofsd option volfsd does not implement is refused by name, in either form.
 
@@ -28,19 +26,6 @@ pub const UNSUPPORTED_FLAGS: &[&str] = &[
 /// ask (or, for `--no-killpriv-v2`, what they ask is virtiofsd's default too).
 const NO_EFFECT_FLAGS: &[&str] = &["--no-killpriv-v2", "-f"];
 
-/// The migration flags, with the values virtiofsd accepts (None: takes no value).
-const MIGRATION_FLAGS: &[(&str, Option<&[&str]>)] = &[
-    ("--migration-mode", Some(&["find-paths", "file-handles"])),
-    ("--migration-on-error", Some(&["abort", "guest-error"])),
-    ("--migration-verify-handles", None),
-    ("--migration-confirm-paths", None),
-];
-
-/// The warning logged once when any `--migration-*` flag was given.
-pub const MIGRATION_WARNING: &str =
-    "--migration-* flags accepted and ignored: volfsd does not support live migration \
-     and offers the VMM no migration feature, so the VMM refuses to migrate this VM";
-
 /// A command line in volfsd's own flags, and what to tell the operator about it.
 #[derive(Debug, Default, Eq, PartialEq)]
 pub struct Rewritten {
@@ -52,7 +37,6 @@ pub struct Rewritten {
 /// Arguments after `--` are left alone.
 pub fn rewrite(argv: &[String]) -> Result<Rewritten, ConfigError> {
     let mut out = Rewritten::default();
-    let mut migration = false;
     let mut args = argv.iter();
     if let Some(prog) = args.next() {
         out.argv.push(prog.clone());
@@ -92,31 +76,9 @@ pub fn rewrite(argv: &[String]) -> Result<Rewritten, ConfigError> {
                     .clone(),
             };
             out.argv.push(format!("--socket-path={value}"));
-        } else if let Some((flag, values)) = MIGRATION_FLAGS.iter().find(|(f, _)| *f == name) {
-            migration = true;
-            if let Some(allowed) = values {
-                let value = match inline_value {
-                    Some(v) => v.to_string(),
-                    None => args
-                        .next()
-                        .ok_or_else(|| ConfigError(format!("{flag}: a value is required")))?
-                        .clone(),
-                };
-                if !allowed.contains(&value.as_str()) {
-                    return Err(ConfigError(format!(
-                        "{flag} {value}: expected one of {}",
-                        allowed.join(", ")
-                    )));
-                }
-            } else if inline_value.is_some() {
-                return Err(ConfigError(format!("{flag} takes no value")));
-            }
         } else {
             out.argv.push(arg.clone());
         }
-    }
-    if migration {
-        out.warnings.push(MIGRATION_WARNING.to_string());
     }
     Ok(out)
 }
@@ -244,27 +206,6 @@ mod tests {
             ]),
             ["--socket-path=/s", "--log-level=debug", "--socket-path=/t"]
         );
-    }
-
-    #[test]
-    fn migration_flags_warn_once_and_check_their_values() {
-        let r = rw(&[
-            "--migration-mode=find-paths",
-            "--migration-on-error",
-            "guest-error",
-            "--migration-verify-handles",
-            "--migration-confirm-paths",
-            "--xattr",
-        ])
-        .unwrap();
-        assert_eq!(r.argv[1..], ["--xattr"]);
-        assert_eq!(r.warnings, [MIGRATION_WARNING]);
-        let e = rw(&["--migration-mode=teleport"]).unwrap_err();
-        assert!(
-            e.contains("--migration-mode teleport") && e.contains("find-paths"),
-            "{e}"
-        );
-        assert!(rw(&["--migration-on-error"]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! one), so a multi-queue guest is served in parallel.
 
 pub mod queue;
+pub mod state_transfer;
 pub mod throttle;
 
 use std::io;
@@ -26,6 +27,7 @@ use vmm_sys_util::event::{
 use crate::fs::{FsServer, Stack};
 pub use queue::QueueCounters;
 use queue::{QueueHealth, QueueRef, QueueStart};
+use state_transfer::{StateConfig, StateTransfer};
 use throttle::{WaitRoom, WakeTimers};
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
@@ -66,6 +68,8 @@ pub struct FsBackend {
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
     reset_in_start: AtomicU64,
+    /// SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE.
+    state: StateTransfer,
 }
 
 impl FsBackend {
@@ -89,6 +93,7 @@ impl FsBackend {
             rooms: (0..total).map(|_| Mutex::default()).collect(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
+            state: StateTransfer::default(),
         })
     }
 
@@ -163,6 +168,12 @@ impl FsBackend {
     pub fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
     }
+
+    /// Starts the thread that saves and loads the device state; call it on a thread
+    /// confined for the state role (the new thread inherits the confinement).
+    pub fn start_state_thread(&self, cfg: StateConfig) -> io::Result<()> {
+        self.state.start_thread(self.server.clone(), cfg)
+    }
 }
 
 /// Worker thread masks: thread 0 serves the hiprio queue and request queue 1;
@@ -209,6 +220,7 @@ impl VhostUserBackend for FsBackend {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::DEVICE_STATE
     }
 
     fn acked_features(&self, _features: u64) {
@@ -220,6 +232,20 @@ impl VhostUserBackend for FsBackend {
         debug!("device reset by the frontend: the guest session ends");
         self.drop_waiting();
         self.server.start_over();
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: vhost::vhost_user::message::VhostTransferStateDirection,
+        phase: vhost::vhost_user::message::VhostTransferStatePhase,
+        file: std::fs::File,
+    ) -> io::Result<Option<std::fs::File>> {
+        debug!("SET_DEVICE_STATE_FD {direction:?} {phase:?}");
+        self.state.begin(direction, phase, file)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.state.check()
     }
 
     fn set_event_idx(&self, enabled: bool) {

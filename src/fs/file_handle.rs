@@ -98,6 +98,28 @@ fn open_by_handle(
     Ok(unsafe { File::from_raw_fd(fd) })
 }
 
+/// The file handle of the inode `fd` refers to, as (type, bytes): what the device
+/// state carries.
+pub fn raw_handle_of(fd: &impl AsRawFd) -> io::Result<(libc::c_int, Vec<u8>)> {
+    let (handle_type, bytes, len) = name_to_handle(fd)?;
+    Ok((handle_type, bytes[..len].to_vec()))
+}
+
+/// Opens a handle as [`raw_handle_of`] gave it, on the mount of `mount_fd`. A handle
+/// from outside (a device state) can name any inode of that file system: the caller
+/// checks where the inode is before it uses it.
+pub fn open_raw_handle(
+    mount_fd: &impl AsRawFd,
+    handle_type: libc::c_int,
+    bytes: &[u8],
+    flags: libc::c_int,
+) -> io::Result<File> {
+    if bytes.is_empty() || bytes.len() > MAX_HANDLE_SZ {
+        return Err(errno(libc::EINVAL));
+    }
+    open_by_handle(mount_fd, handle_type, bytes, flags)
+}
+
 /// Handles up to this size whose type fits a byte are kept inline in the node:
 /// ext4 and xfs make 8 bytes, tmpfs and FUSE (s3fs, JuiceFS) 12. Larger ones
 /// (btrfs, overlayfs) go to the heap.

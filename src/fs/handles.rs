@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::id_map::IdMap;
@@ -20,6 +20,40 @@ pub struct HandleData {
     pub file: File,
     /// Serialises seek+getdents on directory handles.
     pub dir_lock: Mutex<()>,
+    /// A directory stream's position: the offset after the last entry given out
+    /// (kept for the device state; every READDIR names its own offset).
+    pub dir_offset: AtomicU64,
+    /// The flock the guest holds through this handle: 0 none, else `F_RDLCK` + 1 or
+    /// `F_WRLCK` + 1 (kept for the device state: the kernel tells no one).
+    pub flock: AtomicU8,
+}
+
+impl HandleData {
+    /// The flock held through this handle, as `F_RDLCK`/`F_WRLCK`.
+    pub fn flock_kind(&self) -> Option<i32> {
+        match self.flock.load(Ordering::Relaxed) {
+            0 => None,
+            k => Some(i32::from(k) - 1),
+        }
+    }
+
+    /// Records the flock now held (`F_UNLCK`: none).
+    pub fn set_flock(&self, kind: i32) {
+        let v = if kind == libc::F_UNLCK { 0 } else { kind + 1 };
+        self.flock.store(v as u8, Ordering::Relaxed);
+    }
+}
+
+impl HandleData {
+    fn new(inode: Arc<InodeData>, file: File) -> Self {
+        HandleData {
+            inode,
+            file,
+            dir_lock: Mutex::new(()),
+            dir_offset: AtomicU64::new(0),
+            flock: AtomicU8::new(0),
+        }
+    }
 }
 
 pub struct HandleStore {
@@ -50,13 +84,48 @@ impl HandleStore {
         }
         reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let data = Arc::new(HandleData {
-            inode,
-            file,
-            dir_lock: Mutex::new(()),
-        });
-        map.insert(id, data);
+        map.insert(id, Arc::new(HandleData::new(inode, file)));
         Ok(id)
+    }
+
+    /// Registers a handle the device state names, under its own id: the destination
+    /// of a migration serves the guest's handles by the ids it holds. EEXIST if the id
+    /// is taken; the caller moves the id counter past every restored id.
+    pub fn insert_restored(
+        &self,
+        id: u64,
+        inode: Arc<InodeData>,
+        file: File,
+    ) -> io::Result<Arc<HandleData>> {
+        let mut map = self.map.write().unwrap();
+        if id == 0 || map.contains_key(&id) {
+            return Err(errno(libc::EEXIST));
+        }
+        if !self.session.admits(&inode.share, inode.epoch) {
+            return Err(errno(libc::ESTALE));
+        }
+        reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
+        let data = Arc::new(HandleData::new(inode, file));
+        map.insert(id, data.clone());
+        Ok(data)
+    }
+
+    /// Every handle, by id (for the device state).
+    pub fn snapshot(&self) -> Vec<(u64, Arc<HandleData>)> {
+        let map = self.map.read().unwrap();
+        let mut all: Vec<_> = map.iter().map(|(id, h)| (*id, h.clone())).collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all
+    }
+
+    /// The next handle id this table would hand out.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Moves the id counter to at least `next` (ids restored from a device state).
+    pub fn advance_next_id(&self, next: u64) {
+        self.next_id.fetch_max(next, Ordering::Relaxed);
     }
 
     /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle
@@ -84,6 +153,21 @@ impl HandleStore {
             }
             _ => Err(errno(libc::EBADF)),
         }
+    }
+
+    /// Drops every handle of node `nodeid` (a node a device state could not keep).
+    pub fn remove_node(&self, nodeid: u64) -> usize {
+        let mut map = self.map.write().unwrap();
+        let mut gone = 0;
+        map.retain(|_, h| {
+            let keep = h.inode.nodeid != nodeid;
+            if !keep {
+                unreserve(&h.inode.share.usage.handles, 1, &self.budget);
+                gone += 1;
+            }
+            keep
+        });
+        gone
     }
 
     /// Drops every handle into `share` (closing its fds once in-flight requests end).

@@ -37,9 +37,16 @@ const COMPAT_22_OUT_SIZE: usize = 24;
 const MAX_PAGES: u16 = 256;
 const MIN_MAX_WRITE: u32 = 8192 - 0x1000;
 
-/// The body of the reply to an INIT whose body (after the header) is `body`, or the
-/// errno to answer with.
-pub fn reply_body<F: FileSystem>(fs: &F, body: &[u8]) -> Result<Vec<u8>, i32> {
+/// What an INIT negotiated, as the device state keeps it.
+pub use crate::state::format::FuseSession;
+
+/// The body of the reply to an INIT whose body (after the header) is `body`, and the
+/// session it negotiated (None for a reply that only asks the guest to retry with our
+/// major version), or the errno to answer with.
+pub fn reply_body<F: FileSystem>(
+    fs: &F,
+    body: &[u8],
+) -> Result<(Vec<u8>, Option<FuseSession>), i32> {
     let init = body
         .get(..size_of::<InitIn>())
         .and_then(InitIn::from_slice)
@@ -55,7 +62,7 @@ pub fn reply_body<F: FileSystem>(fs: &F, body: &[u8]) -> Result<Vec<u8>, i32> {
             minor: KERNEL_MINOR_VERSION,
             ..Default::default()
         };
-        return Ok(out.as_slice().to_vec());
+        return Ok((out.as_slice().to_vec(), None));
     }
     let mut offered = u64::from(init.flags);
     if offered & FsOptions::INIT_EXT.bits() != 0 {
@@ -65,13 +72,7 @@ pub fn reply_body<F: FileSystem>(fs: &F, body: &[u8]) -> Result<Vec<u8>, i32> {
             .ok_or(libc::EINVAL)?;
         offered |= u64::from(ext.flags2) << 32;
     }
-    let capable = FsOptions::from_bits_truncate(offered);
-    let wanted = fs.init(capable).map_err(|e| errno_of(&e))?;
-    let mut enabled = (capable & wanted).bits();
-    // Beyond FsOptions: only with the extended flags, where the guest reads them.
-    if enabled & FsOptions::INIT_EXT.bits() != 0 {
-        enabled |= offered & GRANTED_BEYOND_FS_OPTIONS;
-    }
+    let enabled = negotiate(fs, offered)?;
     let mut out = InitOut {
         major: KERNEL_VERSION,
         minor: KERNEL_MINOR_VERSION,
@@ -99,7 +100,26 @@ pub fn reply_body<F: FileSystem>(fs: &F, body: &[u8]) -> Result<Vec<u8>, i32> {
         m if m < 23 => COMPAT_22_OUT_SIZE,
         _ => size_of::<InitOut>(),
     };
-    Ok(out.as_slice()[..len].to_vec())
+    let session = FuseSession {
+        minor: init.minor,
+        offered,
+        granted: enabled,
+    };
+    Ok((out.as_slice()[..len].to_vec(), Some(session)))
+}
+
+/// The flags granted for the guest's `offered` ones: what `fs` wants of them, and
+/// the features beyond `FsOptions`. Also what a loaded device state replays, so that
+/// the stack is set up (POSIX ACLs, say) as the guest's INIT left it.
+pub fn negotiate<F: FileSystem>(fs: &F, offered: u64) -> Result<u64, i32> {
+    let capable = FsOptions::from_bits_truncate(offered);
+    let wanted = fs.init(capable).map_err(|e| errno_of(&e))?;
+    let mut enabled = (capable & wanted).bits();
+    // Beyond FsOptions: only with the extended flags, where the guest reads them.
+    if enabled & FsOptions::INIT_EXT.bits() != 0 {
+        enabled |= offered & GRANTED_BEYOND_FS_OPTIONS;
+    }
+    Ok(enabled)
 }
 
 fn errno_of(e: &io::Error) -> i32 {
@@ -150,7 +170,7 @@ mod tests {
     }
 
     fn reply(fs: &Wants, body: &[u8]) -> InitOut {
-        let bytes = reply_body(fs, body).unwrap();
+        let (bytes, _) = reply_body(fs, body).unwrap();
         let mut out = InitOut::default();
         out.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
         out
@@ -186,10 +206,10 @@ mod tests {
 
     #[test]
     fn old_and_new_protocol_versions_get_the_replies_they_expect() {
-        assert_eq!(reply_body(&wants(), &request(4, 0)).unwrap().len(), 8);
-        assert_eq!(reply_body(&wants(), &request(22, 0)).unwrap().len(), 24);
+        assert_eq!(reply_body(&wants(), &request(4, 0)).unwrap().0.len(), 8);
+        assert_eq!(reply_body(&wants(), &request(22, 0)).unwrap().0.len(), 24);
         assert_eq!(
-            reply_body(&wants(), &request(33, 0)).unwrap().len(),
+            reply_body(&wants(), &request(33, 0)).unwrap().0.len(),
             size_of::<InitOut>()
         );
         let mut newer = request(0, 0);

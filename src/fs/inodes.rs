@@ -134,6 +134,11 @@ impl InodeData {
     pub fn inode_ref(&self) -> &InodeRef {
         &self.inode
     }
+
+    /// Lookups the guest holds on this node id.
+    pub fn lookups(&self) -> u64 {
+        self.refcount.load(Ordering::Acquire)
+    }
 }
 
 /// Gives back what a node took when it goes: its place under the volume's bound and,
@@ -431,6 +436,91 @@ impl InodeStore {
             }
         }
         dropped
+    }
+
+    /// Every live node, by id (for the device state).
+    pub fn snapshot(&self) -> Vec<Arc<InodeData>> {
+        let maps = self.maps.read().unwrap();
+        let mut all: Vec<_> = maps.by_id.iter().cloned().collect();
+        all.sort_unstable_by_key(|d| d.nodeid);
+        all
+    }
+
+    /// Registers a node a device state names, under its own id and with its lookup
+    /// count. EEXIST if the id is taken; ENOENT if the share was detached or the
+    /// session moved on meanwhile; ENFILE past the limits.
+    pub fn insert_restored(
+        &self,
+        nodeid: u64,
+        inode: InodeRef,
+        key: InodeKey,
+        file_type: u32,
+        share: Arc<Share>,
+        lookups: u64,
+    ) -> io::Result<Arc<InodeData>> {
+        let mut maps = self.maps.write().unwrap();
+        if nodeid == 0 || maps.get(nodeid).is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let epoch = self.session.current();
+        if !self.session.admits(&share, epoch) {
+            return Err(errno(libc::ENOENT));
+        }
+        if inode.holds_fd() {
+            reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
+        } else {
+            reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
+        }
+        let data = Arc::new(InodeData::new(
+            nodeid, inode, key, file_type, share, epoch, false,
+        ));
+        data.refcount.store(lookups.max(1), Ordering::Release);
+        maps.insert(data.clone());
+        Ok(data)
+    }
+
+    /// Gives the fixed node `old` (a volume root) the id `new` and `lookups` lookups:
+    /// a destination's volume takes the id its source handed the guest.
+    pub fn renumber_fixed(&self, old: u64, new: u64, lookups: u64) -> io::Result<()> {
+        let mut maps = self.maps.write().unwrap();
+        if old == new {
+            if let Some(d) = maps.get(old) {
+                d.refcount.store(lookups.max(1), Ordering::Release);
+            }
+            return Ok(());
+        }
+        if maps.get(new).is_some() {
+            return Err(errno(libc::EEXIST));
+        }
+        let Some(data) = maps.remove(old) else {
+            return Err(errno(libc::ENOENT));
+        };
+        if !data.fixed {
+            maps.insert(data);
+            return Err(errno(libc::EINVAL));
+        }
+        let moved = Arc::new(InodeData::new(
+            new,
+            data.inode.try_clone()?,
+            data.key(),
+            data.file_type(),
+            data.share.clone(),
+            data.epoch,
+            true,
+        ));
+        moved.refcount.store(lookups.max(1), Ordering::Release);
+        maps.insert(moved);
+        Ok(())
+    }
+
+    /// The next node id this table would hand out.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Moves the id counter to at least `next` (ids restored from a device state).
+    pub fn advance_next_id(&self, next: u64) {
+        self.next_id.fetch_max(next, Ordering::Relaxed);
     }
 
     /// Live node ids of `share`.

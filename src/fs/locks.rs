@@ -22,6 +22,7 @@ use fuse_backend_rs::api::filesystem::FileLock;
 
 use super::handles::HandleData;
 use super::inodes::InodeData;
+use super::lock_ranges::{HeldRange, LockRanges};
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::{cvt, errno};
@@ -92,8 +93,24 @@ pub fn flock_op(lock_type: u32, wait: bool) -> io::Result<libc::c_int> {
     Ok(if wait { op } else { op | libc::LOCK_NB })
 }
 
-/// (node id, FUSE lock owner) -> the node and the open file holding that owner's locks.
-type LockFiles = HashMap<(u64, u64), (Arc<InodeData>, Arc<File>)>;
+/// The open file holding one owner's POSIX locks on one node, and the ranges it
+/// holds (see `lock_ranges.rs`).
+struct LockFile {
+    inode: Arc<InodeData>,
+    file: Arc<File>,
+    ranges: LockRanges,
+}
+
+/// (node id, FUSE lock owner) -> its lock file.
+type LockFiles = HashMap<(u64, u64), LockFile>;
+
+/// One owner's lock file and what it holds, as the device state names them.
+pub struct HeldLocks {
+    pub inode: Arc<InodeData>,
+    pub owner: u64,
+    pub file: Arc<File>,
+    pub ranges: Vec<HeldRange>,
+}
 
 struct Waiter {
     thread: libc::pthread_t,
@@ -130,8 +147,8 @@ impl LockTable {
         open: impl FnOnce(libc::c_int) -> io::Result<File>,
     ) -> io::Result<Arc<File>> {
         let key = (h.inode.nodeid, owner);
-        if let Some((_, f)) = self.files.lock().unwrap().get(&key) {
-            return Ok(f.clone());
+        if let Some(lf) = self.files.lock().unwrap().get(&key) {
+            return Ok(lf.file.clone());
         }
         // The guest's own access mode: a read-only handle (and every handle of a
         // read-only volume is one) gives a read-only lock file.
@@ -139,8 +156,8 @@ impl LockTable {
         let fl = cvt(unsafe { libc::fcntl(h.file.as_raw_fd(), libc::F_GETFL) })?;
         let file = open(fl & libc::O_ACCMODE)?;
         let mut files = self.files.lock().unwrap();
-        if let Some((_, f)) = files.get(&key) {
-            return Ok(f.clone());
+        if let Some(lf) = files.get(&key) {
+            return Ok(lf.file.clone());
         }
         let inode = &h.inode;
         if !self.session.admits(&inode.share, inode.epoch) {
@@ -152,8 +169,77 @@ impl LockTable {
             &self.budget,
         )?;
         let f = Arc::new(file);
-        files.insert(key, (inode.clone(), f.clone()));
+        files.insert(
+            key,
+            LockFile {
+                inode: inode.clone(),
+                file: f.clone(),
+                ranges: LockRanges::default(),
+            },
+        );
         Ok(f)
+    }
+
+    /// Records a lock or unlock the kernel granted to `owner` on `nodeid`.
+    pub fn record(&self, nodeid: u64, owner: u64, lock: &FileLock) {
+        let end = lock.end.min(LOCK_TO_EOF);
+        if let Some(lf) = self.files.lock().unwrap().get_mut(&(nodeid, owner)) {
+            lf.ranges.apply(lock.start, end, lock.lock_type as i32);
+        }
+    }
+
+    /// Every owner that holds a POSIX lock, with its lock file (for the device state).
+    pub fn snapshot(&self) -> Vec<HeldLocks> {
+        let files = self.files.lock().unwrap();
+        let mut all: Vec<HeldLocks> = files
+            .iter()
+            .filter(|(_, lf)| !lf.ranges.is_empty())
+            .map(|(&(_, owner), lf)| HeldLocks {
+                inode: lf.inode.clone(),
+                owner,
+                file: lf.file.clone(),
+                ranges: lf.ranges.ranges().to_vec(),
+            })
+            .collect();
+        all.sort_unstable_by_key(|h| (h.inode.nodeid, h.owner));
+        all
+    }
+
+    /// Registers `owner`'s lock file on `inode` as a device state restores it: `file`
+    /// holds `ranges` already (taken again, or handed over by the source).
+    pub fn insert_restored(
+        &self,
+        inode: Arc<InodeData>,
+        owner: u64,
+        file: File,
+        ranges: &[HeldRange],
+    ) -> io::Result<()> {
+        let mut files = self.files.lock().unwrap();
+        let key = (inode.nodeid, owner);
+        if files.contains_key(&key) {
+            return Err(errno(libc::EEXIST));
+        }
+        if !self.session.admits(&inode.share, inode.epoch) {
+            return Err(errno(libc::ESTALE));
+        }
+        reserve(
+            &inode.share.usage.lock_files,
+            self.max_lock_files,
+            &self.budget,
+        )?;
+        let mut held = LockRanges::default();
+        for r in ranges {
+            held.apply(r.start, r.end, r.kind);
+        }
+        files.insert(
+            key,
+            LockFile {
+                inode,
+                file: Arc::new(file),
+                ranges: held,
+            },
+        );
+        Ok(())
     }
 
     /// The lock file of `owner` on `nodeid`, if it has one.
@@ -162,13 +248,13 @@ impl LockTable {
             .lock()
             .unwrap()
             .get(&(nodeid, owner))
-            .map(|(_, f)| f.clone())
+            .map(|lf| lf.file.clone())
     }
 
     /// Releases `owner`'s POSIX locks on `nodeid` (the guest process closed a file).
     pub fn release_owner(&self, nodeid: u64, owner: u64) {
-        if let Some((inode, _)) = self.files.lock().unwrap().remove(&(nodeid, owner)) {
-            unreserve(&inode.share.usage.lock_files, 1, &self.budget);
+        if let Some(lf) = self.files.lock().unwrap().remove(&(nodeid, owner)) {
+            unreserve(&lf.inode.share.usage.lock_files, 1, &self.budget);
         }
     }
 
@@ -192,10 +278,10 @@ impl LockTable {
     fn remove_where(&self, doomed: impl Fn(&InodeData) -> bool) -> usize {
         let mut files = self.files.lock().unwrap();
         let before = files.len();
-        files.retain(|_, (inode, _)| {
-            let d = doomed(inode);
+        files.retain(|_, lf| {
+            let d = doomed(&lf.inode);
             if d {
-                unreserve(&inode.share.usage.lock_files, 1, &self.budget);
+                unreserve(&lf.inode.share.usage.lock_files, 1, &self.budget);
             }
             !d
         });

@@ -304,6 +304,53 @@ impl Registry {
         let t = self.table.read().unwrap();
         t.shares.get(name).map(|a| a.share.clone())
     }
+
+    /// Whether the mount root is a virtual directory listing volumes.
+    pub fn is_volume_layout(&self) -> bool {
+        self.volume_layout
+    }
+
+    /// The virtual directories other than the root: (guest path, node id).
+    pub fn virtual_dirs(&self) -> Vec<(String, u64)> {
+        let t = self.table.read().unwrap();
+        let mut all: Vec<_> = t
+            .vdirs
+            .iter()
+            .filter(|(id, _)| **id != ROOT_ID)
+            .map(|(id, d)| (d.path.join("/"), *id))
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// Gives volume roots and virtual directories the node ids `ids` maps their
+    /// current ones to (ids not in it keep theirs): the ids a migration's source
+    /// handed the guest. The caller makes sure no two end up with one id.
+    pub fn renumber(&self, ids: &HashMap<u64, u64>) {
+        let mut t = self.table.write().unwrap();
+        let map = |id: u64| ids.get(&id).copied().unwrap_or(id);
+        let vdirs = std::mem::take(&mut t.vdirs);
+        t.vdirs = vdirs
+            .into_iter()
+            .map(|(id, d)| {
+                (
+                    map(id),
+                    VirtualDir {
+                        parent: map(d.parent),
+                        path: d.path,
+                    },
+                )
+            })
+            .collect();
+        for id in t.vdir_by_path.values_mut() {
+            *id = map(*id);
+        }
+        for a in t.shares.values_mut() {
+            a.root_nodeid = map(a.root_nodeid);
+        }
+        let by_root = std::mem::take(&mut t.share_by_root);
+        t.share_by_root = by_root.into_iter().map(|(id, k)| (map(id), k)).collect();
+    }
 }
 
 impl Table {

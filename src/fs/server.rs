@@ -18,7 +18,7 @@
 use std::io::{self, Read};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fuse_backend_rs::abi::fuse_abi::{
     InHeader, Opcode, ReadIn, WriteIn, WriteOut, WRITE_CACHE, WRITE_LOCKOWNER,
@@ -44,11 +44,13 @@ pub const WRITE_PREFIX: usize = size_of::<InHeader>() + size_of::<WriteIn>();
 
 pub struct FsServer {
     server: Server<Arc<VolFs>>,
-    fs: Arc<VolFs>,
+    pub(super) fs: Arc<VolFs>,
     /// Where a new guest session resets what the old one held.
-    volumes: Arc<Volumes>,
+    pub(super) volumes: Arc<Volumes>,
     /// Set by a successful INIT: until then every other request gets EIO, as in libfuse.
-    initialized: AtomicBool,
+    pub(super) initialized: AtomicBool,
+    /// What the guest's INIT negotiated, for the device state.
+    pub(super) session: Mutex<Option<init::FuseSession>>,
 }
 
 /// Why a request produced no reply.
@@ -101,6 +103,7 @@ impl FsServer {
             fs: stack.fs.clone(),
             volumes: stack.volumes.clone(),
             initialized: AtomicBool::new(false),
+            session: Mutex::new(None),
         }
     }
 
@@ -145,6 +148,7 @@ impl FsServer {
     /// the session ends as with DESTROY, and the next request must be an INIT.
     pub fn start_over(&self) {
         self.initialized.store(false, Ordering::Release);
+        *self.session.lock().unwrap() = None;
         self.volumes.reset_session();
     }
 
@@ -207,11 +211,14 @@ impl FsServer {
             }
             let body = init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]);
             let answer = match &body {
-                Ok(body) => reply::reply(&mut writer, header.unique, 0, body),
+                Ok((body, _)) => reply::reply(&mut writer, header.unique, 0, body),
                 Err(errno) => reply::reply_error(&mut writer, header.unique, *errno),
             };
             if !was && (body.is_err() || answer.is_err()) {
                 self.initialized.store(false, Ordering::Release);
+            }
+            if let Ok((_, session)) = &body {
+                *self.session.lock().unwrap() = *session;
             }
             return answer.map_err(|e| failed(e.to_string()));
         }

@@ -475,6 +475,16 @@ impl Volumes {
             .collect()
     }
 
+    /// The registry of attached volumes (for the device state).
+    pub(super) fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The passthrough layer under every volume (for the device state).
+    pub(super) fn passthrough(&self) -> &PassthroughFs {
+        &self.inner
+    }
+
     /// Host fds held for the guest across volumes, and the most it may hold.
     pub fn fd_budget(&self) -> (usize, usize) {
         self.inner.fd_budget()

@@ -55,6 +55,11 @@ impl CapSet {
 ///   `DAC_READ_SEARCH` (reach the volume's directory whatever its mode).
 /// - lock waiters open the lock file of a node: `DAC_READ_SEARCH` only with
 ///   --inode-file-handles=prefer|mandatory (`open_by_handle_at`), else none.
+/// - the state thread finds a loaded session's files again and reopens them as the
+///   guest had them, whatever their modes: `DAC_OVERRIDE`, `DAC_READ_SEARCH` (walk
+///   any directory of a volume; `open_by_handle_at` of a state's file handles, each
+///   checked to lead inside its volume), `FOWNER` (`O_NOATIME` of a file the daemon
+///   does not own).
 /// - the vhost-user thread, the signal and log threads need none.
 pub fn kept(role: ThreadRole, privileged_xattrs: bool, file_handles: bool) -> CapSet {
     match role {
@@ -78,6 +83,7 @@ pub fn kept(role: ThreadRole, privileged_xattrs: bool, file_handles: bool) -> Ca
             set
         }
         ThreadRole::Control => CapSet::of(&[CAP_SYS_ADMIN, CAP_DAC_READ_SEARCH]),
+        ThreadRole::State => CapSet::of(&[CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER]),
         ThreadRole::LockWaiter if file_handles => CapSet::of(&[CAP_DAC_READ_SEARCH]),
         ThreadRole::Main
         | ThreadRole::LockWaiter

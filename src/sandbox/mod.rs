@@ -73,10 +73,14 @@ pub enum ThreadRole {
     Logger,
     /// The namespace mode's supervisor process (outside the namespaces).
     Supervisor,
+    /// The thread that saves and loads the guest's session as a device state
+    /// (SET_DEVICE_STATE_FD): it reads and writes the VMM's state stream and reopens
+    /// the session's files.
+    State,
 }
 
 impl ThreadRole {
-    pub const ALL: [ThreadRole; 7] = [
+    pub const ALL: [ThreadRole; 8] = [
         ThreadRole::Main,
         ThreadRole::Worker,
         ThreadRole::Control,
@@ -84,6 +88,7 @@ impl ThreadRole {
         ThreadRole::Signals,
         ThreadRole::Logger,
         ThreadRole::Supervisor,
+        ThreadRole::State,
     ];
 }
 

@@ -130,11 +130,12 @@ fn role_index(role: ThreadRole) -> usize {
 }
 
 /// The roles whose threads start threads: the vhost-user thread (Main), lock waits
-/// (Worker), client threads (Control).
+/// (Worker), client threads (Control), the wait for locks a loaded state names
+/// (State).
 fn creates_threads(role: ThreadRole) -> bool {
     matches!(
         role,
-        ThreadRole::Main | ThreadRole::Worker | ThreadRole::Control
+        ThreadRole::Main | ThreadRole::Worker | ThreadRole::Control | ThreadRole::State
     )
 }
 
@@ -155,8 +156,9 @@ const LOCKW: u8 = 1 << 3;
 const SIGNALS: u8 = 1 << 4;
 const LOGGER: u8 = 1 << 5;
 const SUPER: u8 = 1 << 6;
+const STATE: u8 = 1 << 7;
 /// Every thread of the sandboxed daemon (not the supervisor).
-const DAEMON: u8 = MAIN | WORKER | CONTROL | LOCKW | SIGNALS | LOGGER;
+const DAEMON: u8 = MAIN | WORKER | CONTROL | LOCKW | SIGNALS | LOGGER | STATE;
 const ALL: u8 = DAEMON | SUPER;
 
 fn role_bit(role: ThreadRole) -> u8 {
@@ -222,26 +224,26 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_mmap, DAEMON, Args::NoExec, "allocator, thread stacks, guest memory regions (Main); never executable"),
     allow!(SYS_mprotect, DAEMON, Args::NoExec, "allocator arenas grow; a new thread's guard page; never executable"),
     allow!(SYS_munmap, DAEMON | SUPER, "allocator, thread stacks, old guest memory tables; std's signal stack at exit"),
-    allow!(SYS_mremap, MAIN | WORKER | CONTROL, "realloc of a large (mmapped) buffer"),
+    allow!(SYS_mremap, MAIN | WORKER | CONTROL | STATE, "realloc of a large (mmapped) buffer"),
     allow!(SYS_madvise, DAEMON, "glibc frees an exiting thread's stack (MADV_DONTNEED), allocator trims"),
     // Threads (std, glibc).
     allow!(SYS_futex, DAEMON, "mutexes, condition variables, once cells, thread parking and join"),
-    allow!(SYS_clone, MAIN | WORKER | CONTROL, Args::Thread, "start a thread (glibc falls back to clone after clone3's ENOSYS); threads only"),
-    allow!(SYS_clone3, MAIN | WORKER | CONTROL, "glibc tries clone3 first; the stacked filter answers ENOSYS"),
-    allow!(SYS_set_robust_list, MAIN | WORKER | CONTROL, "glibc, in a new thread (under its creator's filter)"),
-    allow!(SYS_rseq, MAIN | WORKER | CONTROL, "glibc registers restartable sequences in a new thread"),
-    allow!(SYS_gettid, MAIN | WORKER | CONTROL, "std, in a new thread"),
-    allow!(SYS_sched_getaffinity, MAIN | WORKER | CONTROL, "std, in a new thread"),
-    allow!(SYS_prctl, MAIN | WORKER | CONTROL, Args::Prctl(PRCTL_THREADS), "std names a new thread; apply_filter sets no_new_privs before a stacked filter"),
-    allow!(SYS_seccomp, WORKER | CONTROL, Args::SetModeFilter, "lock-wait and client threads stack their own filter"),
-    allow!(SYS_capget, WORKER | CONTROL, "lock-wait and client threads read their capabilities before dropping them"),
-    allow!(SYS_capset, WORKER | CONTROL, "lock-wait and client threads drop capabilities; a worker lowers CAP_SYS_ADMIN/CAP_SETFCAP around a translated caller's xattr change and raises them again (never above its permitted set)"),
+    allow!(SYS_clone, MAIN | WORKER | CONTROL | STATE, Args::Thread, "start a thread (glibc falls back to clone after clone3's ENOSYS); threads only"),
+    allow!(SYS_clone3, MAIN | WORKER | CONTROL | STATE, "glibc tries clone3 first; the stacked filter answers ENOSYS"),
+    allow!(SYS_set_robust_list, MAIN | WORKER | CONTROL | STATE, "glibc, in a new thread (under its creator's filter)"),
+    allow!(SYS_rseq, MAIN | WORKER | CONTROL | STATE, "glibc registers restartable sequences in a new thread"),
+    allow!(SYS_gettid, MAIN | WORKER | CONTROL | STATE, "std, in a new thread"),
+    allow!(SYS_sched_getaffinity, MAIN | WORKER | CONTROL | STATE, "std, in a new thread"),
+    allow!(SYS_prctl, MAIN | WORKER | CONTROL | STATE, Args::Prctl(PRCTL_THREADS), "std names a new thread; apply_filter sets no_new_privs before a stacked filter"),
+    allow!(SYS_seccomp, WORKER | CONTROL | STATE, Args::SetModeFilter, "lock-wait and client threads stack their own filter"),
+    allow!(SYS_capget, WORKER | CONTROL | STATE, "lock-wait and client threads read their capabilities before dropping them"),
+    allow!(SYS_capset, WORKER | CONTROL | STATE, "lock-wait and client threads drop capabilities; a worker lowers CAP_SYS_ADMIN/CAP_SETFCAP around a translated caller's xattr change and raises them again (never above its permitted set)"),
     allow!(SYS_sigaltstack, DAEMON | SUPER, "std's stack-overflow signal stack, set up in a new thread, removed at its exit"),
-    allow!(SYS_rt_sigprocmask, MAIN | WORKER | CONTROL | LOCKW, "glibc blocks signals around thread start and exit, pthread_kill; a lock wait unblocks SIGUSR1"),
-    allow!(SYS_exit, MAIN | WORKER | CONTROL | LOCKW, "a thread ends (client, lock wait, start thread, workers and frontend thread at disconnect)"),
+    allow!(SYS_rt_sigprocmask, MAIN | WORKER | CONTROL | LOCKW | STATE, "glibc blocks signals around thread start and exit, pthread_kill; a lock wait unblocks SIGUSR1"),
+    allow!(SYS_exit, MAIN | WORKER | CONTROL | LOCKW | STATE, "a thread ends (client, lock wait, start thread, workers and frontend thread at disconnect)"),
     allow!(SYS_exit_group, ALL, "the process ends (also the trap handler's _exit)"),
     allow!(SYS_restart_syscall, ALL, "a sleep or wait restarted after the thread was stopped (SIGSTOP, ptrace)"),
-    allow!(SYS_getrandom, MAIN | WORKER, "HashMap seeds"),
+    allow!(SYS_getrandom, MAIN | WORKER | STATE, "HashMap seeds"),
     // Signals.
     allow!(SYS_rt_sigtimedwait, SIGNALS | SUPER, "sigwait for SIGTERM/SIGINT (the supervisor's: the forwarded signals and SIGCHLD)"),
     allow!(SYS_rt_sigaction, WORKER | LOCKW, "the lock-wait wake-up handler, installed at the first wait"),
@@ -254,8 +256,8 @@ static ALLOWED: &[Allowed] = &[
     // Descriptors, sockets, logging.
     allow!(SYS_write, ALL, "log lines on stderr; eventfd kicks and exit events; HTTP replies"),
     allow!(SYS_sendto, DAEMON, "log lines to /dev/log (--syslog); HTTP replies"),
-    allow!(SYS_read, WORKER | CONTROL, "eventfds (queue kicks, exit event); control requests (std reads a UnixStream with read(2))"),
-    allow!(SYS_close, MAIN | WORKER | CONTROL | LOCKW, "descriptors (a lock wait closes its lock file's fds)"),
+    allow!(SYS_read, WORKER | CONTROL | STATE, "eventfds (queue kicks, exit event); control requests (std reads a UnixStream with read(2))"),
+    allow!(SYS_close, MAIN | WORKER | CONTROL | LOCKW | STATE, "descriptors (a lock wait closes its lock file's fds)"),
     allow!(SYS_epoll_create1, WORKER, "the queue workers' event loops (created in VhostUserDaemon::new)"),
     allow!(SYS_epoll_ctl, MAIN | WORKER, "register queue kick fds (frontend thread), the worker loops"),
     allow!(SYS_epoll_wait, WORKER, "the queue workers' event loops"),
@@ -268,17 +270,17 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_getsockopt, CONTROL, "SO_PEERCRED of a control client"),
     allow!(SYS_setsockopt, CONTROL, "a control client's read and write timeouts"),
     allow!(SYS_dup, WORKER, "FLUSH: close(dup(fd)) for the host's close-time semantics"),
-    allow!(SYS_fcntl, MAIN | WORKER | CONTROL, Args::Fcntl(&[libc::F_DUPFD_CLOEXEC]), "try_clone of a file or socket"),
-    allow!(SYS_fcntl, WORKER | LOCKW, Args::Fcntl(&[libc::F_GETFL, libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW, libc::F_GETFD]), "POSIX locks as OFD locks (F_GETFL: the lock file's access mode); F_GETFD: std checks an fd is open before closing it (builds with debug assertions, as the host tests run)"),
+    allow!(SYS_fcntl, MAIN | WORKER | CONTROL | STATE, Args::Fcntl(&[libc::F_DUPFD_CLOEXEC]), "try_clone of a file or socket"),
+    allow!(SYS_fcntl, WORKER | LOCKW | STATE, Args::Fcntl(&[libc::F_GETFL, libc::F_OFD_GETLK, libc::F_OFD_SETLK, libc::F_OFD_SETLKW, libc::F_GETFD]), "POSIX locks as OFD locks (F_GETFL: the lock file's access mode); F_GETFD: std checks an fd is open before closing it (builds with debug assertions, as the host tests run)"),
     allow!(SYS_fcntl, MAIN | CONTROL, Args::Fcntl(&[libc::F_GETFD]), "std checks an fd is open before closing it (builds with debug assertions)"),
     allow!(SYS_umask, MAIN, "umask(0) once the workers exist"),
     // Files.
-    allow!(SYS_openat, WORKER | CONTROL | LOCKW, "open relative to a node's fd (lock files too)"),
+    allow!(SYS_openat, WORKER | CONTROL | LOCKW | STATE, "open relative to a node's fd (lock files too)"),
     allow!(SYS_openat2, CONTROL, "attach: RESOLVE_BENEATH open of a volume"),
-    allow!(SYS_name_to_handle_at, WORKER | CONTROL, "--inode-file-handles: a new node's file handle; attach checks a volume makes them"),
-    allow!(SYS_open_by_handle_at, WORKER | CONTROL | LOCKW, "--inode-file-handles: reach a node kept by file handle (a lock wait opens its lock file); attach checks it opens"),
-    allow!(SYS_newfstatat, MAIN | WORKER | CONTROL | SIGNALS, "stat, fstat; a socket file checked before it is removed"),
-    allow!(SYS_statx, WORKER | CONTROL | SUPER, "stat (std)"),
+    allow!(SYS_name_to_handle_at, WORKER | CONTROL | STATE, "--inode-file-handles: a new node's file handle; attach checks a volume makes them"),
+    allow!(SYS_open_by_handle_at, WORKER | CONTROL | LOCKW | STATE, "--inode-file-handles: reach a node kept by file handle (a lock wait opens its lock file); attach checks it opens"),
+    allow!(SYS_newfstatat, MAIN | WORKER | CONTROL | SIGNALS | STATE, "stat, fstat; a socket file checked before it is removed"),
+    allow!(SYS_statx, WORKER | CONTROL | SUPER | STATE, "stat (std)"),
     allow!(SYS_readlink, CONTROL, "attach: a volume's path through /proc/self/fd"),
     allow!(SYS_unlinkat, MAIN | WORKER | SIGNALS, "unlink, rmdir; the sockets at exit"),
     allow!(SYS_unlink, MAIN | SUPER, "the vhost-user listener removes its socket; the supervisor, sockets a dead daemon left"),
@@ -287,9 +289,9 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_symlinkat, WORKER, "symlink"),
     allow!(SYS_linkat, WORKER, "link"),
     allow!(SYS_renameat2, WORKER, "rename"),
-    allow!(SYS_readlinkat, WORKER, "readlink"),
+    allow!(SYS_readlinkat, WORKER | STATE, "readlink"),
     allow!(SYS_getdents64, WORKER, "readdir"),
-    allow!(SYS_lseek, WORKER, "readdir offsets, lseek (SEEK_DATA/SEEK_HOLE)"),
+    allow!(SYS_lseek, WORKER | STATE, "readdir offsets, lseek (SEEK_DATA/SEEK_HOLE)"),
     allow!(SYS_preadv, WORKER, "read into guest buffers"),
     allow!(SYS_pread64, CONTROL, "GET /metrics reads /proc/self/status and stat again from offset 0"),
     allow!(SYS_pwritev, WORKER, "write from guest buffers"),
@@ -304,7 +306,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_utimensat, WORKER, "setattr times"),
     allow!(SYS_fstatfs, WORKER, "statfs"),
     allow!(SYS_faccessat2, WORKER, "access"),
-    allow!(SYS_flock, WORKER | LOCKW, "flock"),
+    allow!(SYS_flock, WORKER | LOCKW | STATE, "flock"),
     allow!(SYS_copy_file_range, WORKER, "copy_file_range"),
     allow!(SYS_fgetxattr, WORKER, "getxattr; with --posix-acl, whether a directory has a default ACL before a create in it"),
     allow!(SYS_fsetxattr, WORKER, "setxattr"),
@@ -578,6 +580,7 @@ mod trap {
             ThreadRole::Signals => b"Signals",
             ThreadRole::Logger => b"Logger",
             ThreadRole::Supervisor => b"Supervisor",
+            ThreadRole::State => b"State",
         }
     }
 }

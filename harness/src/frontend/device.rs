@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserHeaderFlag,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::VhostBackend;
 
@@ -41,6 +43,10 @@ pub struct DeviceConfig {
     pub event_idx: bool,
     /// How long to keep retrying while the socket does not exist or refuses.
     pub connect_timeout: Duration,
+    /// A device state to load before the memory table and the queues are set up, as
+    /// a migration's destination VMM does (SET_DEVICE_STATE_FD LOAD, then
+    /// CHECK_DEVICE_STATE).
+    pub load_state: Option<Vec<u8>>,
 }
 
 impl DeviceConfig {
@@ -53,6 +59,7 @@ impl DeviceConfig {
             queue_size: 256,
             event_idx: false,
             connect_timeout: Duration::from_secs(10),
+            load_state: None,
         }
     }
 }
@@ -107,6 +114,13 @@ impl VhostUserFsDevice {
                 None
             };
 
+        if let Some(state) = &cfg.load_state {
+            transfer_state(
+                &mut frontend,
+                VhostTransferStateDirection::LOAD,
+                Some(state),
+            )?;
+        }
         let region = memory.region_info()?;
         frontend
             .set_mem_table(&[region])
@@ -160,6 +174,12 @@ impl VhostUserFsDevice {
         self.frontend
             .get_vring_base(i)
             .map_err(|e| Error::vhost(format!("queue {index}: GET_VRING_BASE"), e))
+    }
+
+    /// The backend's device state (SET_DEVICE_STATE_FD SAVE over a pipe, read to its
+    /// end, CHECK_DEVICE_STATE), as a VMM saves it after stopping the queues.
+    pub fn save_state(&mut self) -> Result<Vec<u8>> {
+        transfer_state(&mut self.frontend, VhostTransferStateDirection::SAVE, None)
     }
 
     /// VHOST_USER_RESET_DEVICE, as a VMM resets the device (needs the protocol
@@ -235,7 +255,8 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
         & (VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE);
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::DEVICE_STATE);
     frontend
         .set_protocol_features(acked_protocol)
         .map_err(|e| Error::vhost("SET_PROTOCOL_FEATURES", e))?;
@@ -265,6 +286,54 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
         acked_protocol_features: acked_protocol.bits(),
         max_queues,
     })
+}
+
+/// One device-state transfer over a pipe: a save returns the bytes read, a load
+/// writes `state`. The outcome is CHECK_DEVICE_STATE's.
+fn transfer_state(
+    frontend: &mut Frontend,
+    direction: VhostTransferStateDirection,
+    state: Option<&[u8]>,
+) -> Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let name = format!("SET_DEVICE_STATE_FD {direction:?}");
+    let io = |e| Error::io(format!("{name}: the pipe"), e);
+    let (mut reader, mut writer) = std::io::pipe().map_err(io)?;
+    let theirs = match direction {
+        VhostTransferStateDirection::SAVE => {
+            std::os::fd::OwnedFd::from(writer.try_clone().map_err(io)?)
+        }
+        VhostTransferStateDirection::LOAD => {
+            std::os::fd::OwnedFd::from(reader.try_clone().map_err(io)?)
+        }
+    };
+    // The frontend sends our copy of the pipe's end and closes it.
+    let replaced = frontend
+        .set_device_state_fd(direction, VhostTransferStatePhase::STOPPED, theirs)
+        .map_err(|e| Error::vhost(name.clone(), e))?;
+    let mut out = Vec::new();
+    match direction {
+        VhostTransferStateDirection::SAVE => {
+            drop(writer);
+            match replaced {
+                Some(mut f) => f.read_to_end(&mut out).map_err(io)?,
+                None => reader.read_to_end(&mut out).map_err(io)?,
+            };
+        }
+        VhostTransferStateDirection::LOAD => {
+            drop(reader);
+            let bytes = state.unwrap_or_default();
+            match replaced {
+                Some(mut f) => f.write_all(bytes).map_err(io)?,
+                None => writer.write_all(bytes).map_err(io)?,
+            }
+            drop(writer);
+        }
+    }
+    frontend
+        .check_device_state()
+        .map_err(|e| Error::vhost("CHECK_DEVICE_STATE", e))?;
+    Ok(out)
 }
 
 fn read_fs_config(frontend: &mut Frontend) -> Result<FsConfig> {

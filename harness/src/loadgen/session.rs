@@ -32,6 +32,7 @@ impl Session {
             queue_size: 1024,
             event_idx: true,
             connect_timeout: Duration::from_secs(10),
+            load_state: None,
         };
         let mut device = VhostUserFsDevice::connect(&cfg).map_err(e("connecting"))?;
         let memory = device.memory().clone();

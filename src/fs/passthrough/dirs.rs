@@ -25,10 +25,13 @@ impl PassthroughFs {
                 return Ok(());
             }
             for entry in sys::Dirents::new(&buf[..n]) {
-                if add_entry(entry?, &h)? == 0 {
+                let entry = entry?;
+                let next = entry.offset;
+                if add_entry(entry, &h)? == 0 {
                     // The reply buffer is full; the guest continues from `offset` later.
                     return Ok(());
                 }
+                h.dir_offset.store(next, Ordering::Relaxed);
             }
         }
     }

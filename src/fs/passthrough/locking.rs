@@ -22,11 +22,13 @@ impl PassthroughFs {
             let op = locks::flock_op(lock.lock_type, wait)?;
             // SAFETY: flock on an fd we own.
             let flock = || cvt(unsafe { libc::flock(h.file.as_raw_fd(), op) }).map(|_| ());
-            return if wait {
-                self.locks.wait(&h.inode, flock)
+            if wait {
+                self.locks.wait(&h.inode, flock)?;
             } else {
-                flock()
-            };
+                flock()?;
+            }
+            h.set_flock(lock.lock_type as i32);
+            return Ok(());
         }
         let fl = locks::to_flock(lock)?;
         let owner_file = self
@@ -44,10 +46,12 @@ impl PassthroughFs {
                 .map(|_| ())
         };
         if wait {
-            self.locks.wait(&h.inode, set)
+            self.locks.wait(&h.inode, set)?;
         } else {
-            set()
+            set()?;
         }
+        self.locks.record(inode, owner, lock);
+        Ok(())
     }
 
     pub(super) fn getlk(

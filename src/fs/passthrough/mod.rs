@@ -8,8 +8,10 @@
 //! - an `O_PATH` fd is reopened with real access flags through `/proc/self/fd`, which
 //!   resolves to the inode itself, not to a path that a rename could redirect.
 
+use std::collections::HashSet;
 use std::mem::ManuallyDrop;
 use std::os::fd::FromRawFd;
+use std::sync::RwLock;
 
 use super::handles::HandleStore;
 use super::inodes::InodeStore;
@@ -94,6 +96,10 @@ pub struct PassthroughFs {
     /// `--translate-uid/gid` is in force: identity-dependent host calls run as the
     /// caller's host ids (see [`PassthroughFs::as_caller`]).
     translating: bool,
+    /// Node ids a device state named that could not be found again
+    /// (`--migration-on-error=guest-error`): answered ESTALE, not ENOENT, for the rest
+    /// of the session. Looked at only when a node id misses.
+    lost: RwLock<HashSet<u64>>,
 }
 
 /// The host id a guest id no rule lets own anything (`forbid-guest`) acts as: Linux's
@@ -167,6 +173,7 @@ mod dirs;
 mod files;
 mod locking;
 mod nodes;
+pub mod state;
 mod xattr_ops;
 
 impl PassthroughFs {
@@ -198,6 +205,7 @@ impl PassthroughFs {
             timeout,
             acl: AtomicBool::new(false),
             translating,
+            lost: RwLock::new(HashSet::new()),
         })
     }
 
@@ -214,6 +222,21 @@ impl PassthroughFs {
     /// A node id never handed out before.
     pub fn alloc_nodeid(&self) -> u64 {
         self.inodes.alloc_id()
+    }
+
+    /// The next node id this layer would hand out.
+    pub fn next_node_id(&self) -> u64 {
+        self.inodes.next_id()
+    }
+
+    /// Moves the node id counter to at least `next`.
+    pub fn advance_node_ids(&self, next: u64) {
+        self.inodes.advance_next_id(next);
+    }
+
+    /// Gives a volume root the id `new` (see `InodeStore::renumber_fixed`).
+    pub fn renumber_root(&self, old: u64, new: u64, lookups: u64) -> io::Result<()> {
+        self.inodes.renumber_fixed(old, new, lookups)
     }
 
     /// Registers `root` (a directory fd) as the root of `share`, at node id `nodeid`.
@@ -349,6 +372,7 @@ impl PassthroughFs {
     /// lock file of the previous one is dropped, and its lock waits end. Returns
     /// (nodes, handles, lock files) released.
     pub fn reset_session(&self) -> (usize, usize, usize) {
+        self.lost.write().unwrap().clear();
         let nodes = self.inodes.reset_session();
         let handles = self.handles.reset_session();
         let lock_files = self.locks.reset_session();
@@ -370,7 +394,29 @@ impl PassthroughFs {
     }
 
     fn inode(&self, nodeid: u64) -> io::Result<Arc<InodeData>> {
-        self.inodes.get(nodeid)
+        self.inodes.get(nodeid).map_err(|e| {
+            if self.lost.read().unwrap().contains(&nodeid) {
+                errno(libc::ESTALE)
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Node ids of a device state the guest holds and this daemon lost: ESTALE.
+    fn mark_lost(&self, ids: &[u64]) {
+        if !ids.is_empty() {
+            self.lost.write().unwrap().extend(ids.iter().copied());
+        }
+    }
+
+    /// Drops a restored node (and its handles) that turned out lost: ESTALE from now.
+    fn lose_node(&self, nodeid: u64) {
+        if let Ok(data) = self.inodes.get(nodeid) {
+            self.handles.remove_node(nodeid);
+            self.inodes.forget(nodeid, data.lookups());
+        }
+        self.mark_lost(&[nodeid]);
     }
 
     fn handle(&self, fh: u64, nodeid: u64) -> io::Result<Arc<HandleData>> {

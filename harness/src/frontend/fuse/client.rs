@@ -113,6 +113,29 @@ impl FuseClient {
         self.device.resume_queue(ring, base)
     }
 
+    /// Stops every queue as a VMM stopping the VM does (SET_VRING_ENABLE 0,
+    /// GET_VRING_BASE), then saves the backend's device state, as for a migration or
+    /// a snapshot. The queues stay stopped.
+    pub fn stop_and_save_state(&mut self) -> Result<Vec<u8>> {
+        let mut indexes = vec![self.hiprio.index()];
+        indexes.extend(self.request_queues.iter().map(|q| q.index()));
+        for index in indexes {
+            self.device.stop_queue(index)?;
+        }
+        self.device.save_state()
+    }
+
+    /// Saves the device state with request queue 0 paused, then resumes it where it
+    /// stopped, as a VMM whose migration failed resumes the source.
+    pub fn save_state_paused(&mut self) -> Result<Vec<u8>> {
+        let index = self.request_queue(0)?.index();
+        let base = self.device.stop_queue(index)?;
+        let state = self.device.save_state();
+        let ring = self.request_queues[0].ring_mut();
+        self.device.resume_queue(ring, base)?;
+        state
+    }
+
     /// Routes subsequent typed calls to request queue `i`.
     pub fn use_request_queue(&mut self, i: usize) -> Result<()> {
         self.request_queue(i)?;

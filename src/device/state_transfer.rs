@@ -1,0 +1,197 @@
+//! SET_DEVICE_STATE_FD and CHECK_DEVICE_STATE: the guest's session saved into, or
+//! loaded from, the pipe or socket the VMM hands over (QEMU's live migration and
+//! snapshots, cloud-hypervisor's snapshot, restore and migration).
+//!
+//! The VMM reads or writes the channel only once the message is answered, so the
+//! transfer runs on a thread of its own, the state thread, and CHECK_DEVICE_STATE
+//! waits for it: the answer there is the outcome. The state thread is started once,
+//! confined for its role (it reads a state stream that may come from anywhere, and
+//! reopens the session's files), before the daemon's own threads lose their
+//! capabilities.
+//!
+//! A save is not destructive: a migration that fails resumes the source, which
+//! serves on with everything it had. A load replaces whatever session the daemon
+//! had, and leaves none if it fails.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use log::{error, info};
+use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
+
+use crate::fs::passthrough::state::HandedFiles;
+use crate::fs::FsServer;
+use crate::state::format::{self, GuestView};
+use crate::state::{LoadError, LoadOptions, SaveOptions};
+
+/// What the state thread is told at start: the daemon's options.
+#[derive(Clone, Debug, Default)]
+pub struct StateConfig {
+    pub view: GuestView,
+    pub save: SaveOptions,
+    pub load: LoadOptions,
+}
+
+enum Job {
+    Save(File),
+    Load(File),
+}
+
+/// A job and where its outcome goes.
+type Queued = (Job, Sender<Result<(), String>>);
+
+/// The device's side of the transfer: hands jobs to the state thread, and waits for
+/// their outcome.
+#[derive(Default)]
+pub struct StateTransfer {
+    jobs: Mutex<Option<Sender<Queued>>>,
+    outcome: Mutex<Option<Receiver<Result<(), String>>>>,
+}
+
+impl StateTransfer {
+    /// Starts the state thread on the calling thread's confinement (the caller is
+    /// confined for the state role).
+    pub fn start_thread(&self, server: Arc<FsServer>, cfg: StateConfig) -> io::Result<()> {
+        let (tx, rx) = mpsc::channel::<Queued>();
+        std::thread::Builder::new()
+            .name("volfsd-state".into())
+            .spawn(move || {
+                for (job, done) in rx {
+                    let result = match job {
+                        Job::Save(file) => save(&server, &cfg, file),
+                        Job::Load(file) => load(&server, &cfg, file),
+                    };
+                    if let Err(e) = &result {
+                        // The VMM learns only that it failed: the why is here.
+                        error!("device state: {e}");
+                    }
+                    let _ = done.send(result);
+                }
+            })?;
+        *self.jobs.lock().unwrap() = Some(tx);
+        Ok(())
+    }
+
+    /// SET_DEVICE_STATE_FD: starts a save into `file` or a load from it, and answers
+    /// at once (the VMM moves the bytes after the answer).
+    pub fn begin(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a device state is transferred only with the device stopped",
+            ));
+        }
+        let jobs = self.jobs.lock().unwrap();
+        let Some(jobs) = jobs.as_ref() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no state thread: this daemon does not transfer its state",
+            ));
+        };
+        let job = match direction {
+            VhostTransferStateDirection::SAVE => Job::Save(file),
+            VhostTransferStateDirection::LOAD => Job::Load(file),
+        };
+        let (done_tx, done_rx) = mpsc::channel();
+        jobs.send((job, done_tx))
+            .map_err(|_| io::Error::other("the state thread is gone"))?;
+        *self.outcome.lock().unwrap() = Some(done_rx);
+        Ok(None)
+    }
+
+    /// CHECK_DEVICE_STATE: the outcome of the last transfer, once it is over.
+    pub fn check(&self) -> io::Result<()> {
+        let Some(done) = self.outcome.lock().unwrap().take() else {
+            return Err(io::Error::other(
+                "CHECK_DEVICE_STATE with no transfer started",
+            ));
+        };
+        match done.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(io::Error::other(e)),
+            Err(_) => Err(io::Error::other("the state thread ended during a transfer")),
+        }
+    }
+}
+
+fn save(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), String> {
+    let start = Instant::now();
+    let (state, _files) = server.save_session(cfg.view.clone(), &cfg.save);
+    let bytes = format::encode(&state);
+    let took = start.elapsed();
+    file.write_all(&bytes)
+        .map_err(|e| format!("writing {} bytes of state: {e}", bytes.len()))?;
+    // Closing the channel is the end of the data for the VMM.
+    drop(file);
+    info!(
+        "device state saved: {} nodes, {} handles, {} locks, {} volumes, {} bytes; \
+         collected in {:.1} ms, written in {:.1} ms",
+        state.nodes.len(),
+        state.handles.len(),
+        state.locks.len(),
+        state.volumes.len(),
+        bytes.len(),
+        took.as_secs_f64() * 1e3,
+        (start.elapsed() - took).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn load(server: &FsServer, cfg: &StateConfig, file: File) -> Result<(), String> {
+    let start = Instant::now();
+    let bytes = read_bounded(file).map_err(|e| e.to_string())?;
+    let state = format::decode(&bytes).map_err(|e| LoadError::from(e).to_string())?;
+    let read = start.elapsed();
+    let report = server
+        .load_session(&state, &cfg.view, &cfg.load, HandedFiles::default())
+        .map_err(|e| e.to_string())?;
+    info!(
+        "device state loaded ({}): {} nodes, {} handles, {} locks ({} waited for, {} handed \
+         over); lost {} nodes and {} handles; {} bytes read in {:.1} ms, applied in {:.1} ms",
+        state.written_by,
+        report.nodes,
+        report.handles,
+        report.locks,
+        report.pending_locks,
+        report.handed_over_locks,
+        report.lost_nodes,
+        report.lost_handles,
+        bytes.len(),
+        read.as_secs_f64() * 1e3,
+        (start.elapsed() - read).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Reads the whole state, refusing more than a state may be long (the header says how
+/// long the body is; nothing more is read than that and the header).
+fn read_bounded(mut file: File) -> Result<Vec<u8>, LoadError> {
+    let mut header = vec![0u8; format::HEADER_LEN];
+    let mut got = 0;
+    while got < header.len() {
+        match file.read(&mut header[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(LoadError::Io(e.to_string())),
+        }
+    }
+    header.truncate(got);
+    let length = format::body_length(&header)?;
+    let mut bytes = header;
+    // Grows as bytes come, up to the length: a header that lies about it costs
+    // nothing until the bytes are really there.
+    let mut limited = (&mut file).take(length + 1);
+    limited
+        .read_to_end(&mut bytes)
+        .map_err(|e| LoadError::Io(e.to_string()))?;
+    Ok(bytes)
+}
