@@ -349,7 +349,11 @@ impl Volumes {
             // Without CAP_SYS_ADMIN a rw share is served through a plain fd (the
             // daemon's checks still confine it); a read-only one must not start.
             Err(e) if !read_only && e.raw_os_error() == Some(libc::EPERM) => {
-                warn!("serving SharedDir without a private mount: {e}");
+                // Once, at start-up: outside the log budget.
+                warn!(
+                    target: crate::logging::LIFECYCLE,
+                    "serving SharedDir without a private mount: {e}"
+                );
                 dir.try_clone()?
             }
             Err(e) => return Err(e),
