@@ -7,7 +7,7 @@ use volfsd_harness::frontend::fuse::Request;
 use volfsd_harness::frontend::{Error, FuseOps};
 
 use volfsd_harness::fixtures::control::Ctl;
-use volfsd_harness::fixtures::{assert_errno, is_virtiofsd, RDONLY, ROOT};
+use volfsd_harness::fixtures::{assert_errno, is_virtiofsd, Daemon, RDONLY, ROOT};
 
 /// The top bit marks the ids of virtual directories (`registry::VIRTUAL_BIT`).
 const VIRTUAL_BIT: u64 = 1 << 63;
@@ -83,4 +83,31 @@ fn top_bit_ids_that_name_no_virtual_directory_get_enoent_or_ebadf() {
     // The volume is still there and served.
     let data = c.lookup(ROOT, "data").expect("lookup of the volume").nodeid;
     c.getattr(data).expect("the daemon still serves");
+}
+
+#[test]
+fn readdir_of_size_zero_with_a_forged_node_or_handle_is_refused_as_for_any_size() {
+    let d = Daemon::start("readdir-size-0", &[]);
+    let mut c = d.client();
+    std::fs::create_dir(d.host("dir")).unwrap();
+    let dir = c.lookup(ROOT, "dir").unwrap().nodeid;
+    let fh = c.opendir(dir, 0).unwrap().fh;
+    for size in [0, 4096] {
+        // A handle never given out, on a real node and on a made-up one.
+        assert_errno(c.readdir(ROOT, 0xdead_beef, 0, size), libc::EBADF);
+        assert_errno(c.readdir(0xdead_beef, 0xdead_beef, 0, size), libc::EBADF);
+        // A real handle named with another node.
+        assert_errno(c.readdir(ROOT, fh, 0, size), libc::EBADF);
+        assert_errno(c.readdirplus(0xdead_beef, fh, 0, size), libc::EBADF);
+    }
+    // A real node and handle with size 0: an empty answer, as before.
+    assert!(c.readdir(dir, fh, 0, 0).unwrap().is_empty());
+    assert!(!c.readdir(dir, fh, 0, 4096).unwrap().is_empty());
+    c.releasedir(dir, fh).unwrap();
+    // Released: gone, at size 0 too.
+    let r = c.readdir(dir, fh, 0, 0);
+    assert!(
+        matches!(&r, Err(e) if e.errno() == Some(libc::ESTALE) || e.errno() == Some(libc::EBADF)),
+        "{r:?}"
+    );
 }
