@@ -28,7 +28,7 @@ use super::names::check_name;
 use super::passthrough::PassthroughFs;
 use super::registry::{AttachError, Child, Registry, ShareSpec, ROOT_ID};
 use super::share::Share;
-use super::share_root::open_share_root;
+use super::share_root::{changed_since_checked, open_share_dir, open_share_root, private_mount};
 use super::sys::{self, errno};
 use super::ExtraOps;
 
@@ -415,8 +415,18 @@ impl Volumes {
         let (spec, key) = self.registry.check(spec)?;
         // Opening the volume's root touches the disk (maybe a slow network file
         // system): it happens outside every lock the data path takes.
-        let root = open_share_root(&self.shared_dir, &spec.path.rel, spec.read_only)
-            .map_err(|e| AttachError::Io(io::Error::new(e.kind(), format!("{key}: {e}"))))?;
+        let io_err =
+            |e: io::Error| AttachError::Io(io::Error::new(e.kind(), format!("{key}: {e}")));
+        let dir = open_share_dir(&self.shared_dir, &spec.path.rel).map_err(|e| {
+            match changed_since_checked(&e) {
+                Some(now) => AttachError::PathChanged(format!(
+                    "path {} changed while being attached: {now}",
+                    spec.path.host.display()
+                )),
+                None => io_err(e),
+            }
+        })?;
+        let root = private_mount(&dir, spec.read_only).map_err(io_err)?;
         let mut share = Share::new(key.clone(), spec.path.host.clone(), spec.read_only);
         share.volume_id = spec.volume_id.clone();
         share.stats.qos.set(spec.rate_limit);
