@@ -9,6 +9,17 @@
 //!   [`BURST`], then one per second; what was dropped is reported as
 //!   "suppressed N similar messages", on the next line from that site or by a summary
 //!   at most [`SUMMARY_PERIOD`] later;
+//! - every line, at every level, then takes a token from one log budget for the whole
+//!   daemon (one daemon serves one guest, so this is the guest's budget): [`BUDGET`]
+//!   at the default levels, the larger [`DEBUG_BUDGET`] at `debug` and `trace`. A
+//!   guest's INITs, new sessions, failed requests and warnings, the frontend's device
+//!   resets and the control socket's attaches and detaches all share it. Past it
+//!   lines are dropped and counted, and one "suppressed N log lines" summary is
+//!   written per [`BUDGET_REPORT`] while they are. The per-site summaries pass
+//!   through the budget too; the budget's own summary does not (it is at most one
+//!   line per interval). Only the daemon's lifecycle lines ([`LIFECYCLE`]: start-up,
+//!   "Waiting for vhost-user socket connection...", exit), which no guest can
+//!   repeat, are exempt, so that a flood never hides them;
 //! - every message is cut at [`MAX_MESSAGE`] bytes while it is formatted, so a 1 MiB
 //!   `Debug` string is never built, and control characters are escaped (a guest name
 //!   cannot forge a log line).
@@ -41,6 +52,35 @@ pub const REFILL: Duration = Duration::from_secs(1);
 pub const SUMMARY_PERIOD: Duration = Duration::from_secs(2);
 /// Call sites tracked at once (there are a few hundred in the binary; bounded anyway).
 const MAX_SITES: usize = 4096;
+
+/// The log budget at the default levels (error, warn, info). The burst covers a
+/// start-up and the attach of a few dozen volumes at once without a dropped line; the
+/// rate is far above what a well-behaved guest and platform cause (a few lines per
+/// attach, per guest boot), and far below the 1 MB/s a guest reached without it: at
+/// most 20 lines of at most ~600 bytes a second. With the burst, 30 s of flood make
+/// 800 lines, well under journald's default per-unit limit (10,000 per 30 s), so a
+/// flooding guest does not make journald drop the lines of other daemons of its unit.
+pub const BUDGET: Budget = Budget {
+    burst: 200,
+    per_second: 20,
+};
+/// The log budget at `debug` and `trace`, which log a line per failed request: ten
+/// times the default, so that an operator debugging sees a useful sample of a
+/// flood; 30 s of it (8,000 lines) still stay under journald's default limit.
+pub const DEBUG_BUDGET: Budget = Budget {
+    burst: 2000,
+    per_second: 200,
+};
+// Debug logs more, never less.
+const _: () =
+    assert!(DEBUG_BUDGET.burst >= BUDGET.burst && DEBUG_BUDGET.per_second >= BUDGET.per_second);
+/// At most one "suppressed N log lines" summary of the budget per this interval.
+pub const BUDGET_REPORT: Duration = Duration::from_secs(1);
+/// The target of the daemon's lifecycle lines, exempt from the budget: those of
+/// `daemon.rs` (their default target), and the few once-per-process lines elsewhere
+/// (the control socket's start, a fatal error at exit) that name it explicitly.
+/// Nothing a guest, the frontend or a control client can repeat may use it.
+pub const LIFECYCLE: &str = "volfsd::daemon";
 
 fn connect_syslog() -> std::io::Result<UnixDatagram> {
     let sock = UnixDatagram::unbound()?;
@@ -100,7 +140,10 @@ pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), S
     log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
     log::set_max_level(level);
     if let Some(e) = fallback {
-        log::warn!("--syslog: cannot connect to {SYSLOG_SOCKET} ({e}); logging to stderr");
+        log::warn!(
+            target: LIFECYCLE,
+            "--syslog: cannot connect to {SYSLOG_SOCKET} ({e}); logging to stderr"
+        );
     }
     let _ = LOGGER.set(logger);
     Ok(())
@@ -225,8 +268,14 @@ impl Sink {
 pub struct GuardLogger {
     level: LevelFilter,
     sink: Sink,
-    limiter: Mutex<RateLimiter>,
+    /// The per-site limiter and the budget, under one lock: a record takes it once.
+    limits: Mutex<Limits>,
     format: LogFormat,
+}
+
+struct Limits {
+    sites: RateLimiter,
+    budget: LogBudget,
 }
 
 impl GuardLogger {
@@ -234,13 +283,22 @@ impl GuardLogger {
         GuardLogger {
             level,
             sink,
-            limiter: Mutex::new(RateLimiter::default()),
+            limits: Mutex::new(Limits {
+                sites: RateLimiter::default(),
+                budget: LogBudget::new(Budget::for_level(level), Instant::now()),
+            }),
             format: LogFormat::Text,
         }
     }
 
     pub fn with_format(mut self, format: LogFormat) -> Self {
         self.format = format;
+        self
+    }
+
+    /// With another budget (tests).
+    pub fn with_budget(self, budget: Budget, now: Instant) -> Self {
+        self.limits.lock().unwrap().budget = LogBudget::new(budget, now);
         self
     }
 
@@ -280,14 +338,22 @@ impl GuardLogger {
             return;
         }
         let mut suffix = None;
-        if level <= Level::Warn {
-            let site = Site {
-                module: record.module_path().unwrap_or(record.target()),
-                line: record.line().unwrap_or(0),
-            };
-            match self.limiter.lock().unwrap().admit(&site, now) {
-                Admit::Drop => return,
-                Admit::Emit { suppressed } => suffix = (suppressed > 0).then_some(suppressed),
+        {
+            let mut limits = self.limits.lock().unwrap();
+            if level <= Level::Warn {
+                let site = Site {
+                    module: record.module_path().unwrap_or(record.target()),
+                    line: record.line().unwrap_or(0),
+                };
+                match limits.sites.admit(&site, now) {
+                    Admit::Drop => return,
+                    Admit::Emit { suppressed } => suffix = (suppressed > 0).then_some(suppressed),
+                }
+            }
+            // Refused, the line counts as dropped, and so do the site's messages its
+            // suffix would have reported.
+            if record.target() != LIFECYCLE && !limits.budget.admit(now, 1 + suffix.unwrap_or(0)) {
+                return;
             }
         }
         let mut msg = Bounded::new();
@@ -302,23 +368,44 @@ impl GuardLogger {
         self.sink.write(level, record, &line);
     }
 
-    /// Reports sites that dropped messages and have been quiet since.
+    /// Reports sites that dropped messages and have been quiet since (within the
+    /// budget), then what the budget dropped, if anything, at most once per
+    /// [`BUDGET_REPORT`].
     pub fn flush_suppressed(&self, now: Instant) {
-        let pending = self.limiter.lock().unwrap().take_quiet(now);
+        let (pending, budget_dropped, budget) = {
+            let mut limits = self.limits.lock().unwrap();
+            let mut pending = limits.sites.take_quiet(now);
+            // A refused summary's messages are counted by the budget's instead.
+            pending.retain(|&(_, _, n)| limits.budget.admit(now, n));
+            (
+                pending,
+                limits.budget.take_report(now),
+                limits.budget.budget,
+            )
+        };
         for (module, line, n) in pending {
-            let text = format!("{module}:{line}: suppressed {n} similar messages");
-            let text = self.line(Level::Warn, module_path!(), &text);
-            self.sink.write(
-                Level::Warn,
-                &Record::builder()
-                    .args(format_args!("{text}"))
-                    .level(Level::Warn)
-                    .target(module_path!())
-                    .module_path(Some(module_path!()))
-                    .build(),
-                &text,
-            );
+            self.write_summary(&format!("{module}:{line}: suppressed {n} similar messages"));
         }
+        if let Some(n) = budget_dropped {
+            self.write_summary(&format!(
+                "suppressed {n} log lines over the log budget ({} at once, then {} a second)",
+                budget.burst, budget.per_second
+            ));
+        }
+    }
+
+    fn write_summary(&self, text: &str) {
+        let text = self.line(Level::Warn, module_path!(), text);
+        self.sink.write(
+            Level::Warn,
+            &Record::builder()
+                .args(format_args!("{text}"))
+                .level(Level::Warn)
+                .target(module_path!())
+                .module_path(Some(module_path!()))
+                .build(),
+            &text,
+        );
     }
 }
 
@@ -424,6 +511,77 @@ impl RateLimiter {
             }
         }
         out
+    }
+}
+
+/// A log budget: lines at once, then lines a second.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct Budget {
+    pub burst: u32,
+    pub per_second: u32,
+}
+
+impl Budget {
+    /// [`DEBUG_BUDGET`] at `debug` and `trace`, else [`BUDGET`].
+    pub fn for_level(level: LevelFilter) -> Budget {
+        if level >= LevelFilter::Debug {
+            DEBUG_BUDGET
+        } else {
+            BUDGET
+        }
+    }
+}
+
+/// One token bucket for every line the daemon writes (but [`LIFECYCLE`]'s), with the
+/// count of the lines it refused.
+pub struct LogBudget {
+    budget: Budget,
+    tokens: f64,
+    last: Instant,
+    dropped: u64,
+    last_report: Option<Instant>,
+}
+
+impl LogBudget {
+    /// Full at `now`.
+    pub fn new(budget: Budget, now: Instant) -> Self {
+        LogBudget {
+            budget,
+            tokens: f64::from(budget.burst),
+            last: now,
+            dropped: 0,
+            last_report: None,
+        }
+    }
+
+    /// Takes a token for one line. Without one, false, and `weight` lines (the line
+    /// and any it stood for) are counted as dropped.
+    pub fn admit(&mut self, now: Instant, weight: u64) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * f64::from(self.budget.per_second))
+            .min(f64::from(self.budget.burst));
+        self.last = self.last.max(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += weight;
+            false
+        }
+    }
+
+    /// The lines dropped since the last report, reset to zero: None when there are
+    /// none, or when the last report is less than [`BUDGET_REPORT`] old.
+    pub fn take_report(&mut self, now: Instant) -> Option<u64> {
+        if self.dropped == 0
+            || self
+                .last_report
+                .is_some_and(|t| now.saturating_duration_since(t) < BUDGET_REPORT)
+        {
+            return None;
+        }
+        self.last_report = Some(now);
+        Some(std::mem::take(&mut self.dropped))
     }
 }
 
@@ -598,6 +756,164 @@ mod tests {
             vec![("volfsd::device::queue".to_string(), 7, 5)]
         );
         assert!(rl.take_quiet(later).is_empty(), "reported once");
+    }
+
+    fn info_line(logger: &GuardLogger, target: &str, line: u32, now: Instant) {
+        logger.log_at(
+            &Record::builder()
+                .args(format_args!("new guest session: released 0 node ids"))
+                .level(Level::Info)
+                .target(target)
+                .module_path(Some(target))
+                .line(Some(line))
+                .build(),
+            now,
+        );
+    }
+
+    #[test]
+    fn the_budget_gives_its_burst_then_its_rate_and_counts_the_rest() {
+        let t0 = Instant::now();
+        let mut b = LogBudget::new(BUDGET, t0);
+        for _ in 0..BUDGET.burst {
+            assert!(b.admit(t0, 1));
+        }
+        for _ in 0..1000 {
+            assert!(!b.admit(t0, 1));
+        }
+        // A refused line that stood for 4 others counts 5.
+        assert!(!b.admit(t0, 5));
+        // A second later: per_second more, no more.
+        let t1 = t0 + Duration::from_secs(1);
+        let admitted = (0..1000).filter(|_| b.admit(t1, 1)).count();
+        assert_eq!(admitted, BUDGET.per_second as usize);
+        assert_eq!(b.take_report(t1), Some(1005 + 1000 - 20));
+        // Reported once; nothing more to report until something is dropped again,
+        // and then not before BUDGET_REPORT has passed.
+        assert_eq!(b.take_report(t1), None);
+        assert!(!b.admit(t1, 1));
+        assert_eq!(b.take_report(t1 + BUDGET_REPORT / 2), None);
+        assert_eq!(b.take_report(t1 + BUDGET_REPORT), Some(1));
+        // A long flood at one line a millisecond: the burst refills to no more than
+        // itself, then per_second a second.
+        let t2 = t1 + Duration::from_secs(3600);
+        let admitted = (0..10_000u64)
+            .filter(|&ms| b.admit(t2 + Duration::from_millis(ms), 1))
+            .count() as u64;
+        let bound = u64::from(BUDGET.burst) + 10 * u64::from(BUDGET.per_second);
+        assert!(
+            (bound - 2..=bound).contains(&admitted),
+            "{admitted} of a bound of {bound}"
+        );
+        // A clock read before the last one adds nothing.
+        let mut b = LogBudget::new(
+            Budget {
+                burst: 1,
+                per_second: 1,
+            },
+            t1,
+        );
+        assert!(b.admit(t1, 1));
+        assert!(!b.admit(t0, 1));
+    }
+
+    #[test]
+    fn debug_levels_get_the_larger_budget() {
+        assert_eq!(Budget::for_level(LevelFilter::Info), BUDGET);
+        assert_eq!(Budget::for_level(LevelFilter::Error), BUDGET);
+        assert_eq!(Budget::for_level(LevelFilter::Debug), DEBUG_BUDGET);
+        assert_eq!(Budget::for_level(LevelFilter::Trace), DEBUG_BUDGET);
+    }
+
+    #[test]
+    fn info_lines_share_the_budget_and_lifecycle_lines_pass_it() {
+        let t0 = Instant::now();
+        let logger = GuardLogger::new(LevelFilter::Info, Sink::Memory(Mutex::new(Vec::new())))
+            .with_budget(
+                Budget {
+                    burst: 5,
+                    per_second: 1,
+                },
+                t0,
+            );
+        // Two guest-caused call sites at info (INIT and new session) flood together.
+        for _ in 0..100 {
+            info_line(&logger, "volfsd::fs::init", 93, t0);
+            info_line(&logger, "volfsd::fs::volumes", 464, t0);
+        }
+        assert_eq!(logger.lines().len(), 5, "{:?}", logger.lines());
+        // The daemon's own lifecycle lines are never hidden by it.
+        info_line(&logger, LIFECYCLE, 1, t0);
+        assert_eq!(logger.lines().len(), 6);
+        assert!(logger.lines()[5].contains("new guest session"));
+        // One summary with everything dropped, then none while nothing is.
+        logger.flush_suppressed(t0);
+        let lines = logger.lines();
+        assert_eq!(lines.len(), 7);
+        assert!(
+            lines[6].starts_with("WARN suppressed 195 log lines over the log budget"),
+            "{}",
+            lines[6]
+        );
+        logger.flush_suppressed(t0 + BUDGET_REPORT);
+        assert_eq!(logger.lines().len(), 7);
+    }
+
+    #[test]
+    fn warnings_pass_their_site_and_then_the_budget_and_nothing_goes_uncounted() {
+        let t0 = Instant::now();
+        let logger = GuardLogger::new(LevelFilter::Info, Sink::Memory(Mutex::new(Vec::new())))
+            .with_budget(
+                Budget {
+                    burst: 15,
+                    per_second: 1,
+                },
+                t0,
+            );
+        let warn = |line: u32, now: Instant| {
+            logger.log_at(
+                &Record::builder()
+                    .args(format_args!("queue 0: more than 64 lock waits"))
+                    .level(Level::Warn)
+                    .target("volfsd::device::queue")
+                    .module_path(Some("volfsd::device::queue"))
+                    .line(Some(line))
+                    .build(),
+                now,
+            )
+        };
+        // Three sites, 50 warnings each: each site passes BURST (10), the budget
+        // only 15 of those 30.
+        for _ in 0..50 {
+            for line in 1..=3 {
+                warn(line, t0);
+            }
+        }
+        assert_eq!(logger.lines().len(), 15);
+        // The sites' summaries come once they are quiet, through the budget: its
+        // tokens came back meanwhile (1 a second), so 2 of 3 pass.
+        let later = t0 + SUMMARY_PERIOD;
+        logger.flush_suppressed(later);
+        let lines = logger.lines();
+        let summaries: Vec<&String> = lines[15..]
+            .iter()
+            .filter(|l| l.contains("similar messages"))
+            .collect();
+        assert_eq!(summaries.len(), 2, "{lines:?}");
+        let report = lines.last().unwrap();
+        // 15 warnings the budget refused and the 40 of the refused site summary.
+        assert!(
+            report.contains("suppressed 55 log lines over the log budget"),
+            "{report}"
+        );
+        // Every one of the 150 warnings is written or counted, once.
+        let counted = |l: &String| -> u64 {
+            let n = l.split("suppressed ").nth(1).unwrap();
+            n.split(' ').next().unwrap().parse().unwrap()
+        };
+        let written = 15;
+        let reported: u64 = summaries.iter().map(|l| counted(l)).sum::<u64>() + counted(report);
+        assert_eq!(written + reported, 150, "{lines:?}");
     }
 
     #[test]

@@ -30,7 +30,8 @@ fn main() -> ExitCode {
     match daemon::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            log::error!("{e}");
+            // The fatal error, once at exit: outside the log budget.
+            log::error!(target: volfsd::logging::LIFECYCLE, "{e}");
             eprintln!("volfsd: {e}");
             ExitCode::from(1)
         }

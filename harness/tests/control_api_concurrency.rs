@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use volfsd_harness::fixtures::control::*;
 use volfsd_harness::fixtures::host::poll;
+use volfsd_harness::fixtures::{assert_errno, ROOT};
+use volfsd_harness::frontend::FuseOps;
 
 // ---------------------------------------------------------------------------------
 // 2. Concurrency, client limit, timeouts
@@ -81,6 +83,115 @@ fn concurrent_clients_attach_detach_and_list() {
     });
     assert_eq!(c.list(), json!([]));
     assert_eq!(c.health()["volumes"], 0);
+}
+
+/// `renameat2(a, b, flags)`.
+fn rename2(a: &std::path::Path, b: &std::path::Path, flags: libc::c_uint) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let a = std::ffi::CString::new(a.as_os_str().as_bytes()).unwrap();
+    let b = std::ffi::CString::new(b.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated paths; renameat2 with AT_FDCWD.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn attach_racing_a_host_that_swaps_the_directory_for_a_symlink_gets_no_500() {
+    let c = Ctl::start("attach-symlink-race", &[]);
+    let shared = c.shared();
+    let vol = c.mkdir("vol");
+    std::fs::write(vol.join("inside"), b"").unwrap();
+    // The symlink leads out of SharedDir, to a directory the guest must never see.
+    let outside = c.d.dir.root.join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("outside"), b"").unwrap();
+    let link = shared.join("vol.link");
+    std::os::unix::fs::symlink(&outside, &link).unwrap();
+    let away = shared.join("vol.away");
+    let mut fc = c.client();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    const ROUNDS: usize = 2000;
+    let (mut attached, mut refused_400, mut refused_409) = (0, 0, 0);
+    let swaps = std::thread::scope(|s| {
+        let swapper = s.spawn(|| {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // vol becomes the symlink and back (atomically: it always exists)...
+                rename2(&vol, &link, libc::RENAME_EXCHANGE).unwrap();
+                rename2(&vol, &link, libc::RENAME_EXCHANGE).unwrap();
+                // ...and is gone for a moment.
+                rename2(&vol, &away, 0).unwrap();
+                rename2(&away, &vol, 0).unwrap();
+                swaps += 1;
+            }
+            swaps
+        });
+        // Stops the swapper however this thread leaves the scope: a failed assertion
+        // must fail the test, not leave the scope waiting for the swapper for ever.
+        struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let stopper = Stop(&stop);
+        for round in 0..ROUNDS {
+            let r = c.put("vol", &json!({ "path": vol }));
+            match r.status {
+                200 | 201 => {
+                    attached += 1;
+                    assert_eq!(c.volume("vol")["path"], vol.to_str().unwrap());
+                    // What the guest sees is the directory inside SharedDir (wherever
+                    // the host moved it since), never the symlink's target.
+                    let root = fc.lookup(ROOT, "vol").expect("lookup of the volume");
+                    fc.lookup(root.nodeid, "inside")
+                        .unwrap_or_else(|e| panic!("round {round}: not the directory: {e}"));
+                    assert_errno(fc.lookup(root.nodeid, "outside"), libc::ENOENT);
+                    c.detach("vol");
+                }
+                400 | 409 => {
+                    let status = r.status;
+                    let msg = r.expect_error(status);
+                    // The cause is named: the path is (or became) a symlink, or
+                    // was missing when looked at.
+                    assert!(
+                        msg.contains("symlink")
+                            || msg.contains("does not exist")
+                            || msg.contains("no longer exists"),
+                        "round {round}: {status} {msg}"
+                    );
+                    if status == 400 {
+                        refused_400 += 1;
+                    } else {
+                        refused_409 += 1;
+                    }
+                }
+                _ => panic!("round {round}: {r:?}\n{}", c.d.log()),
+            }
+        }
+        drop(stopper);
+        swapper.join().unwrap()
+    });
+    eprintln!(
+        "{ROUNDS} attaches against {swaps} host swaps: {attached} attached, \
+         {refused_400} refused 400, {refused_409} refused 409"
+    );
+    assert!(swaps > 0, "the host never swapped");
+    assert_eq!(c.list(), json!([]));
+    // Settled: the directory attaches.
+    c.attach("vol", "vol");
 }
 
 #[test]

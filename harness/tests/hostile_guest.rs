@@ -10,6 +10,8 @@
 mod credentials;
 #[path = "hostile_guest/detach.rs"]
 mod detach;
+#[path = "hostile_guest/forged_ids.rs"]
+mod forged_ids;
 #[path = "hostile_guest/limits.rs"]
 mod limits;
 #[path = "hostile_guest/logs.rs"]

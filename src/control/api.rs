@@ -1,6 +1,7 @@
 //! The control API's endpoints: routing, request bodies, and the JSON they return.
 //!
-//! PUT    /volumes/{name}   attach   (201 created, 200 identical retry, 409 conflict)
+//! PUT    /volumes/{name}   attach   (201 created, 200 identical retry, 409 conflict or
+//!                                   a path the host changed while it was attached)
 //! PATCH  /volumes/{name}   change its rate limits (200, 404 unknown)
 //! DELETE /volumes/{name}   detach   (204, 404 unknown)
 //! GET    /volumes          list
@@ -318,6 +319,9 @@ impl Api {
                 "the daemon serves the whole SharedDir; start it with --allowed-dir or \
                  --control-socket alone to manage volumes",
             ),
+            // The host swapped the path after its check: the caller's to sort out, and
+            // a retry may well succeed.
+            Err(AttachError::PathChanged(msg)) => Reply::error(409, msg),
             Err(AttachError::Io(e)) => Reply::error(500, format!("attaching {name}: {e}")),
         }
     }

@@ -99,8 +99,10 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
             0,
         )
     };
+    // Once, at start-up: a lifecycle line, outside the log budget.
     if r == 0 {
         info!(
+            target: crate::logging::LIFECYCLE,
             "control socket {}: uids {uids:?} may connect (POSIX ACL)",
             path.display()
         );
@@ -114,6 +116,7 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
         ));
     }
     warn!(
+        target: crate::logging::LIFECYCLE,
         "control socket {}: the file system has no POSIX ACLs, so the socket is made \
          mode 0666 for --control-allow-uid {uids:?}; only the peer-credential check \
          refuses other uids",
@@ -213,7 +216,12 @@ impl Serving {
     /// [`ACCEPT_BACKOFF`] before retrying (a pending connection makes accept fail at
     /// once, so retrying at once would spin) and warns at most every 10 s.
     fn accept_loop(mut self) {
-        info!("control socket listening on {}", self.server.path.display());
+        // Once per process: a lifecycle line, outside the log budget.
+        info!(
+            target: crate::logging::LIFECYCLE,
+            "control socket listening on {}",
+            self.server.path.display()
+        );
         let mut failures: u64 = 0;
         let mut last_warn: Option<Instant> = None;
         loop {

@@ -15,7 +15,9 @@
 //!   `guard(op, node, mutates, run)` (the read-only guard: refuse, count; `op` is the
 //!   method's `metrics::Op`);
 //! - `route(node) => expr`: `expr` when `node` is one of the layer's own
-//!   (`self.owns(node)`: the virtual directories), else to `self.inner`;
+//!   (`self.owns(node)`: the virtual directories) and names one that exists
+//!   (`self.own_exists(node, errno)`, ENOENT if not, or the errno given as
+//!   `route(node, errno)`), else to `self.inner`;
 //! - `own => expr`: `expr` always;
 //! - `inherent`: the layer's own inherent method of the same name (the passthrough
 //!   layer, whose operations live in one file per topic).
@@ -54,7 +56,19 @@ macro_rules! fs_layer {
     };
     (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*),
         route($node:expr) => $alt:expr) => {
-        if $s.owns($node) { $alt } else { $s.$inner.$name($($arg),*) }
+        fs_layer!(@rule $s, $inner, $name, ($($arg),*), route($node, libc::ENOENT) => $alt)
+    };
+    (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*),
+        route($node:expr, $missing:expr) => $alt:expr) => {
+        if $s.owns($node) {
+            // An id in the layer's range that names nothing is answered as one.
+            match $s.own_exists($node, $missing) {
+                Ok(()) => $alt,
+                Err(e) => Err(e),
+            }
+        } else {
+            $s.$inner.$name($($arg),*)
+        }
     };
     (@rule $s:ident, $inner:ident, $name:ident, ($($arg:ident),*), read($node:expr)) => {
         $s.guard($crate::metrics::Op::$name, $node, false, || $s.$inner.$name($($arg),*))

@@ -46,6 +46,10 @@ pub enum AttachError {
     AlreadyAttached(Arc<Share>),
     /// The layout has no room for volumes (whole-share mode).
     NotVolumeLayout,
+    /// The host changed the path (a symlink now, removed, another file) between its
+    /// check and its open: nothing was attached. The message names the path and what
+    /// it became.
+    PathChanged(String),
     Io(io::Error),
 }
 
@@ -66,6 +70,7 @@ impl std::fmt::Display for AttachError {
                     "the whole SharedDir is served; volumes cannot be attached"
                 )
             }
+            AttachError::PathChanged(s) => write!(f, "{s}"),
             AttachError::Io(e) => write!(f, "{e}"),
         }
     }

@@ -135,8 +135,35 @@ pub fn resolve_share_path_in(
 /// Opens the share directory beneath SharedDir without following any symlink, then
 /// gives the daemon its own detached `nodev,nosuid` mount of it, read-only when asked.
 pub fn open_share_root(shared_dir: &File, rel: &[String], read_only: bool) -> io::Result<File> {
-    let dir = open_beneath(shared_dir, rel)?;
-    let clone = clone_mount(&dir).map_err(|e| {
+    private_mount(&open_share_dir(shared_dir, rel)?, read_only)
+}
+
+/// The first half of [`open_share_root`]: the share directory, opened beneath
+/// SharedDir without following any symlink. Its errors keep their errno, for
+/// [`changed_since_checked`].
+pub fn open_share_dir(shared_dir: &File, rel: &[String]) -> io::Result<File> {
+    open_beneath(shared_dir, rel)
+}
+
+/// What a path that [`resolve_share_path`] accepted has become, judged by the error
+/// [`open_share_dir`] then gave: the host changed it in between (the checks walk the
+/// path by name; the open is what counts). None for any other error.
+pub fn changed_since_checked(e: &io::Error) -> Option<&'static str> {
+    match e.raw_os_error()? {
+        // openat2 with RESOLVE_NO_SYMLINKS, on the path or a directory on its way.
+        libc::ELOOP => Some("it is now a symlink (or a directory on its way is)"),
+        libc::ENOENT => Some("it no longer exists"),
+        // The openat fallback, which opens O_DIRECTORY|O_NOFOLLOW, says this for a
+        // symlink too.
+        libc::ENOTDIR => Some("it is no longer a directory (a symlink or another file)"),
+        _ => None,
+    }
+}
+
+/// The second half of [`open_share_root`]: the daemon's own detached `nodev,nosuid`
+/// mount of `dir`, read-only when asked.
+pub fn private_mount(dir: &File, read_only: bool) -> io::Result<File> {
+    let clone = clone_mount(dir).map_err(|e| {
         io::Error::new(
             e.kind(),
             format!("open_tree(OPEN_TREE_CLONE) of the share (needs CAP_SYS_ADMIN): {e}"),
@@ -309,6 +336,35 @@ mod tests {
         let clone = open_share_root(&root, &["v".to_string()], false).unwrap();
         let err = super::super::sys::openat(&clone, c"null", libc::O_RDWR, 0).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        std::fs::remove_dir_all(&sd).unwrap();
+    }
+
+    #[test]
+    fn a_checked_path_changed_before_its_open_is_named() {
+        let sd = tmp("changed");
+        let root = File::open(&sd).unwrap();
+        let rel = ["v".to_string()];
+        let why = |rel: &[String]| {
+            let e = open_share_dir(&root, rel).unwrap_err();
+            changed_since_checked(&e).unwrap_or_else(|| panic!("not a change: {e}"))
+        };
+        assert!(why(&rel).contains("no longer exists"));
+        std::os::unix::fs::symlink("/", sd.join("v")).unwrap();
+        assert!(why(&rel).contains("symlink"));
+        std::fs::remove_file(sd.join("v")).unwrap();
+        std::fs::write(sd.join("v"), b"").unwrap();
+        assert!(why(&rel).contains("no longer a directory"));
+        std::fs::remove_file(sd.join("v")).unwrap();
+        // A symlink on the way.
+        std::fs::create_dir(sd.join("real")).unwrap();
+        std::fs::create_dir(sd.join("real/w")).unwrap();
+        std::os::unix::fs::symlink("real", sd.join("v")).unwrap();
+        assert!(why(&["v".to_string(), "w".to_string()]).contains("symlink"));
+        // Another error is not a change of the path.
+        assert_eq!(
+            changed_since_checked(&io::Error::from_raw_os_error(libc::EPERM)),
+            None
+        );
         std::fs::remove_dir_all(&sd).unwrap();
     }
 

@@ -28,7 +28,7 @@ use super::names::check_name;
 use super::passthrough::PassthroughFs;
 use super::registry::{AttachError, Child, Registry, ShareSpec, ROOT_ID};
 use super::share::Share;
-use super::share_root::open_share_root;
+use super::share_root::{changed_since_checked, open_share_dir, open_share_root, private_mount};
 use super::sys::{self, errno};
 use super::ExtraOps;
 
@@ -94,11 +94,14 @@ impl VolumeFs {
         self.inner.share_of(nodeid)
     }
 
-    fn vdir_exists(&self, nodeid: u64) -> io::Result<()> {
+    /// Whether the virtual directory `nodeid` exists: else `missing`, the errno of
+    /// the operation for a node that is not there. Ids with [`VIRTUAL_BIT`] that
+    /// name no virtual directory are a guest's forgery or a detached volume's.
+    fn own_exists(&self, nodeid: u64, missing: libc::c_int) -> io::Result<()> {
         if self.registry.dir_exists(nodeid) {
             Ok(())
         } else {
-            Err(errno(libc::ENOENT))
+            Err(errno(missing))
         }
     }
 
@@ -186,7 +189,14 @@ impl VolumeFs {
         Ok(unsafe { out.assume_init() })
     }
 
-    fn two_nodes(&self, a: u64, b: u64, run: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    /// An operation on two nodes: refused if either is a virtual directory (ENOENT
+    /// first if either is one that does not exist).
+    fn two_nodes<T>(&self, a: u64, b: u64, run: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        for n in [a, b] {
+            if self.owns(n) {
+                self.own_exists(n, libc::ENOENT)?;
+            }
+        }
         if self.owns(a) || self.owns(b) {
             return Err(refuse());
         }
@@ -204,7 +214,7 @@ fs_layer! {
     fn batch_forget(ctx: &Context, requests: Vec<(u64, u64)>) = pass;
     fn getattr(ctx: &Context, inode: u64, handle: Option<u64>)
         -> io::Result<(stat64, Duration)>
-        = route(inode) => self.vdir_exists(inode).map(|_| (self.vdir_entry(inode).attr, self.timeout));
+        = route(inode) => Ok((self.vdir_entry(inode).attr, self.timeout));
     fn setattr(ctx: &Context, inode: u64, attr: stat64, handle: Option<u64>, valid: SetattrValid)
         -> io::Result<(stat64, Duration)> = route(inode) => Err(refuse());
     fn readlink(ctx: &Context, inode: u64) -> io::Result<Vec<u8>>
@@ -224,11 +234,9 @@ fs_layer! {
             self.inner.rename(ctx, olddir, oldname, newdir, newname, flags)
         });
     fn link(ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry>
-        = own => if self.owns(inode) || self.owns(newparent) {
-            Err(refuse())
-        } else {
+        = own => self.two_nodes(inode, newparent, || {
             self.inner.link(ctx, inode, newparent, newname)
-        };
+        });
     fn open(ctx: &Context, inode: u64, flags: u32, fuse_flags: u32)
         -> io::Result<(Option<u64>, OpenOptions, Option<u32>)>
         = route(inode) => Err(errno(libc::EISDIR));
@@ -262,7 +270,7 @@ fs_layer! {
         = route(inode) => Err(refuse());
     // A virtual listing is computed from the registry on each READDIR: no handle.
     fn opendir(ctx: &Context, inode: u64, flags: u32) -> io::Result<(Option<u64>, OpenOptions)>
-        = route(inode) => self.vdir_exists(inode).map(|_| (None, OpenOptions::empty()));
+        = route(inode) => Ok((None, OpenOptions::empty()));
     fn readdir(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>) -> io::Result<()>
         = route(inode) => self.readdir_virtual(inode, offset, false, &mut |d, _| add_entry(d));
@@ -271,10 +279,12 @@ fs_layer! {
         = route(inode) => self.readdir_virtual(inode, offset, true, &mut |d, e| {
             add_entry(d, e.unwrap_or_default())
         });
+    // No handle was ever given out for a virtual directory that does not exist:
+    // EBADF, as the passthrough layer answers for a handle it never gave out.
     fn fsyncdir(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
-        = route(inode) => Ok(());
+        = route(inode, libc::EBADF) => Ok(());
     fn releasedir(ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()>
-        = route(inode) => Ok(());
+        = route(inode, libc::EBADF) => Ok(());
     fn access(ctx: &Context, inode: u64, mask: u32) -> io::Result<()>
         = route(inode) => if mask & libc::W_OK as u32 != 0 { Err(refuse()) } else { Ok(()) };
     fn lseek(ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32)
@@ -295,6 +305,7 @@ impl ExtraOps for VolumeFs {
         args: CreateIn,
     ) -> io::Result<(Entry, u64, OpenOptions)> {
         if self.owns(parent) {
+            self.own_exists(parent, libc::ENOENT)?;
             return Err(refuse());
         }
         self.inner.tmpfile(ctx, parent, args)
@@ -321,6 +332,7 @@ impl ExtraOps for VolumeFs {
         if !self.owns(nodeid) {
             return self.inner.syncfs(ctx, nodeid);
         }
+        self.own_exists(nodeid, libc::ENOENT)?;
         for (_, root) in self.registry.list() {
             self.inner.syncfs(ctx, root)?;
         }
@@ -349,7 +361,11 @@ impl Volumes {
             // Without CAP_SYS_ADMIN a rw share is served through a plain fd (the
             // daemon's checks still confine it); a read-only one must not start.
             Err(e) if !read_only && e.raw_os_error() == Some(libc::EPERM) => {
-                warn!("serving SharedDir without a private mount: {e}");
+                // Once, at start-up: outside the log budget.
+                warn!(
+                    target: crate::logging::LIFECYCLE,
+                    "serving SharedDir without a private mount: {e}"
+                );
                 dir.try_clone()?
             }
             Err(e) => return Err(e),
@@ -399,8 +415,18 @@ impl Volumes {
         let (spec, key) = self.registry.check(spec)?;
         // Opening the volume's root touches the disk (maybe a slow network file
         // system): it happens outside every lock the data path takes.
-        let root = open_share_root(&self.shared_dir, &spec.path.rel, spec.read_only)
-            .map_err(|e| AttachError::Io(io::Error::new(e.kind(), format!("{key}: {e}"))))?;
+        let io_err =
+            |e: io::Error| AttachError::Io(io::Error::new(e.kind(), format!("{key}: {e}")));
+        let dir = open_share_dir(&self.shared_dir, &spec.path.rel).map_err(|e| {
+            match changed_since_checked(&e) {
+                Some(now) => AttachError::PathChanged(format!(
+                    "path {} changed while being attached: {now}",
+                    spec.path.host.display()
+                )),
+                None => io_err(e),
+            }
+        })?;
+        let root = private_mount(&dir, spec.read_only).map_err(io_err)?;
         let mut share = Share::new(key.clone(), spec.path.host.clone(), spec.read_only);
         share.volume_id = spec.volume_id.clone();
         share.stats.qos.set(spec.rate_limit);

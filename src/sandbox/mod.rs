@@ -130,7 +130,8 @@ pub fn confine_thread(role: ThreadRole) -> Result<(), String> {
 /// confined must not run, and the daemon must not run on without it.
 pub fn confine_thread_or_exit(role: ThreadRole) {
     if let Err(e) = confine_thread(role) {
-        log::error!("{e}");
+        // Fatal, once (the process exits): outside the log budget.
+        log::error!(target: crate::logging::LIFECYCLE, "{e}");
         eprintln!("volfsd: {e}");
         log::logger().flush();
         std::process::exit(1);

@@ -11,10 +11,11 @@ impl PassthroughFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, &HandleData) -> io::Result<usize>,
     ) -> io::Result<()> {
+        // The node and handle first: a bogus one is refused whatever the size.
+        let h = self.handle(fh, nodeid)?;
         if size == 0 {
             return Ok(());
         }
-        let h = self.handle(fh, nodeid)?;
         let _guard = h.dir_lock.lock().unwrap();
         // SAFETY: lseek on an fd we own; the result is checked.
         cvt64(unsafe { libc::lseek64(h.file.as_raw_fd(), offset as i64, libc::SEEK_SET) })?;
