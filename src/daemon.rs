@@ -198,22 +198,10 @@ fn serve(
     }
 
     // The queue workers are started by VhostUserDaemon::new; they inherit the
-    // confinement of the thread that creates them, so a short-lived thread confined
-    // for the worker role creates them.
-    let mut daemon = run_confined(ThreadRole::Worker, {
-        let backend = backend.clone();
-        move || {
-            VhostUserDaemon::new(
-                "volfsd".to_string(),
-                backend,
-                GuestMemoryAtomic::new(GuestMemoryMmap::default()),
-            )
-            .map_err(|e| format!("creating the vhost-user daemon: {e}"))
-        }
-    })?;
-    backend
-        .register_wake_timers(&daemon.get_epoll_handlers())
-        .map_err(|e| format!("adding the wake timers to the queue workers: {e}"))?;
+    // confinement of the thread that creates them, so a thread confined for the
+    // worker role creates them: for the first frontend, and, with --keep-serving,
+    // for each one after it.
+    let daemons = DaemonFactory::start(backend.clone())?;
     // The thread that saves and loads the device state (migration, snapshots),
     // confined for its role like the workers are.
     let state_cfg = StateConfig {
@@ -252,35 +240,91 @@ fn serve(
     // virtiofsd's words: Kata's runtime-rs reads the daemon's stderr and takes this
     // line as the sign that it started.
     info!("Waiting for vhost-user socket connection...");
-    daemon
-        .start(&mut listener)
-        .map_err(|e| format!("accepting the frontend: {e}"))?;
-    info!("frontend connected");
-    let result = daemon.wait();
-    stats.connected.store(false, Ordering::Relaxed);
-    // The frontend is gone: stop the queue workers and drop the socket file.
-    for handler in daemon.get_epoll_handlers() {
-        handler.send_exit_event();
+    loop {
+        let mut daemon = daemons.next()?;
+        backend
+            .register_wake_timers(&daemon.get_epoll_handlers())
+            .map_err(|e| format!("adding the wake timers to the queue workers: {e}"))?;
+        daemon
+            .start(&mut listener)
+            .map_err(|e| format!("accepting the frontend: {e}"))?;
+        info!("frontend connected");
+        let result = daemon.wait();
+        stats.connected.store(false, Ordering::Relaxed);
+        // The frontend is gone: stop the queue workers.
+        for handler in daemon.get_epoll_handlers() {
+            handler.send_exit_event();
+        }
+        drop(daemon);
+        for (q, n) in stats.queues.iter().enumerate() {
+            info!(
+                "queue {q}: {} requests served",
+                n.served.load(Ordering::Relaxed)
+            );
+        }
+        match result {
+            Ok(()) => {}
+            Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => {}
+            Err(e) => warn!("frontend connection ended with: {e}"),
+        }
+        if !config.keep_serving {
+            break;
+        }
+        // As on a device reset: the guest's session ends, the volumes stay.
+        backend.connection_ended();
+        info!("frontend disconnected; waiting for the next one (--keep-serving)");
     }
     drop(listener);
     for f in socket_files.iter() {
         f.remove();
     }
-    for (q, n) in stats.queues.iter().enumerate() {
-        info!(
-            "queue {q}: {} requests served",
-            n.served.load(Ordering::Relaxed)
-        );
-    }
-    match result {
-        Ok(()) => {}
-        Err(vhost_user_backend::Error::HandleRequest(
-            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
-        )) => {}
-        Err(e) => warn!("frontend connection ended with: {e}"),
-    }
     info!("frontend disconnected, exiting");
     Ok(())
+}
+
+/// Makes a vhost-user daemon (its queue workers) per frontend, on a thread confined
+/// for the worker role: the workers inherit that confinement, which the main thread,
+/// confined for its own role, could no longer give them.
+struct DaemonFactory {
+    ask: std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, String>>>,
+}
+
+type Daemon = VhostUserDaemon<Arc<FsBackend>>;
+
+impl DaemonFactory {
+    fn start(backend: Arc<FsBackend>) -> Result<DaemonFactory, String> {
+        let (ask, asks) =
+            std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, String>>>();
+        run_confined(ThreadRole::Worker, move || {
+            std::thread::Builder::new()
+                .name("volfsd-workers".into())
+                .spawn(move || {
+                    for reply in asks {
+                        let daemon = VhostUserDaemon::new(
+                            "volfsd".to_string(),
+                            backend.clone(),
+                            GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+                        )
+                        .map_err(|e| format!("creating the vhost-user daemon: {e}"));
+                        let _ = reply.send(daemon);
+                    }
+                })
+                .map(|_| ())
+                .map_err(|e| format!("starting the thread that starts queue workers: {e}"))
+        })?;
+        Ok(DaemonFactory { ask })
+    }
+
+    fn next(&self) -> Result<Daemon, String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.ask
+            .send(tx)
+            .map_err(|_| "the thread that starts queue workers is gone".to_string())?;
+        rx.recv()
+            .map_err(|_| "the thread that starts queue workers is gone".to_string())?
+    }
 }
 
 /// Runs `f` on a new thread confined for `role`, and returns its result: the threads

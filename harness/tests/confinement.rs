@@ -23,9 +23,12 @@ use volfsd_harness::frontend::FuseOps;
 
 /// The capability sets a thread of each role keeps (src/sandbox/caps.rs):
 /// CHOWN DAC_OVERRIDE FOWNER FSETID SETGID SETUID MKNOD SETFCAP for workers,
-/// DAC_READ_SEARCH SYS_ADMIN for the control threads, nothing for the others.
+/// DAC_READ_SEARCH SYS_ADMIN for the control threads, DAC_OVERRIDE DAC_READ_SEARCH
+/// FOWNER for the state thread, nothing for the others.
 const WORKER_CAPS: u64 = 0x8800_00db;
 const CONTROL_CAPS: u64 = 0x0020_0004;
+/// DAC_OVERRIDE DAC_READ_SEARCH FOWNER: the state thread (device state save/load).
+const STATE_CAPS: u64 = 0x0000_000e;
 const CAP_SYS_ADMIN: u64 = 1 << 21;
 
 /// `reboot(2)` with no valid magic: on no role's allow-list, and harmless if it ever
@@ -176,15 +179,24 @@ fn each_thread_keeps_only_its_roles_capabilities() {
         let want = match name.as_str() {
             // The short-lived thread that starts the queue workers is confined as one;
             // joined, it may still be listed for a moment while the kernel reaps it.
-            "vring_worker" | "volfsd-worker-s" => WORKER_CAPS,
+            // volfsd-workers starts the queue workers of each frontend.
+            "vring_worker" | "volfsd-worker-s" | "volfsd-workers" => WORKER_CAPS,
             "volfsd-control" | "volfsd-ctl-client" => CONTROL_CAPS,
+            "volfsd-state" | "volfsd-state-st" => STATE_CAPS,
             _ => 0,
         };
         assert_eq!(hex(&s, "CapEff"), want, "{name}: CapEff");
         assert_eq!(hex(&s, "CapPrm"), want, "{name}: CapPrm");
         seen.insert(name);
     }
-    for name in ["volfsd", "vring_worker", "volfsd-control", "volfsd-signals"] {
+    for name in [
+        "volfsd",
+        "vring_worker",
+        "volfsd-control",
+        "volfsd-signals",
+        "volfsd-state",
+        "volfsd-workers",
+    ] {
         assert!(seen.contains(name), "thread {name} among {seen:?}");
     }
     let sup = status(d.launched_pid(), d.launched_pid());
@@ -201,7 +213,7 @@ fn privileged_xattrs_give_the_workers_cap_sys_admin_and_no_one_else() {
     let pid = d.pid();
     for (tid, name) in threads(pid) {
         let eff = hex(&status(pid, tid), "CapEff");
-        if name == "vring_worker" {
+        if name == "vring_worker" || name == "volfsd-workers" {
             assert_eq!(eff, WORKER_CAPS | CAP_SYS_ADMIN, "{name}");
         } else {
             assert_eq!(eff & CAP_SYS_ADMIN, 0, "{name}");

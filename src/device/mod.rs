@@ -9,7 +9,7 @@ pub mod state_transfer;
 pub mod throttle;
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -20,9 +20,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::fs::{FsServer, Stack};
 pub use queue::QueueCounters;
@@ -70,6 +69,9 @@ pub struct FsBackend {
     reset_in_start: AtomicU64,
     /// SET_DEVICE_STATE_FD / CHECK_DEVICE_STATE.
     state: StateTransfer,
+    /// One exit eventfd per worker thread index, for the daemon's whole life (see
+    /// `exit_event`).
+    exit_events: Vec<EventFd>,
 }
 
 impl FsBackend {
@@ -94,6 +96,9 @@ impl FsBackend {
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
             state: StateTransfer::default(),
+            exit_events: (0..num_request_queues)
+                .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
+                .collect::<io::Result<_>>()?,
         })
     }
 
@@ -167,6 +172,21 @@ impl FsBackend {
 
     pub fn stats(&self) -> Arc<DeviceStats> {
         self.stats.clone()
+    }
+
+    /// The frontend went away and another may come (`--keep-serving`): what this
+    /// connection set up goes, and the guest's session ends as on a device reset.
+    pub fn connection_ended(&self) {
+        *self.mem.write().unwrap() = None;
+        self.stats.connected.store(false, Ordering::Relaxed);
+        self.event_idx.store(false, Ordering::Relaxed);
+        for (started, health) in self.started.iter().zip(&self.health) {
+            started.store(false, Ordering::Relaxed);
+            health.reset();
+        }
+        self.stats.active_queues.store(0, Ordering::Relaxed);
+        self.drop_waiting();
+        self.server.start_over();
     }
 
     /// Starts the thread that saves and loads the device state; call it on a thread
@@ -264,8 +284,30 @@ impl VhostUserBackend for FsBackend {
         queue_masks(self.num_request_queues)
     }
 
-    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()
+    /// vhost-user-backend registers the consumer's fd in the worker's epoll with
+    /// `into_raw_fd` and never closes it: a new pair per frontend (`--keep-serving`)
+    /// leaked one eventfd per worker each time (found by the keep-serving test). So
+    /// each worker index has one eventfd for the daemon's life: its own fd goes to
+    /// the crate as the consumer, a dup as the notifier (which the crate closes), and
+    /// an exit event left from the last frontend is drained first.
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let efd = self.exit_events.get(thread_index)?;
+        while efd.read().is_ok() {}
+        let fd = efd.as_raw_fd();
+        // SAFETY: dup of an fd we own; the result is checked.
+        let dup = unsafe { libc::dup(fd) };
+        if dup < 0 {
+            return None;
+        }
+        // SAFETY: `fd` stays open for the daemon's life (we own it in
+        // `exit_events`) and the crate only ever takes it with `into_raw_fd`, never
+        // closing it; `dup` is a new fd that the notifier owns and closes.
+        unsafe {
+            Some((
+                EventConsumer::from_raw_fd(fd),
+                EventNotifier::from_raw_fd(dup),
+            ))
+        }
     }
 
     fn handle_event(

@@ -87,6 +87,13 @@ impl QueueHealth {
         self.stopped.load(Ordering::Acquire)
     }
 
+    /// Forgets the rings (a new frontend sets up its own).
+    pub fn reset(&self) {
+        self.stopped.store(false, Ordering::Release);
+        *self.last_seen.lock().unwrap() = None;
+        *self.checked.lock().unwrap() = None;
+    }
+
     fn remember(&self, vring: &VringRwLock) {
         *self.last_seen.lock().unwrap() = Some(position(vring));
     }
