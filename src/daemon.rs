@@ -19,6 +19,7 @@ use crate::device::state_transfer::StateConfig;
 use crate::device::FsBackend;
 use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
+use crate::state::handoff::Handoff;
 
 pub fn run(config: Config) -> Result<(), String> {
     let socket_paths: Vec<PathBuf> = match &config.socket {
@@ -105,10 +106,20 @@ fn serve(
     socket_files: Arc<Vec<SocketFile>>,
     term: SigSet,
 ) -> Result<(), String> {
+    // The sockets a migration's source and destination on this host hand the guest's
+    // locks over with: made before the sandbox's network namespace, in the host's.
+    let handoff = match Handoff::prepare() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            warn!("no same-host hand-over of the guest's locks on migration: {e}");
+            None
+        }
+    };
     // The supervisor that namespace mode leaves outside closes its copies of the
     // listening sockets: only the serving child holds them.
     let listening: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
         .chain(control.iter().flat_map(ControlServer::fds))
+        .chain(handoff.iter().flat_map(|h| h.fds()))
         .collect();
     // Namespaces first, while the process has one thread: namespace mode forks, and
     // only the sandboxed child returns.
@@ -208,6 +219,7 @@ fn serve(
         view: config.guest_view(),
         save: config.migration.save,
         load: config.migration.load,
+        handoff,
     };
     run_confined(ThreadRole::State, {
         let backend = backend.clone();

@@ -201,7 +201,16 @@ fn a_save_changes_nothing_at_the_source_which_serves_on_after_a_failed_migration
     let held = hold_things(&mut c, &host);
     let first = c.save_state_paused().unwrap();
     let again = c.save_state_paused().unwrap();
-    assert_eq!(decode(&first), decode(&again), "a save is repeatable");
+    // Each save offers the open files under a new token; the rest is the same.
+    let without_offer = |b: &[u8]| SessionState {
+        handoff: None,
+        ..decode(b)
+    };
+    assert_eq!(
+        without_offer(&first),
+        without_offer(&again),
+        "a save is repeatable"
+    );
     // The migration failed and the VMM resumed the source: it serves on.
     assert_eq!(c.read(held.file, held.fh, 0, 6).unwrap(), b"before");
     assert!(host_sees_lock(&host.join("d/f")));
@@ -466,4 +475,99 @@ fn a_state_without_the_volumes_it_names_is_refused_naming_the_volume() {
         "the volume root's id"
     );
     assert!(g.lookup(data, "x").is_ok());
+}
+
+/// Tries, every millisecond until stopped, to take a write lock and a flock on
+/// `path` as another host process would; returns how often it got either.
+fn poll_locks(path: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let g = std::fs::File::open(path).unwrap();
+    let mut got = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: flock is plain data; zero is valid.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as i16;
+        // SAFETY: fcntl with a valid flock struct on our own fd.
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) } == 0 {
+            got += 1;
+            fl.l_type = libc::F_UNLCK as i16;
+            // SAFETY: as above.
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+        }
+        // SAFETY: flock on our own fd.
+        if unsafe { libc::flock(g.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            got += 1;
+            // SAFETY: as above.
+            unsafe { libc::flock(g.as_raw_fd(), libc::LOCK_UN) };
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    got
+}
+
+#[test]
+fn on_the_same_host_the_locks_are_handed_over_and_held_throughout() {
+    if is_virtiofsd() {
+        return;
+    }
+    let src = Daemon::start("state-held", &[]);
+    let mut c = src.client();
+    let host = src.dir.shared();
+    let held = hold_things(&mut c, &host);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let poller = scope.spawn(|| poll_locks(&host.join("d/f"), &stop));
+        std::thread::sleep(Duration::from_millis(50));
+        let bytes = c.stop_and_save_state().expect("save");
+        assert!(
+            decode(&bytes).handoff.is_some(),
+            "the source offers its open files"
+        );
+        let dst = destination(&src, "state-held-dst", &[]);
+        let mut g = resume_on(&dst, &bytes).expect("load");
+        // The source's daemon goes as its VMM quits.
+        drop(c);
+        let mut src = src;
+        assert!(src.wait_exit(Duration::from_secs(10)).is_some());
+        eprintln!("source:\n{}", src.log());
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let got = poller.join().unwrap();
+        assert_eq!(
+            got,
+            0,
+            "another process got the guest's lock:\n{}",
+            dst.log()
+        );
+        assert!(
+            dst.log().contains("handed over"),
+            "the destination took the source's open files:\n{}",
+            dst.log()
+        );
+        // Its own unlock still works on the handed-over files.
+        g.call(&lock_request(
+            Opcode::Setlk,
+            held.file,
+            held.fh,
+            7,
+            libc::F_UNLCK,
+            false,
+        ))
+        .unwrap();
+        g.call(&lock_request(
+            Opcode::Setlk,
+            held.file,
+            held.flock_fh,
+            8,
+            libc::F_UNLCK,
+            true,
+        ))
+        .unwrap();
+        assert!(!host_sees_lock(&host.join("d/f")) && !host_sees_flock(&host.join("d/f")));
+    });
 }

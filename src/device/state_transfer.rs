@@ -25,14 +25,18 @@ use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferState
 use crate::fs::passthrough::state::HandedFiles;
 use crate::fs::FsServer;
 use crate::state::format::{self, GuestView};
+use crate::state::handoff::{Entry, Handoff};
 use crate::state::{LoadError, LoadOptions, SaveOptions};
 
 /// What the state thread is told at start: the daemon's options.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct StateConfig {
     pub view: GuestView,
     pub save: SaveOptions,
     pub load: LoadOptions,
+    /// The sockets of the same-host hand-over of the guest's locks (None: the
+    /// daemon could not make them; locks are then taken again).
+    pub handoff: Option<Arc<Handoff>>,
 }
 
 enum Job {
@@ -124,7 +128,32 @@ impl StateTransfer {
 
 fn save(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), String> {
     let start = Instant::now();
-    let (state, _files) = server.save_session(cfg.view.clone(), &cfg.save);
+    let (mut state, files) = server.save_session(cfg.view.clone(), &cfg.save);
+    if let Some(handoff) = &cfg.handoff {
+        let mut offered = Vec::new();
+        for ((node, owner), f) in &files.lock_files {
+            if let Ok(dup) = f.try_clone() {
+                offered.push((
+                    Entry::LockFile {
+                        node: *node,
+                        owner: *owner,
+                    },
+                    dup.into(),
+                ));
+            }
+        }
+        for (id, h) in &files.flock_handles {
+            if let Ok(dup) = h.file.try_clone() {
+                offered.push((Entry::FlockHandle { handle: *id }, dup.into()));
+            }
+        }
+        // Without an offer the destination takes the locks again (a gap in which
+        // another may take them); the save itself goes on.
+        state.handoff = handoff.offer(offered).unwrap_or_else(|e| {
+            log::warn!("cannot offer the guest's locks to a destination on this host: {e}");
+            None
+        });
+    }
     let bytes = format::encode(&state);
     let took = start.elapsed();
     file.write_all(&bytes)
@@ -150,8 +179,18 @@ fn load(server: &FsServer, cfg: &StateConfig, file: File) -> Result<(), String> 
     let bytes = read_bounded(file).map_err(|e| e.to_string())?;
     let state = format::decode(&bytes).map_err(|e| LoadError::from(e).to_string())?;
     let read = start.elapsed();
+    let handed = match (&state.handoff, &cfg.handoff) {
+        (Some(offer), Some(handoff)) => match handoff.fetch(offer) {
+            Ok(files) => handed_files(files),
+            Err(why) => {
+                log::info!("the source's open files are not handed over ({why}): its locks are taken again");
+                HandedFiles::default()
+            }
+        },
+        _ => HandedFiles::default(),
+    };
     let report = server
-        .load_session(&state, &cfg.view, &cfg.load, HandedFiles::default())
+        .load_session(&state, &cfg.view, &cfg.load, handed)
         .map_err(|e| e.to_string())?;
     info!(
         "device state loaded ({}): {} nodes, {} handles, {} locks ({} waited for, {} handed \
@@ -169,6 +208,21 @@ fn load(server: &FsServer, cfg: &StateConfig, file: File) -> Result<(), String> 
         (start.elapsed() - read).as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+fn handed_files(files: Vec<(Entry, std::os::fd::OwnedFd)>) -> HandedFiles {
+    let mut handed = HandedFiles::default();
+    for (entry, fd) in files {
+        match entry {
+            Entry::LockFile { node, owner } => {
+                handed.lock_files.insert((node, owner), File::from(fd));
+            }
+            Entry::FlockHandle { handle } => {
+                handed.flock_handles.insert(handle, File::from(fd));
+            }
+        }
+    }
+    handed
 }
 
 /// Reads the whole state, refusing more than a state may be long (the header says how

@@ -9,6 +9,7 @@
 //! neither: it is the contract between them, and docs/DEVICE-STATE.md describes it.
 
 pub mod format;
+pub mod handoff;
 
 use std::fmt;
 

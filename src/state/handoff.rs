@@ -1,0 +1,435 @@
+//! Open files handed from a migration's source daemon to its destination on the same
+//! host, so that the guest's locks are never let go.
+//!
+//! A POSIX (OFD) lock or a flock belongs to an open file description: a second
+//! daemon cannot take the guest's lock while the first holds it, and if the first let
+//! go before the second took it, another process could take it in between, and two
+//! would believe they hold it. So the source offers its lock files and locked
+//! handles; a destination on the same host (same boot id) takes the very same open
+//! file descriptions (SCM_RIGHTS), and the locks stay held throughout, whichever
+//! daemon ends first. Across hosts nothing is handed over: the destination takes the
+//! locks again (`fs/passthrough/state.rs`).
+//!
+//! The channel is an abstract Unix socket in the host's network namespace, bound
+//! when the daemon starts, before its sandbox gives it a network namespace of its
+//! own; the destination connects with a socket also made at start. The device state
+//! names the socket and a random token; the source answers only a peer with its own
+//! uid (SO_PEERCRED) that presents the token. Both run on the state thread's role.
+//!
+//! ```text
+//! destination -> source   token (32 bytes)
+//! source -> destination   batches: count u32 LE, count x (kind u8, a u64 LE, b u64 LE),
+//!                          with count fds (SCM_RIGHTS); a batch of 0 ends it
+//! ```
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use log::{info, warn};
+use nix::sys::socket::{
+    getsockopt, recvmsg, sendmsg, sockopt::PeerCredentials, ControlMessage, ControlMessageOwned,
+    MsgFlags,
+};
+
+use super::format;
+
+/// The token's length.
+const TOKEN_LEN: usize = 32;
+/// Fds per message (the kernel's SCM_MAX_FD is 253).
+const BATCH: usize = 200;
+/// Bytes of one entry of a batch.
+const ENTRY_LEN: usize = 17;
+/// How long either side waits for the other before giving up.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// The most entries a destination takes (a bound against a source gone wrong).
+const MAX_ENTRIES: usize = 1 << 20;
+
+/// What an offered open file is.
+#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
+pub enum Entry {
+    /// The lock file of (node, lock owner).
+    LockFile { node: u64, owner: u64 },
+    /// A handle that holds a flock.
+    FlockHandle { handle: u64 },
+}
+
+impl Entry {
+    fn encode(self, out: &mut Vec<u8>) {
+        let (kind, a, b) = match self {
+            Entry::LockFile { node, owner } => (1u8, node, owner),
+            Entry::FlockHandle { handle } => (2u8, handle, 0),
+        };
+        out.push(kind);
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Entry> {
+        let a = u64::from_le_bytes(bytes.get(1..9)?.try_into().ok()?);
+        let b = u64::from_le_bytes(bytes.get(9..17)?.try_into().ok()?);
+        match bytes.first()? {
+            1 => Some(Entry::LockFile { node: a, owner: b }),
+            2 => Some(Entry::FlockHandle { handle: a }),
+            _ => None,
+        }
+    }
+}
+
+/// The sockets made at start, and the offer a save publishes.
+pub struct Handoff {
+    listener: UnixListener,
+    /// The socket a load connects with (made in the host's network namespace; one
+    /// load per daemon can use it).
+    client: Mutex<Option<OwnedFd>>,
+    name: String,
+    boot_id: String,
+    offer: Mutex<Option<Offer>>,
+    serving: std::sync::Once,
+}
+
+struct Offer {
+    token: [u8; TOKEN_LEN],
+    files: Vec<(Entry, OwnedFd)>,
+}
+
+impl Handoff {
+    /// Binds the abstract socket and makes the client socket. Called before the
+    /// sandbox: both then live in the host's network namespace.
+    pub fn prepare() -> io::Result<Arc<Handoff>> {
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .map_err(|e| io::Error::new(e.kind(), format!("reading the boot id: {e}")))?;
+        let mut random = [0u8; 8];
+        getrandom(&mut random)?;
+        let name = format!(
+            "volfsd-handoff-{}-{}",
+            std::process::id(),
+            random
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+        let listener = UnixListener::bind_addr(&addr)?;
+        // SAFETY: socket(2) with constant arguments; the result is checked and owned.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new fd nobody else owns.
+        let client = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Arc::new(Handoff {
+            listener,
+            client: Mutex::new(Some(client)),
+            name,
+            boot_id,
+            offer: Mutex::new(None),
+            serving: std::sync::Once::new(),
+        }))
+    }
+
+    /// The fds a process other than the serving one must close (the namespace
+    /// mode's supervisor).
+    pub fn fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![self.listener.as_raw_fd()];
+        if let Some(c) = self.client.lock().unwrap().as_ref() {
+            fds.push(c.as_raw_fd());
+        }
+        fds
+    }
+
+    /// Offers `files` to a destination on this host, in place of any earlier offer,
+    /// and says in the device state where to fetch them. Nothing is offered (None)
+    /// when there is nothing to hand over.
+    pub fn offer(
+        self: &Arc<Self>,
+        files: Vec<(Entry, OwnedFd)>,
+    ) -> io::Result<Option<format::Handoff>> {
+        if files.is_empty() {
+            *self.offer.lock().unwrap() = None;
+            return Ok(None);
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        getrandom(&mut token)?;
+        *self.offer.lock().unwrap() = Some(Offer { token, files });
+        let me = self.clone();
+        let mut started = Ok(());
+        self.serving.call_once(|| {
+            started = std::thread::Builder::new()
+                .name("volfsd-handoff".into())
+                .spawn(move || me.serve())
+                .map(|_| ());
+        });
+        started?;
+        Ok(Some(format::Handoff {
+            boot_id: self.boot_id.clone(),
+            socket: self.name.clone(),
+            token: token.to_vec(),
+        }))
+    }
+
+    /// Answers destinations for the life of the daemon.
+    fn serve(&self) {
+        for stream in self.listener.incoming() {
+            match stream {
+                Ok(s) => {
+                    if let Err(e) = self.answer(s) {
+                        warn!("open-file hand-over refused: {e}");
+                    }
+                }
+                Err(e) => {
+                    warn!("open-file hand-over: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn answer(&self, mut s: UnixStream) -> Result<(), String> {
+        let peer = getsockopt(&s, PeerCredentials).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+        // SAFETY: geteuid cannot fail.
+        let own = unsafe { libc::geteuid() };
+        if peer.uid() != own {
+            return Err(format!(
+                "a peer with uid {} (this daemon runs as {own})",
+                peer.uid()
+            ));
+        }
+        s.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        let mut token = [0u8; TOKEN_LEN];
+        s.read_exact(&mut token)
+            .map_err(|e| format!("reading the token: {e}"))?;
+        let offer = self.offer.lock().unwrap();
+        let Some(offer) = offer.as_ref() else {
+            return Err("nothing is offered".into());
+        };
+        // Constant time: the comparison tells nothing of the token.
+        if token
+            .iter()
+            .zip(&offer.token)
+            .fold(0u8, |d, (a, b)| d | (a ^ b))
+            != 0
+        {
+            return Err("a wrong token".into());
+        }
+        for batch in offer.files.chunks(BATCH) {
+            let mut payload = (batch.len() as u32).to_le_bytes().to_vec();
+            let fds: Vec<RawFd> = batch.iter().map(|(_, f)| f.as_raw_fd()).collect();
+            for (entry, _) in batch {
+                entry.encode(&mut payload);
+            }
+            send_with_fds(&s, &payload, &fds)?;
+        }
+        send_with_fds(&s, &0u32.to_le_bytes(), &[])?;
+        s.flush().map_err(|e| e.to_string())?;
+        info!(
+            "handed {} open files (locks) to a destination on this host",
+            offer.files.len()
+        );
+        Ok(())
+    }
+
+    /// Fetches what the source named in `h` offers, if it runs on this host.
+    pub fn fetch(&self, h: &format::Handoff) -> Result<Vec<(Entry, OwnedFd)>, String> {
+        if h.boot_id != self.boot_id {
+            return Err("the source ran on another host (or boot)".into());
+        }
+        if h.token.len() != TOKEN_LEN || h.socket.is_empty() || h.socket.len() > 100 {
+            return Err("a malformed hand-over offer".into());
+        }
+        let Some(fd) = self.client.lock().unwrap().take() else {
+            return Err("this daemon already used its hand-over socket".into());
+        };
+        let addr =
+            SocketAddr::from_abstract_name(h.socket.as_bytes()).map_err(|e| e.to_string())?;
+        connect(&fd, &addr).map_err(|e| format!("connecting to the source: {e}"))?;
+        let mut s = UnixStream::from(fd);
+        s.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        s.write_all(&h.token)
+            .map_err(|e| format!("sending the token: {e}"))?;
+        let mut files = Vec::new();
+        loop {
+            let (payload, fds) = recv_with_fds(&s)?;
+            let count = payload
+                .get(..4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                .ok_or("a short batch")?;
+            if count == 0 {
+                return Ok(files);
+            }
+            if payload.len() != 4 + count * ENTRY_LEN || fds.len() != count {
+                return Err(format!(
+                    "a batch of {count} entries with {} bytes and {} fds",
+                    payload.len(),
+                    fds.len()
+                ));
+            }
+            if files.len() + count > MAX_ENTRIES {
+                return Err("more open files than a state can hold".into());
+            }
+            for (i, fd) in fds.into_iter().enumerate() {
+                let at = 4 + i * ENTRY_LEN;
+                let entry =
+                    Entry::decode(&payload[at..at + ENTRY_LEN]).ok_or("an unknown entry")?;
+                files.push((entry, fd));
+            }
+        }
+    }
+}
+
+fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: the buffer is valid for the remaining length.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(())
+}
+
+fn connect(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
+    let name = addr
+        .as_abstract_name()
+        .ok_or_else(|| io::Error::other("not an abstract address"))?;
+    // SAFETY: sockaddr_un is plain data; zero is valid.
+    let mut sun: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > sun.sun_path.len() {
+        return Err(io::Error::other("abstract name too long"));
+    }
+    // The leading NUL makes the name abstract.
+    for (i, b) in name.iter().enumerate() {
+        sun.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: a valid sockaddr_un of `len` bytes for a socket we own.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sun as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn send_with_fds(s: &UnixStream, payload: &[u8], fds: &[RawFd]) -> Result<(), String> {
+    let iov = [IoSlice::new(payload)];
+    let cmsgs = if fds.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(fds)]
+    };
+    // One message per batch: the receiver reads it whole (a stream socket keeps the
+    // fds with the first byte of their message).
+    let sent = sendmsg::<()>(s.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), None)
+        .map_err(|e| format!("sendmsg: {e}"))?;
+    if sent != payload.len() {
+        return Err(format!("sent {sent} of {} bytes", payload.len()));
+    }
+    Ok(())
+}
+
+fn recv_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
+    let mut buf = vec![0u8; 4 + BATCH * ENTRY_LEN];
+    let mut cmsg = nix::cmsg_space!([RawFd; BATCH]);
+    let (n, fds) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            s.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("recvmsg: {e}"))?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(|e| format!("control messages: {e}"))? {
+            if let ControlMessageOwned::ScmRights(received) = c {
+                // SAFETY: the kernel just installed these fds in this process.
+                fds.extend(
+                    received
+                        .into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+            return Err("more fds than a batch may carry".into());
+        }
+        (msg.bytes, fds)
+    };
+    if n == 0 {
+        return Err("the source closed the hand-over early".into());
+    }
+    buf.truncate(n);
+    Ok((buf, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_unknown_kinds_are_refused() {
+        for e in [
+            Entry::LockFile {
+                node: 7,
+                owner: u64::MAX,
+            },
+            Entry::FlockHandle { handle: 3 },
+        ] {
+            let mut b = Vec::new();
+            e.encode(&mut b);
+            assert_eq!(b.len(), ENTRY_LEN);
+            assert_eq!(Entry::decode(&b), Some(e));
+        }
+        assert_eq!(Entry::decode(&[9; ENTRY_LEN]), None);
+        assert_eq!(Entry::decode(&[1; 5]), None);
+    }
+
+    #[test]
+    fn a_destination_with_the_token_gets_the_files_and_one_without_gets_nothing() {
+        let source = Handoff::prepare().unwrap();
+        let files: Vec<(Entry, OwnedFd)> = (0..450)
+            .map(|i| {
+                let f = std::fs::File::open("/proc/self/stat").unwrap();
+                (Entry::FlockHandle { handle: i }, OwnedFd::from(f))
+            })
+            .collect();
+        let offer = source.offer(files).unwrap().expect("an offer");
+        // Another daemon of this host, with the wrong token first.
+        let wrong = Handoff::prepare().unwrap();
+        let mut bad = offer.clone();
+        bad.token[0] ^= 1;
+        assert!(wrong.fetch(&bad).is_err());
+        let dest = Handoff::prepare().unwrap();
+        let got = dest.fetch(&offer).unwrap();
+        assert_eq!(got.len(), 450);
+        assert_eq!(got[449].0, Entry::FlockHandle { handle: 449 });
+        // Its socket is spent; another boot gets nothing.
+        assert!(dest.fetch(&offer).is_err());
+        let elsewhere = format::Handoff {
+            boot_id: "another".into(),
+            ..offer
+        };
+        assert!(Handoff::prepare().unwrap().fetch(&elsewhere).is_err());
+    }
+}
