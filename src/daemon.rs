@@ -11,11 +11,11 @@ use log::{info, warn};
 use nix::sys::signal::{SigSet, Signal};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 use crate::config::{Config, SocketSource};
 use crate::control::{Api, ControlServer};
-use crate::device::FsBackend;
+use crate::device::{FsBackend, GuestMmap};
 use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
 
@@ -205,7 +205,7 @@ fn serve(
             VhostUserDaemon::new(
                 "volfsd".to_string(),
                 backend,
-                GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+                GuestMemoryAtomic::new(GuestMmap::default()),
             )
             .map_err(|e| format!("creating the vhost-user daemon: {e}"))
         }

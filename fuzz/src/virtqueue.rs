@@ -24,12 +24,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use volfsd::device::queue::{self, QueueHealth, QueueRef};
 use volfsd::device::throttle::{WaitRoom, WakeTimer};
-use volfsd::device::MAX_QUEUE_SIZE;
+use volfsd::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 use crate::common::{limit_file_size, tree_checksum, Cursor, Scratch, Watchdog};
@@ -43,7 +43,7 @@ const MAX_CALL: Duration = Duration::from_secs(2);
 
 struct State {
     scratch: Scratch,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    mem: GuestMem,
     specs: Vec<ShareSpec>,
     ro_sum: u64,
 }
@@ -71,7 +71,7 @@ fn state() -> &'static Mutex<State> {
                 ],
             )
             .unwrap();
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+        let mem = GuestMmap::from_ranges(&[
             (GuestAddress(REGION_A.0), REGION_A.1),
             (GuestAddress(REGION_B.0), REGION_B.1),
         ])
@@ -86,7 +86,7 @@ fn state() -> &'static Mutex<State> {
     })
 }
 
-fn load_image(mem: &GuestMemoryMmap, image: &[u8]) {
+fn load_image(mem: &GuestMmap, image: &[u8]) {
     let zero = vec![0u8; REGION_A.1];
     let (a, b) = image.split_at(image.len().min(REGION_A.1));
     mem.write_slice(&zero, GuestAddress(REGION_A.0)).unwrap();
@@ -130,7 +130,7 @@ pub fn run_virtqueue(data: &[u8]) {
     let counters = queue::QueueCounters::default();
     let served = &counters.served;
 
-    let vring = VringRwLock::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
+    let vring = Vring::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
     vring.set_queue_size(queue_size);
     // As vhost-user-backend does: an address the queue refuses leaves the earlier
     // one (0) in place, and the queue is made ready on the kick whatever it holds.
@@ -197,7 +197,7 @@ fn skip_open() -> bool {
     *S.get_or_init(|| std::env::var_os("VOLFSD_FUZZ_SKIP_OPEN").is_some())
 }
 
-fn queue_invalid(vring: &VringRwLock, mem: &GuestMemoryAtomic<GuestMemoryMmap>) -> bool {
+fn queue_invalid(vring: &Vring, mem: &GuestMem) -> bool {
     !vring.get_ref().get_queue().is_valid(&*mem.memory())
 }
 

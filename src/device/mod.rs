@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, warn};
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -36,7 +37,27 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The hiprio queue's index.
 const HIPRIO_QUEUE: usize = 0;
 
-type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+/// Guest memory as the daemon maps it. Every region carries a dirty-page log
+/// (`BitmapMmapRegion`): empty until the frontend sends SET_LOG_BASE for a migration,
+/// then every write through vm-memory (a READ's data and every reply through
+/// fuse-backend-rs's `VirtioFsWriter`, the used ring through `add_used`) sets the
+/// bits of the pages it touched, so the frontend copies them again.
+///
+/// vhost-user-backend 0.22 gives a log only to the regions that exist at
+/// SET_LOG_BASE: a region added or replaced later (SET_MEM_TABLE, ADD_MEM_REG)
+/// gets an empty one until the next SET_LOG_BASE, and the daemon's writes to it are
+/// not logged. cloud-hypervisor sends SET_LOG_BASE again at every dirty-log round,
+/// which covers them. QEMU sends it on a memory map change only when the log has to
+/// grow, but it refuses memory hot-plug while a migration runs (`device_add` fails,
+/// virtio-mem answers plug requests busy), so as far as its sources read, no region
+/// appears mid-migration there. A frontend that did add one would get replies
+/// written there unlogged: fixing that needs vhost-user-backend to re-apply the
+/// last log to new regions. With CONFIGURE_MEM_SLOTS (offered) a change adds or
+/// removes only its own region; a whole new SET_MEM_TABLE would drop every log.
+pub type GuestMmap = GuestMemoryMmap<BitmapMmapRegion>;
+pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
+/// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
+pub type Vring = VringRwLock<GuestMem>;
 
 /// Live counters of the device, readable from any thread.
 #[derive(Default)]
@@ -124,7 +145,7 @@ impl FsBackend {
 
     /// Worker `thread`'s wake timer fired: serve the waiting requests of its request
     /// queue whose turn came.
-    fn wake(&self, thread: usize, vrings: &[VringRwLock]) {
+    fn wake(&self, thread: usize, vrings: &[Vring]) {
         let index = thread + 1;
         // Thread 0's vrings are the hiprio queue and request queue 1.
         let local = if thread == 0 { 1 } else { 0 };
@@ -144,7 +165,7 @@ impl FsBackend {
         }
     }
 
-    fn queue_ref<'a>(&'a self, index: usize, vring: &'a VringRwLock) -> QueueRef<'a> {
+    fn queue_ref<'a>(&'a self, index: usize, vring: &'a Vring) -> QueueRef<'a> {
         let throttled = index != HIPRIO_QUEUE;
         QueueRef {
             vring,
@@ -186,8 +207,8 @@ fn global_queue_index(num_request_queues: usize, thread: usize, event: u16) -> O
 }
 
 impl VhostUserBackend for FsBackend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = BitmapMmapRegion;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         self.num_request_queues + 1
@@ -201,7 +222,10 @@ impl VhostUserBackend for FsBackend {
         1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_INDIRECT_DESC
             | 1 << VIRTIO_RING_F_EVENT_IDX
-            | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging during a live migration (see `GuestMmap`). Without
+            // it QEMU refuses to migrate the VM.
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -209,6 +233,10 @@ impl VhostUserBackend for FsBackend {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::RESET_DEVICE
+            // The dirty-page log comes as a shared memory fd (SET_LOG_BASE).
+            // INFLIGHT_SHMFD is not offered: vhost-user-backend 0.22 answers its
+            // messages with an error that ends the connection.
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn acked_features(&self, _features: u64) {
@@ -246,7 +274,7 @@ impl VhostUserBackend for FsBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
         if device_event == self.wake_event() {

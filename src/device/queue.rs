@@ -18,19 +18,18 @@ use std::time::Instant;
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
 use log::{debug, warn};
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{
-    Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
-};
+use vm_memory::{Bytes, GuestAddressSpace, GuestMemory, GuestMemoryLoadGuard};
 
 use crate::fs::reply::reply_error;
 use crate::fs::server::{parse_header, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 
 use super::throttle::{WaitRoom, WakeTimer, MAX_WAITING_REQUEST};
+use super::{GuestMem, GuestMmap, Vring};
 
-pub(crate) type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+pub(crate) type Mem = GuestMemoryLoadGuard<GuestMmap>;
 
 /// The state a queue keeps across kicks.
 #[derive(Default)]
@@ -47,7 +46,7 @@ pub struct QueueHealth {
     checked: Mutex<Option<(u64, u16)>>,
 }
 
-fn position(vring: &VringRwLock) -> (u64, u16) {
+fn position(vring: &Vring) -> (u64, u16) {
     let state = vring.get_ref();
     let q = state.get_queue();
     (q.desc_table(), q.next_avail())
@@ -66,7 +65,7 @@ pub enum QueueStart {
 impl QueueHealth {
     /// Compares the queue with how it was left, clears a stop if the frontend set it
     /// up again, and tells whether a new driver started it.
-    pub fn check_restart(&self, vring: &VringRwLock) -> QueueStart {
+    pub fn check_restart(&self, vring: &Vring) -> QueueStart {
         let now = position(vring);
         *self.checked.lock().unwrap() = Some(now);
         let last = *self.last_seen.lock().unwrap();
@@ -87,7 +86,7 @@ impl QueueHealth {
         self.stopped.load(Ordering::Acquire)
     }
 
-    fn remember(&self, vring: &VringRwLock) {
+    fn remember(&self, vring: &Vring) {
         *self.last_seen.lock().unwrap() = Some(position(vring));
     }
 
@@ -98,7 +97,7 @@ impl QueueHealth {
     /// hid a new driver from the next kick, and a rebooted guest's first request
     /// was served in the old session (a CI flake in
     /// a_queue_restarted_by_a_new_driver_ends_the_session).
-    fn remember_drained(&self, vring: &VringRwLock, popped: u16) {
+    fn remember_drained(&self, vring: &Vring, popped: u16) {
         let now = position(vring);
         let checked = self.checked.lock().unwrap().take();
         match checked {
@@ -117,7 +116,7 @@ impl QueueHealth {
     /// broken ring in its re-check, after the last `remember`, and the kick that
     /// follows must not read that as a new setup (it did, and the queue was stopped
     /// and logged twice).
-    fn stop(&self, vring: &VringRwLock, index: usize, why: &str) {
+    fn stop(&self, vring: &Vring, index: usize, why: &str) {
         self.remember(vring);
         self.stop_after_chain(index, why);
     }
@@ -149,7 +148,7 @@ struct Broken(String);
 
 /// One queue as its worker serves it.
 pub struct QueueRef<'a> {
-    pub vring: &'a VringRwLock,
+    pub vring: &'a Vring,
     /// The queue's index on the device (0: hiprio).
     pub index: usize,
     pub event_idx: bool,
@@ -165,7 +164,7 @@ pub struct QueueRef<'a> {
 /// whose turn came.
 pub fn process(
     server: &Arc<FsServer>,
-    mem: &GuestMemoryAtomic<GuestMemoryMmap>,
+    mem: &GuestMem,
     queue: &QueueRef,
     health: &QueueHealth,
 ) -> io::Result<()> {
@@ -217,7 +216,7 @@ impl From<io::Error> for DrainError {
 /// request. The batch is bounded in requests and in bytes, so large reads are not
 /// held back behind each other.
 struct Completions<'a> {
-    vring: &'a VringRwLock,
+    vring: &'a Vring,
     index: usize,
     event_idx: bool,
     unsignalled: usize,
@@ -322,7 +321,7 @@ fn drain(
 /// The three parts of a split ring must not overlap: a used ring laid over the avail
 /// ring would have every completion rewrite the avail index, and the worker would
 /// find one more request pending for ever (found by the `virtqueue` fuzz target).
-fn check_layout(vring: &VringRwLock) -> Result<(), Broken> {
+fn check_layout(vring: &Vring) -> Result<(), Broken> {
     let state = vring.get_ref();
     let q = state.get_queue();
     let size = u64::from(q.size());
@@ -360,7 +359,7 @@ fn check_layout(vring: &VringRwLock) -> Result<(), Broken> {
 /// and the next kick sees the new setup first.
 fn pop_checked(
     mem: &Mem,
-    vring: &VringRwLock,
+    vring: &Vring,
     table: Option<u64>,
 ) -> Result<Option<DescriptorChain<Mem>>, Broken> {
     let mut state = vring.get_mut();
@@ -616,7 +615,7 @@ pub fn release_waiting(
 /// whose header was readable is owed one, so it is answered EINVAL.
 fn reply_len(
     result: Result<usize, RequestError>,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMmap,
     chain: DescriptorChain<Mem>,
     index: usize,
 ) -> u32 {
@@ -660,7 +659,7 @@ pub fn lock_waiters() -> usize {
 /// could be started, in which case the caller serves it inline.
 fn wait_off_thread(
     server: &Arc<FsServer>,
-    vring: &VringRwLock,
+    vring: &Vring,
     chain: DescriptorChain<Mem>,
     request: &[u8],
     event_idx: bool,
@@ -711,7 +710,7 @@ const SIGNAL_BATCH: usize = 8;
 /// Reply bytes returned before the guest is interrupted while more are pending.
 const SIGNAL_BATCH_BYTES: usize = 256 * 1024;
 
-fn notify(vring: &VringRwLock, event_idx: bool, index: usize) -> io::Result<()> {
+fn notify(vring: &Vring, event_idx: bool, index: usize) -> io::Result<()> {
     if !event_idx || vring.needs_notification().map_err(queue_err(index))? {
         vring.signal_used_queue()?;
     }
@@ -735,13 +734,13 @@ mod tests {
     use fuse_backend_rs::abi::fuse_abi::WriteIn;
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{ByteValued, GuestAddress};
+    use vm_memory::{ByteValued, GuestAddress, GuestMemoryAtomic};
 
     const NEXT: u16 = 1;
     const WRITE: u16 = 2;
 
-    fn memory() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+    fn memory() -> GuestMmap {
+        GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
     }
 
     fn header(opcode: Opcode, len: usize) -> Vec<u8> {
@@ -811,8 +810,8 @@ mod tests {
     }
 
     /// A 256-entry vring with its descriptors at 0, avail ring at 4 KiB, used at 8 KiB.
-    fn vring() -> VringRwLock {
-        let vring = VringRwLock::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
+    fn vring() -> Vring {
+        let vring = Vring::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
         vring.set_queue_size(256);
         vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
         vring

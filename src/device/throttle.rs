@@ -295,11 +295,12 @@ impl WakeTimers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::GuestMmap;
     use crate::qos::{BucketConfig, RateLimit};
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::QueueT;
-    use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+    use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
     fn limited(name: &str, per_second: u64) -> Arc<Share> {
         let s = Arc::new(Share::for_test(name, false));
@@ -318,9 +319,8 @@ mod tests {
 
     #[test]
     fn lines_go_in_order_as_their_volumes_refill_and_a_detached_one_goes_at_once() {
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let a = limited("a", 10);
@@ -379,9 +379,8 @@ mod tests {
 
     #[test]
     fn a_new_driver_drops_the_lines_and_a_lifted_limit_lets_them_go() {
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
@@ -435,9 +434,8 @@ mod tests {
         room.set_timer(&t, now, None);
         assert_eq!(room.armed, None);
 
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
