@@ -219,3 +219,38 @@ fn without_a_log_nothing_is_logged_and_requests_are_served() {
         .expect("SET_FEATURES without LOG_ALL");
     c.getattr(node).expect("served after the migration");
 }
+
+/// A migration that starts while a rebooted guest brings up its queues: the
+/// SET_FEATURES that turns LOG_ALL on is not a device start, so the second queue's
+/// new driver does not end the session the first queue's INIT began.
+#[test]
+fn turning_the_log_on_is_not_a_device_start() {
+    let d = Daemon::start("dirty-log-start", &[]);
+    let mut cfg = d.config();
+    cfg.dirty_log = true;
+    cfg.request_queues = 2;
+    let mut c = d.client_with(&cfg);
+    // The old driver used both queues (a queue never served has no driver to
+    // replace).
+    c.use_request_queue(1).unwrap();
+    c.getattr(ROOT).unwrap();
+    // The guest reboots: its new driver sets both request queues up anew, and
+    // begins its session on the first.
+    c.restart_request_queue(0, 256).unwrap();
+    c.restart_request_queue(1, 256).unwrap();
+    c.use_request_queue(0).unwrap();
+    c.init_session(&InitParams::default())
+        .expect("INIT of the new driver");
+    // The migration starts.
+    let log = DirtyLog::new(c.device().memory().size()).unwrap();
+    c.device().set_log_base(&log).unwrap();
+    c.device().set_log_all(true).unwrap();
+    // The second queue's first request: the new session serves it.
+    c.use_request_queue(1).unwrap();
+    c.getattr(ROOT)
+        .expect("the session of the INIT on the first queue");
+    assert!(
+        !log.dirty_pages().unwrap().is_empty(),
+        "the reply was logged"
+    );
+}

@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use log::{debug, warn};
+use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock};
@@ -87,7 +87,13 @@ pub struct FsBackend {
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
     reset_in_start: AtomicU64,
+    /// The features of the last SET_FEATURES ([`NO_FEATURES`] before the first).
+    features: AtomicU64,
 }
+
+/// No SET_FEATURES yet: never a real set, since vhost-user-backend refuses features
+/// the backend does not offer, and it offers fewer than all 64.
+const NO_FEATURES: u64 = u64::MAX;
 
 impl FsBackend {
     /// Fails only when the wake timers cannot be made (out of fds).
@@ -110,6 +116,7 @@ impl FsBackend {
             rooms: (0..total).map(|_| Mutex::default()).collect(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
+            features: AtomicU64::new(NO_FEATURES),
         })
     }
 
@@ -239,8 +246,22 @@ impl VhostUserBackend for FsBackend {
             | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
-    fn acked_features(&self, _features: u64) {
-        // SET_FEATURES opens every device start, a resume after a pause included.
+    fn acked_features(&self, features: u64) {
+        let log_all = VhostUserVirtioFeatures::LOG_ALL.bits();
+        let before = self.features.swap(features, Ordering::AcqRel);
+        // A live migration turns LOG_ALL on (and off when it ends or fails) with a
+        // SET_FEATURES of its own that changes nothing else: that is no device start.
+        // Counted as one, it let a reboot's second queue end the session the first
+        // queue had just begun (one reset per start).
+        if before != NO_FEATURES && before ^ features == log_all {
+            if features & log_all != 0 {
+                info!("dirty-page logging on: a live migration started");
+            } else {
+                info!("dirty-page logging off: the live migration ended");
+            }
+            return;
+        }
+        // SET_FEATURES opens every other device start, a resume after a pause included.
         self.starts.fetch_add(1, Ordering::AcqRel);
     }
 
