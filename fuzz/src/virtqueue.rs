@@ -126,7 +126,7 @@ pub fn run_virtqueue(data: &[u8]) {
     .expect("building the file system stack (needs root for open_tree)");
     let server = Arc::new(FsServer::new(&stack));
     drop(stack);
-    let health = QueueHealth::default();
+    let health = Arc::new(QueueHealth::default());
     let counters = queue::QueueCounters::default();
     let served = &counters.served;
 
@@ -155,6 +155,7 @@ pub fn run_virtqueue(data: &[u8]) {
         counters: &counters,
         room: (!hiprio).then_some(&room),
         timer: (!hiprio).then_some(&timer),
+        health: &health,
     };
 
     for _ in 0..kicks {
@@ -164,7 +165,8 @@ pub fn run_virtqueue(data: &[u8]) {
         Watchdog::arm(MAX_CALL, "device::queue::process");
         // Errors are the frontend's (an unusable ring): they end the call, not the
         // process, as in the daemon's worker.
-        let _ = queue::process(&server, &st.mem, &queue_ref, &health);
+        // Under the vring's lock, as the worker serves a queue.
+        let _ = queue::process(&server, &st.mem, &queue_ref, &mut vring.get_mut());
         Watchdog::disarm();
         let took = t.elapsed();
         let n = served.load(Ordering::Relaxed) - before;

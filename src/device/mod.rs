@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::bitmap::BitmapMmapRegion;
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -80,7 +80,8 @@ pub struct FsBackend {
     num_request_queues: usize,
     stats: Arc<DeviceStats>,
     started: Vec<AtomicBool>,
-    health: Vec<QueueHealth>,
+    /// Per queue; shared with the lock waits handed to threads of their own.
+    health: Vec<Arc<QueueHealth>>,
     /// Per queue: its throttled requests (the hiprio queue's stays empty).
     rooms: Vec<Mutex<WaitRoom>>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
@@ -112,7 +113,7 @@ impl FsBackend {
             num_request_queues,
             stats: Arc::new(stats),
             started: (0..total).map(|_| AtomicBool::new(false)).collect(),
-            health: (0..total).map(|_| QueueHealth::default()).collect(),
+            health: (0..total).map(|_| Arc::default()).collect(),
             rooms: (0..total).map(|_| Mutex::default()).collect(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
@@ -143,10 +144,14 @@ impl FsBackend {
         Ok(())
     }
 
-    /// Drops every throttled request unanswered: the session's rings are gone.
+    /// Drops every throttled request unanswered, and every lock wait's answer still
+    /// to come: the session's rings are gone.
     fn drop_waiting(&self) {
         for room in &self.rooms {
             room.lock().unwrap().clear();
+        }
+        for health in &self.health {
+            health.ring_gone();
         }
     }
 
@@ -162,12 +167,11 @@ impl FsBackend {
         };
         timer.consume();
         let queue = self.queue_ref(index, vring);
-        if let Err(e) = queue::release_waiting(
-            &self.server,
-            &queue,
-            &self.health[index],
-            queue::Wake::Timer,
-        ) {
+        // Under the vring's lock: the frontend cannot stop the ring between the
+        // check that it runs and the answers.
+        let mut state = vring.get_mut();
+        if let Err(e) = queue::release_waiting(&self.server, &queue, &mut state, queue::Wake::Timer)
+        {
             warn!("queue {index}: {e}");
         }
     }
@@ -185,6 +189,7 @@ impl FsBackend {
             } else {
                 None
             },
+            health: &self.health[index],
         }
     }
 
@@ -325,11 +330,14 @@ impl VhostUserBackend for FsBackend {
             warn!("queue {index} kicked before the memory table was set");
             return Ok(());
         };
-        let health = &self.health[index];
+        // The vring's lock from the first look to the last completion: the frontend
+        // can neither stop the ring nor set it up anew while its requests are
+        // served (GET_VRING_BASE waits, and then counts them answered).
+        let mut state = vring.get_mut();
         // A queue set up anew from index 0 is a new driver (a reboot): the old
         // session's node ids, handles and locks go, once per device start. A resume
         // after a pause keeps its ring position, so it keeps its session.
-        if health.check_restart(vring) == QueueStart::NewDriver {
+        if self.health[index].check_restart(&state) == QueueStart::NewDriver {
             // Its throttled requests belong to the old ring.
             self.rooms[index].lock().unwrap().clear();
             let start = self.starts.load(Ordering::Acquire);
@@ -340,7 +348,7 @@ impl VhostUserBackend for FsBackend {
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);
-        if let Err(e) = queue::process(&self.server, &mem, &queue, health) {
+        if let Err(e) = queue::process(&self.server, &mem, &queue, &mut state) {
             warn!("queue {index}: {e}");
         }
         Ok(())
