@@ -4,6 +4,7 @@
 //! Each request queue has its own worker thread (the hiprio queue shares the first
 //! one), so a multi-queue guest is served in parallel.
 
+pub mod dirty_log;
 pub mod queue;
 pub mod throttle;
 
@@ -14,7 +15,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -25,6 +25,7 @@ use vmm_sys_util::event::{
 };
 
 use crate::fs::{FsServer, Stack};
+use dirty_log::LogBitmap;
 pub use queue::QueueCounters;
 use queue::{QueueHealth, QueueRef, QueueStart};
 use throttle::{WaitRoom, WakeTimers};
@@ -38,7 +39,7 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 const HIPRIO_QUEUE: usize = 0;
 
 /// Guest memory as the daemon maps it. Every region carries a dirty-page log
-/// (`BitmapMmapRegion`): empty until the frontend sends SET_LOG_BASE for a migration,
+/// ([`LogBitmap`]): empty until the frontend sends SET_LOG_BASE for a migration,
 /// then every write through vm-memory (a READ's data and every reply through
 /// fuse-backend-rs's `VirtioFsWriter`, the used ring through `add_used`) sets the
 /// bits of the pages it touched, so the frontend copies them again.
@@ -54,7 +55,7 @@ const HIPRIO_QUEUE: usize = 0;
 /// written there unlogged: fixing that needs vhost-user-backend to re-apply the
 /// last log to new regions. With CONFIGURE_MEM_SLOTS (offered) a change adds or
 /// removes only its own region; a whole new SET_MEM_TABLE would drop every log.
-pub type GuestMmap = GuestMemoryMmap<BitmapMmapRegion>;
+pub type GuestMmap = GuestMemoryMmap<LogBitmap>;
 pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
 /// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
 pub type Vring = VringRwLock<GuestMem>;
@@ -219,7 +220,7 @@ fn global_queue_index(num_request_queues: usize, thread: usize, event: u16) -> O
 }
 
 impl VhostUserBackend for FsBackend {
-    type Bitmap = BitmapMmapRegion;
+    type Bitmap = LogBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
