@@ -194,10 +194,10 @@ fn every_page_the_daemon_writes_is_logged_and_no_other() {
     assert_eq!(log.dirty_pages().unwrap(), written);
 }
 
-/// LOG_ALL with no log given is served as usual, and a log given later holds only
-/// the writes made after it came.
+/// LOG_ALL with no log given is served as usual, a log given later holds only the
+/// writes made after it came, and turning LOG_ALL off stops the logging.
 #[test]
-fn without_a_log_nothing_is_logged_and_requests_are_served() {
+fn nothing_is_logged_without_a_log_or_once_log_all_is_off() {
     let (_d, mut c, node, fh) = setup("dirty-log-none");
     c.device()
         .set_log_all(true)
@@ -213,11 +213,25 @@ fn without_a_log_nothing_is_logged_and_requests_are_served() {
     );
     let written = read_and_getattr(&mut c, node, fh);
     assert_eq!(log.dirty_pages().unwrap(), written);
-    // Turning LOG_ALL off is no device start, and the session carries on.
+    // The migration is cancelled: LOG_ALL off (no device start). Nothing is logged
+    // any more (the frontend may have let the log go), and the session carries on.
     c.device()
         .set_log_all(false)
         .expect("SET_FEATURES without LOG_ALL");
-    c.getattr(node).expect("served after the migration");
+    log.clear().unwrap();
+    read_and_getattr(&mut c, node, fh);
+    assert_eq!(
+        log.dirty_pages().unwrap(),
+        [] as [u64; 0],
+        "logged after LOG_ALL was turned off"
+    );
+    // A migration tried again logs again, in the log it brings.
+    let again = DirtyLog::new(c.device().memory().size()).unwrap();
+    c.device().set_log_base(&again).unwrap();
+    c.device().set_log_all(true).unwrap();
+    let written = read_and_getattr(&mut c, node, fh);
+    assert_eq!(again.dirty_pages().unwrap(), written);
+    assert_eq!(log.dirty_pages().unwrap(), [] as [u64; 0]);
 }
 
 /// A migration that starts while a rebooted guest brings up its queues: the

@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 use vhost_user_backend::bitmap::{AtomicBitmapMmap, BitmapReplace, MemRegionBitmap, MmapLogReg};
 use vm_memory::bitmap::{Bitmap, BitmapSlice, WithBitmapSlice};
 use vm_memory::mmap::NewBitmap;
-use vm_memory::{Address, GuestMemoryRegion};
+use vm_memory::{Address, GuestMemory, GuestMemoryMmap, GuestMemoryRegion, MmapRegion};
 
 /// The page size of the vhost-user dirty log.
 const LOG_PAGE: usize = 4096;
@@ -30,9 +30,8 @@ pub struct LogBitmap {
 
 #[derive(Debug, Default)]
 struct RegionLog {
-    /// Set with the first log and never cleared (vhost-user-backend 0.22 never takes
-    /// a log away, even when LOG_ALL is turned off): until then a write reads this
-    /// flag only. Every guest-memory write of the daemon happens
+    /// Set with a log, cleared when LOG_ALL is turned off ([`stop_logging`]): without
+    /// it a write reads this flag only. Every guest-memory write of the daemon happens
     /// under a vring's lock, and SET_FEATURES (which turns LOG_ALL on after
     /// SET_LOG_BASE) takes every vring's lock: a request served after it sees the
     /// flag.
@@ -123,6 +122,25 @@ impl MemRegionBitmap for PageLog {
     }
 }
 
+impl LogBitmap {
+    /// No log any more: writes read the flag only, and the log is let go.
+    fn stop(&self) {
+        self.log.logging.store(false, Ordering::Release);
+        *self.log.current.write().unwrap() = None;
+    }
+}
+
+/// LOG_ALL was turned off (the migration ended or was cancelled): the regions of
+/// `mem` stop logging until the next SET_LOG_BASE. vhost-user-backend 0.22 would keep
+/// marking the last log for good, and a VM whose migration failed would pay for it on
+/// every write.
+pub fn stop_logging(mem: &GuestMemoryMmap<LogBitmap>) {
+    for region in mem.iter() {
+        let mapping: &MmapRegion<LogBitmap> = region;
+        mapping.bitmap().stop();
+    }
+}
+
 impl BitmapReplace for LogBitmap {
     type InnerBitmap = PageLog;
 
@@ -197,7 +215,7 @@ impl Bitmap for LogSlice<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
+    use vm_memory::{Bytes, GuestAddress};
 
     #[test]
     fn pages_are_absolute_and_cut_at_the_region_end() {

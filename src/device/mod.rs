@@ -18,7 +18,7 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -255,6 +255,11 @@ impl VhostUserBackend for FsBackend {
     fn acked_features(&self, features: u64) {
         let log_all = VhostUserVirtioFeatures::LOG_ALL.bits();
         let before = self.features.swap(features, Ordering::AcqRel);
+        if features & log_all == 0 {
+            if let Some(mem) = self.mem.read().unwrap().as_ref() {
+                dirty_log::stop_logging(&mem.memory());
+            }
+        }
         // A live migration turns LOG_ALL on (and off when it ends or fails) with a
         // SET_FEATURES of its own that changes nothing else: that is no device start.
         // Counted as one, it let a reboot's second queue end the session the first
