@@ -43,10 +43,18 @@ struct RegionLog {
 }
 
 impl RegionLog {
+    #[inline]
     fn mark_dirty(&self, offset: usize, len: usize) {
         if len == 0 || !self.logging.load(Ordering::Acquire) {
             return;
         }
+        self.mark_logged(offset, len);
+    }
+
+    /// A log was given (a migration runs): kept out of line, so that what every
+    /// write inlines without a log is the flag's load.
+    #[inline(never)]
+    fn mark_logged(&self, offset: usize, len: usize) {
         if let Some(log) = self.current.read().unwrap().as_ref() {
             log.mark_dirty(offset, len);
         }
@@ -155,6 +163,7 @@ impl<'a> WithBitmapSlice<'a> for LogBitmap {
 }
 
 impl Bitmap for LogBitmap {
+    #[inline]
     fn mark_dirty(&self, offset: usize, len: usize) {
         self.log.mark_dirty(offset, len)
     }
@@ -163,6 +172,7 @@ impl Bitmap for LogBitmap {
         self.log.dirty_at(offset)
     }
 
+    #[inline]
     fn slice_at(&self, offset: usize) -> LogSlice<'_> {
         LogSlice {
             log: Some(&self.log),
@@ -193,6 +203,7 @@ impl<'a> WithBitmapSlice<'_> for LogSlice<'a> {
 impl BitmapSlice for LogSlice<'_> {}
 
 impl Bitmap for LogSlice<'_> {
+    #[inline]
     fn mark_dirty(&self, offset: usize, len: usize) {
         if let Some(log) = self.log {
             log.mark_dirty(self.base.saturating_add(offset), len)
@@ -204,6 +215,7 @@ impl Bitmap for LogSlice<'_> {
             .is_some_and(|log| log.dirty_at(self.base.saturating_add(offset)))
     }
 
+    #[inline]
     fn slice_at(&self, offset: usize) -> Self {
         LogSlice {
             log: self.log,
