@@ -76,7 +76,7 @@ run_side() { # run_side SIDE BINARY FLAGS PAIR
 {
 	echo "a: volfsd $A"
 	echo "b: volfsd $B"
-	if [[ $A_BIN != "$B_BIN" ]]; then
+	if [[ $A_BIN != "$VOLFSD" || $B_BIN != "$VOLFSD" ]]; then
 		echo "a binary: $A_BIN (sha256 $(sha256sum "$A_BIN" | cut -c1-12))"
 		echo "b binary: $B_BIN (sha256 $(sha256sum "$B_BIN" | cut -c1-12))"
 	fi
