@@ -5,6 +5,7 @@
 //! one), so a multi-queue guest is served in parallel.
 
 pub mod dirty_log;
+pub mod parked;
 pub mod queue;
 pub mod state_transfer;
 pub mod throttle;
@@ -30,6 +31,10 @@ pub use queue::QueueCounters;
 use queue::{QueueHealth, QueueRef, QueueStart};
 use state_transfer::{StateConfig, StateTransfer};
 use throttle::{WaitRoom, WakeTimers};
+
+/// How often a worker looks whether the rings a loaded state's unanswered requests
+/// belong to run yet.
+const INCOMING_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
 /// mask, and the hiprio queue takes one bit.
@@ -85,7 +90,9 @@ pub struct FsBackend {
     /// Per queue; shared with the lock waits handed to threads of their own.
     health: Vec<Arc<QueueHealth>>,
     /// Per queue: its throttled requests (the hiprio queue's stays empty).
-    rooms: Vec<Mutex<WaitRoom>>,
+    rooms: Arc<Vec<Mutex<WaitRoom>>>,
+    /// Lock waits in progress, and requests a loaded state handed over unanswered.
+    parked: Arc<parked::Parked>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
@@ -121,7 +128,8 @@ impl FsBackend {
             stats: Arc::new(stats),
             started: (0..total).map(|_| AtomicBool::new(false)).collect(),
             health: (0..total).map(|_| Arc::default()).collect(),
-            rooms: (0..total).map(|_| Mutex::default()).collect(),
+            rooms: Arc::new((0..total).map(|_| Mutex::default()).collect()),
+            parked: Arc::default(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
             state: StateTransfer::default(),
@@ -158,9 +166,10 @@ impl FsBackend {
     /// Drops every throttled request unanswered, and every lock wait's answer still
     /// to come: the session's rings are gone.
     fn drop_waiting(&self) {
-        for room in &self.rooms {
+        for room in self.rooms.iter() {
             room.lock().unwrap().clear();
         }
+        self.parked.forget_incoming();
         for health in &self.health {
             health.ring_gone();
         }
@@ -181,9 +190,45 @@ impl FsBackend {
         // Under the vring's lock: the frontend cannot stop the ring between the
         // check that it runs and the answers.
         let mut state = vring.get_mut();
+        if self.parked.has_incoming() && !self.answer_incoming(index, &queue, &mut state) {
+            // A loaded state's requests wait for their rings: look again soon.
+            timer.arm(INCOMING_POLL);
+        }
         if let Err(e) = queue::release_waiting(&self.server, &queue, &mut state, queue::Wake::Timer)
         {
             warn!("queue {index}: {e}");
+        }
+    }
+
+    /// Answers the requests a loaded device state handed over for queue `index`, once
+    /// the frontend runs the ring (the destination of a migration sets it up after
+    /// the load). Returns false while the ring does not run yet.
+    fn answer_incoming(&self, index: usize, queue: &QueueRef, state: &mut queue::Locked) -> bool {
+        use virtio_queue::QueueT;
+        if !state.get_queue().ready() || !state.is_enabled() {
+            return false;
+        }
+        let Some(mem) = self.mem.read().unwrap().clone() else {
+            return false;
+        };
+        let requests = self.parked.take_incoming(index);
+        if !requests.is_empty() {
+            debug!(
+                "queue {index}: answering {} requests of the loaded state",
+                requests.len()
+            );
+            if let Err(e) = queue::answer_parked(&self.server, &mem, queue, state, requests) {
+                warn!("queue {index}: {e}");
+            }
+        }
+        true
+    }
+
+    /// A loaded state handed over unanswered requests: each worker looks for its
+    /// ring on its timer until the frontend runs it.
+    fn poll_for_incoming(&self) {
+        for timer in self.stats.wake_timers.iter() {
+            timer.arm(INCOMING_POLL);
         }
     }
 
@@ -201,6 +246,7 @@ impl FsBackend {
                 None
             },
             health: &self.health[index],
+            parked: &self.parked,
         }
     }
 
@@ -225,8 +271,28 @@ impl FsBackend {
 
     /// Starts the thread that saves and loads the device state; call it on a thread
     /// confined for the state role (the new thread inherits the confinement).
-    pub fn start_state_thread(&self, cfg: StateConfig) -> io::Result<()> {
-        self.state.start_thread(self.server.clone(), cfg)
+    pub fn start_state_thread(self: &Arc<Self>, cfg: StateConfig) -> io::Result<()> {
+        let collect = {
+            let (parked, rooms) = (self.parked.clone(), self.rooms.clone());
+            Box::new(move || parked.collect(&rooms))
+        };
+        let deliver = {
+            let me = Arc::downgrade(self);
+            Box::new(move |requests: Vec<crate::state::format::ParkedRequest>| {
+                let me = me.upgrade().ok_or("the device is gone")?;
+                let any = !requests.is_empty();
+                me.parked.deliver(requests, me.num_request_queues + 1)?;
+                if any {
+                    me.poll_for_incoming();
+                }
+                Ok(())
+            })
+        };
+        self.state.start_thread(
+            self.server.clone(),
+            cfg,
+            state_transfer::DeviceSide { collect, deliver },
+        )
     }
 }
 
@@ -306,6 +372,7 @@ impl VhostUserBackend for FsBackend {
         }
         // SET_FEATURES opens every other device start, a resume after a pause included.
         self.starts.fetch_add(1, Ordering::AcqRel);
+        self.state.device_started();
     }
 
     fn reset_device(&self) {
@@ -422,6 +489,10 @@ impl VhostUserBackend for FsBackend {
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);
+        if self.parked.has_incoming() {
+            // A loaded state's requests go first: the guest sent them first.
+            self.answer_incoming(index, &queue, &mut state);
+        }
         if let Err(e) = queue::process(&self.server, &mem, &queue, &mut state) {
             warn!("queue {index}: {e}");
         }

@@ -41,8 +41,10 @@ use crate::fs::reply::reply_error;
 use crate::fs::server::{parse_header, LockAnswer, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 
+use super::parked::{chain_at, Parked};
 use super::throttle::{WaitRoom, WakeTimer, MAX_WAITING_REQUEST};
 use super::{GuestMem, GuestMmap, Vring};
+use crate::state::format::ParkedRequest;
 
 pub(crate) type Mem = GuestMemoryLoadGuard<GuestMmap>;
 
@@ -234,6 +236,8 @@ pub struct QueueRef<'a> {
     /// The queue's health, shared with the lock waits it hands to threads of their
     /// own.
     pub health: &'a Arc<QueueHealth>,
+    /// Where lock waits in progress are known (a device state carries them).
+    pub parked: &'a Arc<Parked>,
 }
 
 /// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
@@ -586,6 +590,48 @@ fn serve_copied(
     Ok(Outcome::Reply(reply_len(result, mem, chain.clone(), index)))
 }
 
+/// Answers requests a loaded device state handed over (`parked.rs`) on the ring
+/// `state`, which runs: each from its chain, found again by its head in the
+/// migrated guest memory, as a drain would serve it (a lock wait goes to a thread of
+/// its own). A throttled one is not held again: it waited at the source.
+pub fn answer_parked(
+    server: &Arc<FsServer>,
+    mem: &GuestMem,
+    queue: &QueueRef,
+    state: &mut Locked,
+    requests: Vec<ParkedRequest>,
+) -> io::Result<()> {
+    let ring = queue.health.ring(state);
+    let mut done = Completions::new(queue);
+    crate::metrics::start_batch();
+    for p in requests {
+        let Some(chain) = chain_at(mem, state, p.head) else {
+            warn!(
+                "queue {}: an unanswered request of the loaded state names descriptor {}, \
+                 which is no chain of this ring: dropped",
+                queue.index, p.head
+            );
+            continue;
+        };
+        let head = chain.head_index();
+        let mut request = p.request;
+        match serve_copied(server, queue, ring, chain, &mut request) {
+            Ok(Outcome::Reply(len)) => {
+                queue.counters.served.fetch_add(1, Ordering::Relaxed);
+                done.add(state, head, len)?;
+            }
+            Ok(_) => {
+                queue.counters.served.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
+                queue.health.stop_after_chain(queue.index, &why);
+            }
+            Err(DrainError::Io(e)) => return Err(e),
+        }
+    }
+    done.flush(state)
+}
+
 /// How often a stopped queue's waiting requests are looked at again.
 const PAUSED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -747,18 +793,24 @@ fn wait_off_thread(
     let server = server.clone();
     let vring = queue.vring.clone();
     let health = queue.health.clone();
+    let parked = queue.parked.clone();
     let waiting = *header;
     let mut request = request.to_vec();
     let taken = chain.clone();
+    // Known until answered: a device state saved meanwhile carries it.
+    let id = parked.lock_wait_started(index, chain.head_index(), &request);
+    let on_thread = parked.clone();
     let spawned = std::thread::Builder::new()
         .name("volfsd-lockwait".to_string())
         .spawn(move || {
             crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
             let answer = server.wait_for_lock(&waiting, &mut request);
             answer_lock_wait(&vring, &health, ring, taken, answer, index);
+            on_thread.lock_wait_done(id);
             LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(e) = spawned {
+        parked.lock_wait_done(id);
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         warn!("queue {index}: cannot start a lock-wait thread ({e}), refusing a wait with ENOLCK");
         return refuse(&chain);

@@ -47,26 +47,40 @@ enum Job {
 /// A job and where its outcome goes.
 type Queued = (Job, Sender<Result<(), String>>);
 
+/// What the state needs from the device beside the file system: its unanswered
+/// requests at a save, and where those of a loaded state go.
+pub struct DeviceSide {
+    pub collect: Box<dyn Fn() -> Vec<format::ParkedRequest> + Send>,
+    pub deliver: Box<dyn Fn(Vec<format::ParkedRequest>) -> Result<(), String> + Send>,
+}
+
 /// The device's side of the transfer: hands jobs to the state thread, and waits for
 /// their outcome.
 #[derive(Default)]
 pub struct StateTransfer {
     jobs: Mutex<Option<Sender<Queued>>>,
     outcome: Mutex<Option<Receiver<Result<(), String>>>>,
+    handoff: Mutex<Option<Arc<Handoff>>>,
 }
 
 impl StateTransfer {
     /// Starts the state thread on the calling thread's confinement (the caller is
     /// confined for the state role).
-    pub fn start_thread(&self, server: Arc<FsServer>, cfg: StateConfig) -> io::Result<()> {
+    pub fn start_thread(
+        &self,
+        server: Arc<FsServer>,
+        cfg: StateConfig,
+        device: DeviceSide,
+    ) -> io::Result<()> {
         let (tx, rx) = mpsc::channel::<Queued>();
+        self.handoff.lock().unwrap().clone_from(&cfg.handoff);
         std::thread::Builder::new()
             .name("volfsd-state".into())
             .spawn(move || {
                 for (job, done) in rx {
                     let result = match job {
-                        Job::Save(file) => save(&server, &cfg, file),
-                        Job::Load(file) => load(&server, &cfg, file),
+                        Job::Save(file) => save(&server, &cfg, &device, file),
+                        Job::Load(file) => load(&server, &cfg, &device, file),
                     };
                     if let Err(e) = &result {
                         // The VMM learns only that it failed: the why is here.
@@ -111,6 +125,16 @@ impl StateTransfer {
         Ok(None)
     }
 
+    /// The device runs again at this daemon (a refused live migration, a snapshot the
+    /// VM carries on from, a new frontend): what a save offered a destination on this
+    /// host is withdrawn. Its copies of the lock files would otherwise hold the
+    /// guest's locks after the guest lets go of them here.
+    pub fn device_started(&self) {
+        if let Some(handoff) = self.handoff.lock().unwrap().as_ref() {
+            handoff.withdraw();
+        }
+    }
+
     /// CHECK_DEVICE_STATE: the outcome of the last transfer, once it is over.
     pub fn check(&self) -> io::Result<()> {
         let Some(done) = self.outcome.lock().unwrap().take() else {
@@ -126,9 +150,15 @@ impl StateTransfer {
     }
 }
 
-fn save(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), String> {
+fn save(
+    server: &FsServer,
+    cfg: &StateConfig,
+    device: &DeviceSide,
+    mut file: File,
+) -> Result<(), String> {
     let start = Instant::now();
     let (mut state, files) = server.save_session(cfg.view.clone(), &cfg.save);
+    state.parked = (device.collect)();
     if let Some(handoff) = &cfg.handoff {
         let mut offered = Vec::new();
         for ((node, owner), f) in &files.lock_files {
@@ -161,12 +191,13 @@ fn save(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), Stri
     // Closing the channel is the end of the data for the VMM.
     drop(file);
     info!(
-        "device state saved: {} nodes, {} handles, {} locks, {} volumes, {} bytes; \
-         collected in {:.1} ms, written in {:.1} ms",
+        "device state saved: {} nodes, {} handles, {} locks, {} volumes, {} unanswered \
+         requests, {} bytes; collected in {:.1} ms, written in {:.1} ms",
         state.nodes.len(),
         state.handles.len(),
         state.locks.len(),
         state.volumes.len(),
+        state.parked.len(),
         bytes.len(),
         took.as_secs_f64() * 1e3,
         (start.elapsed() - took).as_secs_f64() * 1e3
@@ -174,7 +205,12 @@ fn save(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), Stri
     Ok(())
 }
 
-fn load(server: &FsServer, cfg: &StateConfig, file: File) -> Result<(), String> {
+fn load(
+    server: &FsServer,
+    cfg: &StateConfig,
+    device: &DeviceSide,
+    file: File,
+) -> Result<(), String> {
     let start = Instant::now();
     let bytes = read_bounded(file).map_err(|e| e.to_string())?;
     let state = format::decode(&bytes).map_err(|e| LoadError::from(e).to_string())?;
@@ -192,6 +228,11 @@ fn load(server: &FsServer, cfg: &StateConfig, file: File) -> Result<(), String> 
     let report = server
         .load_session(&state, &cfg.view, &cfg.load, handed)
         .map_err(|e| e.to_string())?;
+    if let Err(why) = (device.deliver)(state.parked.clone()) {
+        // Nothing of a refused state is kept.
+        server.start_over();
+        return Err(format!("invalid device state: {why}"));
+    }
     info!(
         "device state loaded ({}): {} nodes, {} handles, {} locks ({} waited for, {} handed \
          over); lost {} nodes and {} handles; {} bytes read in {:.1} ms, applied in {:.1} ms",

@@ -180,6 +180,16 @@ impl WaitRoom {
         next
     }
 
+    /// Every waiting request, as (head descriptor, local copy), in each line's order
+    /// (for the device state: they are answered by the next daemon).
+    pub fn unanswered(&self) -> Vec<(u16, Vec<u8>)> {
+        self.lines
+            .iter()
+            .flat_map(|l| l.requests.iter())
+            .map(|w| (w.chain.head_index(), w.request.clone()))
+            .collect()
+    }
+
     /// Drops every waiting request unanswered (their ring belongs to a driver that is
     /// gone); returns how many there were.
     pub fn clear(&mut self) -> usize {

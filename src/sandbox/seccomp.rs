@@ -262,7 +262,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_epoll_ctl, MAIN | WORKER, "register queue kick fds (frontend thread), the worker loops"),
     allow!(SYS_epoll_wait, WORKER, "the queue workers' event loops"),
     allow!(SYS_eventfd2, WORKER, "the queue workers' exit events"),
-    allow!(SYS_timerfd_settime, WORKER | CONTROL, "QoS: a queue worker arms its wake timer for its next throttled request; the control API fires the timers when a limit changes or a volume is detached"),
+    allow!(SYS_timerfd_settime, WORKER | CONTROL | STATE, "QoS: a queue worker arms its wake timer for its next throttled request; the control API fires the timers when a limit changes or a volume is detached; a loaded state's unanswered requests make the workers look for their rings"),
     allow!(SYS_accept4, MAIN | CONTROL | STATE, "the frontend's connection; control clients; a migration's destination fetching the open files of the guest's locks"),
     allow!(SYS_recvmsg, MAIN | STATE, "vhost-user messages with their fds; open files handed over by a migration's source on this host"),
     allow!(SYS_sendmsg, MAIN | STATE, "vhost-user replies; open files handed to a migration's destination on this host"),

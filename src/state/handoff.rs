@@ -172,6 +172,16 @@ impl Handoff {
         }))
     }
 
+    /// Withdraws the offer, if any, closing its copies of the open files.
+    pub fn withdraw(&self) {
+        if let Some(offer) = self.offer.lock().unwrap().take() {
+            info!(
+                "the device runs here again: {} open files offered to a destination are no longer offered",
+                offer.files.len()
+            );
+        }
+    }
+
     /// Answers destinations for the life of the daemon.
     fn serve(&self) {
         for stream in self.listener.incoming() {

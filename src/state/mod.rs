@@ -104,16 +104,16 @@ impl fmt::Display for LoadError {
                 f,
                 "{option}: the device state was saved with {saved}, this daemon runs with {here}"
             ),
-            LoadError::Volume { name, why } => write!(f, "volume {name:?}: {why}"),
+            LoadError::Volume { name, why } => write!(f, "{}: {why}", VolumeLabel(name)),
             LoadError::Invalid(why) => write!(f, "invalid device state: {why}"),
             LoadError::Node { volume, path, why } => {
-                write!(f, "volume {volume:?}: node {path:?}: {why}")
+                write!(f, "{}: node {path:?}: {why}", VolumeLabel(volume))
             }
             LoadError::Handle { volume, path, why } => {
-                write!(f, "volume {volume:?}: open file {path:?}: {why}")
+                write!(f, "{}: open file {path:?}: {why}", VolumeLabel(volume))
             }
             LoadError::Lock { volume, path, why } => {
-                write!(f, "volume {volume:?}: lock on {path:?}: {why}")
+                write!(f, "{}: lock on {path:?}: {why}", VolumeLabel(volume))
             }
             LoadError::Io(why) => write!(f, "reading the device state: {why}"),
         }
@@ -121,6 +121,19 @@ impl fmt::Display for LoadError {
 }
 
 impl std::error::Error for LoadError {}
+
+/// How a log line names a volume: the shared directory's root has no name.
+pub struct VolumeLabel<'a>(pub &'a str);
+
+impl fmt::Display for VolumeLabel<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            write!(f, "the shared directory")
+        } else {
+            write!(f, "volume {:?}", self.0)
+        }
+    }
+}
 
 impl From<format::DecodeError> for LoadError {
     fn from(e: format::DecodeError) -> Self {

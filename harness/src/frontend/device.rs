@@ -150,6 +150,44 @@ impl VhostUserFsDevice {
         })
     }
 
+    /// A migration's destination VMM: connects to the backend of `cfg` (its socket,
+    /// its negotiation), loads `state`, and hands it the same guest memory and the
+    /// same rings, each started at its index in `bases` (what the source's
+    /// GET_VRING_BASE returned), as QEMU does after a live migration. The guest's
+    /// requests in flight stay where they are, in its memory and on its rings.
+    pub fn resume_elsewhere(
+        cfg: &DeviceConfig,
+        memory: Arc<GuestMemory>,
+        queues: &[&SplitQueue],
+        bases: &[u32],
+        state: &[u8],
+    ) -> Result<Self> {
+        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        frontend
+            .set_owner()
+            .map_err(|e| Error::vhost("SET_OWNER", e))?;
+        let features = negotiate(&mut frontend, cfg)?;
+        transfer_state(
+            &mut frontend,
+            VhostTransferStateDirection::LOAD,
+            Some(state),
+        )?;
+        let region = memory.region_info()?;
+        frontend
+            .set_mem_table(&[region])
+            .map_err(|e| Error::vhost("SET_MEM_TABLE", e))?;
+        for (queue, base) in queues.iter().zip(bases) {
+            start_queue_at(&mut frontend, queue, *base)?;
+        }
+        Ok(VhostUserFsDevice {
+            frontend,
+            memory,
+            queues: Vec::new(),
+            features,
+            config: None,
+        })
+    }
+
     /// The guest memory shared with the backend.
     pub fn memory(&self) -> &Arc<GuestMemory> {
         &self.memory
@@ -226,6 +264,15 @@ impl VhostUserFsDevice {
         queue.set_event_idx(self.features.acked_features & VIRTIO_RING_F_EVENT_IDX != 0);
         start_queue(&mut self.frontend, &queue)?;
         Ok(queue)
+    }
+
+    /// SET_FEATURES with the acked features again: a VMM's device start, a resume
+    /// after a pause included, begins with it.
+    pub fn start_device_again(&mut self) -> Result<()> {
+        let features = self.features.acked_features;
+        self.frontend
+            .set_features(features)
+            .map_err(|e| Error::vhost(format!("SET_FEATURES {features:#x}"), e))
     }
 
     /// Starts a stopped queue again on its own rings from avail index `base`, as a

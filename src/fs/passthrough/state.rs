@@ -17,7 +17,9 @@ use super::super::registry::VIRTUAL_BIT;
 use super::super::share::Share;
 use super::prelude::*;
 use crate::state::format::{self, FileHandle, Location};
-use crate::state::{LoadError, LoadOptions, LoadReport, MigrationMode, OnError, SaveOptions};
+use crate::state::{
+    LoadError, LoadOptions, LoadReport, MigrationMode, OnError, SaveOptions, VolumeLabel,
+};
 
 /// The longest path a state may name (Linux's PATH_MAX).
 const MAX_PATH: usize = libc::PATH_MAX as usize;
@@ -233,8 +235,8 @@ impl PassthroughFs {
                         let key = data.key();
                         if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
                             log::warn!(
-                                "volume {:?}: {:?} no longer leads to node {}: saved without a path",
-                                data.share.name,
+                                "{}: {:?} no longer leads to node {}: saved without a path",
+                                VolumeLabel(&data.share.name),
                                 display(&path),
                                 data.nodeid
                             );
@@ -246,11 +248,16 @@ impl PassthroughFs {
             };
             if !data.is_share_root() && path.is_none() {
                 log::warn!(
-                    "volume {:?}: node {} ({}) has no path below the volume (unlinked or moved out); \
-                     a destination finds it only by its file handle",
-                    data.share.name,
+                    "{}: node {} ({}) has no path below it (unlinked or moved out); {}",
+                    VolumeLabel(&data.share.name),
                     data.nodeid,
-                    type_name(data.file_type())
+                    type_name(data.file_type()),
+                    if file_handle.is_some() {
+                        "a destination with --migration-mode=file-handles finds it by its file handle"
+                    } else {
+                        "a destination cannot find it (the load fails, or it is ESTALE with \
+                         --migration-on-error=guest-error)"
+                    }
                 );
             }
             found.push((

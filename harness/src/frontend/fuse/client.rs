@@ -11,6 +11,7 @@ use super::reply::Reply;
 use super::request::Request;
 use crate::frontend::device::{DeviceConfig, VhostUserFsDevice};
 use crate::frontend::error::{Error, Result};
+use crate::frontend::virtqueue::SplitQueue;
 
 /// FUSE client: typed operations go to the current request queue, requests
 /// without a reply (FORGET) go to the hiprio queue as Linux does.
@@ -125,12 +126,34 @@ impl FuseClient {
         self.device.save_state()
     }
 
+    /// Live-migrates this guest to the backend of `cfg`: stops every queue at the
+    /// source, saves its state, and resumes the same memory and rings on the
+    /// destination, which loads the state first. The source's connection is closed
+    /// (its daemon exits, as after QEMU quits). Requests in flight carry on: a
+    /// completion the destination returns reaches the same queue.
+    pub fn migrate_to(&mut self, cfg: &DeviceConfig) -> Result<Vec<u8>> {
+        let mut bases = Vec::new();
+        let mut indexes = vec![self.hiprio.index()];
+        indexes.extend(self.request_queues.iter().map(|q| q.index()));
+        for index in &indexes {
+            bases.push(self.device.stop_queue(*index)?);
+        }
+        let state = self.device.save_state()?;
+        let memory = self.device.memory().clone();
+        let mut rings: Vec<&SplitQueue> = vec![self.hiprio.ring()];
+        rings.extend(self.request_queues.iter().map(|q| q.ring()));
+        let device = VhostUserFsDevice::resume_elsewhere(cfg, memory, &rings, &bases, &state)?;
+        self.device = device;
+        Ok(state)
+    }
+
     /// Saves the device state with request queue 0 paused, then resumes it where it
     /// stopped, as a VMM whose migration failed resumes the source.
     pub fn save_state_paused(&mut self) -> Result<Vec<u8>> {
         let index = self.request_queue(0)?.index();
         let base = self.device.stop_queue(index)?;
         let state = self.device.save_state();
+        self.device.start_device_again()?;
         let ring = self.request_queues[0].ring_mut();
         self.device.resume_queue(ring, base)?;
         state

@@ -62,6 +62,10 @@ impl FuseQueue {
     }
 
     /// The ring itself, for tests that play a driver breaking the rules.
+    pub fn ring(&self) -> &SplitQueue {
+        &self.queue
+    }
+
     pub fn ring_mut(&mut self) -> &mut SplitQueue {
         &mut self.queue
     }
