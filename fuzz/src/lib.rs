@@ -8,11 +8,13 @@ pub mod common;
 pub mod control;
 pub mod fuse;
 pub mod paths;
+pub mod state;
 pub mod virtqueue;
 
 pub use control::run_control;
 pub use fuse::run_fuse;
 pub use paths::run_paths;
+pub use state::run_state;
 pub use virtqueue::run_virtqueue;
 
 /// Every target: (name, function). The name is the corpus directory
@@ -26,4 +28,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("virtqueue", run_virtqueue),
     ("control", run_control),
     ("paths", run_paths),
+    ("state", run_state),
 ];

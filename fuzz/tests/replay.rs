@@ -62,3 +62,8 @@ fn replay_control() {
 fn replay_paths() {
     replay("paths");
 }
+
+#[test]
+fn replay_state() {
+    replay("state");
+}

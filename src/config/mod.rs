@@ -739,6 +739,7 @@ pub fn capabilities_json() -> &'static str {
         "{\n",
         "  \"type\": \"fs\",\n",
         "  \"features\": [\n",
+        "    \"migrate-precopy\",\n",
         "    \"posix-acl-negotiation-mode\",\n",
         "    \"separate-options\"\n",
         "  ]\n",
@@ -1088,7 +1089,11 @@ mod tests {
         assert_eq!(doc["type"], "fs");
         assert_eq!(
             doc["features"],
-            serde_json::json!(["posix-acl-negotiation-mode", "separate-options"])
+            serde_json::json!([
+                "migrate-precopy",
+                "posix-acl-negotiation-mode",
+                "separate-options"
+            ])
         );
     }
 }

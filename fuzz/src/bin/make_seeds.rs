@@ -472,5 +472,19 @@ fn main() {
     for (n, d) in virtqueue_seeds() {
         write("virtqueue", n, &d);
     }
+    // States saved by a real stack on the target's scratch tree, loaded with the
+    // default options (leading byte 0) and with guest-error (1); plus a forged one.
+    for (i, state) in volfsd_fuzz::state::seed_states().iter().enumerate() {
+        for opts in [0u8, 1] {
+            let mut d = vec![opts];
+            d.extend_from_slice(state);
+            write("state", &format!("saved-{i}-opts-{opts}"), &d);
+        }
+    }
+    write(
+        "state",
+        "not-a-state",
+        b"\0VOLFSDST\x01\0\0\0\x05\0\0\0\0\0\0\0xxxxx",
+    );
     println!("seeds written under {}", root.display());
 }

@@ -83,7 +83,8 @@ impl PassthroughConfig {
 pub struct PassthroughFs {
     inodes: InodeStore,
     handles: HandleStore,
-    locks: LockTable,
+    /// Shared with the thread that waits for locks a loaded state names.
+    locks: Arc<LockTable>,
     session: Arc<Session>,
     budget: Arc<FdBudget>,
     /// `/proc/self/fd`, opened once, for reopening `O_PATH` fds.
@@ -197,7 +198,11 @@ impl PassthroughFs {
                 limits.max_nodes,
             ),
             handles: HandleStore::new(session.clone(), budget.clone(), limits.max_handles),
-            locks: LockTable::new(session.clone(), budget.clone(), limits.max_lock_files),
+            locks: Arc::new(LockTable::new(
+                session.clone(),
+                budget.clone(),
+                limits.max_lock_files,
+            )),
             session,
             budget,
             proc_self_fd,

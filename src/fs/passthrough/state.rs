@@ -924,37 +924,51 @@ impl PassthroughFs {
     }
 
     /// Waits, on a thread of its own, for the locks another still held at the load.
+    /// Each wait is a registered lock wait: a new session or a detach ends it.
     fn wait_for_pending(&self, pending: Vec<PendingLock>) {
         log::warn!(
             "{} lock(s) of the guest are still held by another (the migration's source until \
              it exits?): taken as soon as they are let go",
             pending.len()
         );
+        let locks = self.locks.clone();
         let spawned = std::thread::Builder::new()
             .name("volfsd-locktake".into())
             .spawn(move || {
                 crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
                 for p in pending {
                     let (what, result) = match p {
-                        PendingLock::Posix {
-                            node, file, mut fl, ..
-                        } => (
-                            format!("{:?} node {}", node.share.name, node.nodeid),
-                            // SAFETY: fcntl with a valid flock struct on an fd we own.
-                            cvt(unsafe {
-                                libc::fcntl(
-                                    file.as_raw_fd(),
-                                    libc::F_OFD_SETLKW,
-                                    &mut fl as *mut libc::flock,
-                                )
-                            })
-                            .map(|_| ()),
-                        ),
-                        PendingLock::Flock { handle, op } => (
-                            format!("{:?} node {}", handle.inode.share.name, handle.inode.nodeid),
-                            // SAFETY: flock on an fd we own.
-                            cvt(unsafe { libc::flock(handle.file.as_raw_fd(), op) }).map(|_| ()),
-                        ),
+                        PendingLock::Posix { node, file, fl } => {
+                            let result = locks.wait(&node, || {
+                                let mut fl = fl;
+                                // SAFETY: fcntl with a valid flock struct on an fd we own.
+                                cvt(unsafe {
+                                    libc::fcntl(
+                                        file.as_raw_fd(),
+                                        libc::F_OFD_SETLKW,
+                                        &mut fl as *mut libc::flock,
+                                    )
+                                })
+                                .map(|_| ())
+                            });
+                            (
+                                format!("{:?} node {}", node.share.name, node.nodeid),
+                                result,
+                            )
+                        }
+                        PendingLock::Flock { handle, op } => {
+                            let result = locks.wait(&handle.inode, || {
+                                // SAFETY: flock on an fd we own.
+                                cvt(unsafe { libc::flock(handle.file.as_raw_fd(), op) }).map(|_| ())
+                            });
+                            (
+                                format!(
+                                    "{:?} node {}",
+                                    handle.inode.share.name, handle.inode.nodeid
+                                ),
+                                result,
+                            )
+                        }
                     };
                     match result {
                         Ok(()) => log::info!("lock on {what} taken again"),
