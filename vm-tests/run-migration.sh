@@ -36,12 +36,12 @@
 #             clone2 run at once, each on its copy; each one's writes land in
 #             its copy only, and the original share is left alone.
 #   gone      snapshot of src; victim1 (held open by the guest) deleted on the
-#             host; a restore with --migration-on-error=abort must fail (QEMU's
-#             error, and the daemon's log naming the file); a restore with
-#             guest-error runs (VM "restored"): victim1's fd fails (EIO or
-#             ESTALE), all else carries on; then victim2 deleted on the host
-#             and a live migration to a daemon with abort must fail, leaving
-#             "restored" running with its share.
+#             host; a restore with the default --migration-on-error (abort)
+#             must fail (QEMU's error, and the daemon's log naming the file); a
+#             restore with guest-error runs (VM "restored"): victim1's fd fails
+#             (EIO or ESTALE), all else carries on; then victim2 deleted on the
+#             host and a live migration to a daemon with the default (abort)
+#             must fail, leaving "restored" running with its share.
 #   variants  volfsd only: a volume "data" attached at runtime through the
 #             control socket holds the workload, a read-only volume "ro" and
 #             a rate-limited one "slow" (ops_size=50 per second) hold a reading
@@ -599,7 +599,7 @@ mode_gone() {
 	collect src
 	rm "$m/victim1"
 	say "deleted $m/victim1 on the host (the guest holds it open)"
-	if restore abort "$SHARE" --migration-on-error=abort; then
+	if restore abort "$SHARE"; then
 		fail abort/restore-refused "the restore succeeded though victim1 is gone"
 		qemu_quit abort
 	else
@@ -615,7 +615,7 @@ mode_gone() {
 	guest_goes_on restored "$m"
 	rm "$m/victim2"
 	say "deleted $m/victim2 on the host (the guest holds it open)"
-	start_daemon abortlive "$SHARE" --migration-on-error=abort
+	start_daemon abortlive "$SHARE"
 	start_qemu abortlive -incoming defer
 	if live_migrate restored abortlive; then
 		fail restored/live-migration-refused "the live migration succeeded though victim2 is gone"
