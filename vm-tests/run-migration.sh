@@ -76,7 +76,7 @@ POST=2 # ... and after it, before the host writes the stop file
 
 WORK=""
 declare -A DPID=() QPID=() LWPID=()
-OTHER_PIDS=()
+
 PASSED=0
 FAILED=0
 T_START=$(date +%s.%N)
@@ -124,7 +124,7 @@ cleanup() {
 		fail runner "run-migration.sh stopped before the end of the $MODE mode (see above)"
 		echo "$PASSED passed, $FAILED failed"
 	fi
-	for p in "${QPID[@]}" "${LWPID[@]}" "${OTHER_PIDS[@]}" "${DPID[@]}"; do stop_pid "$p" 2; done
+	for p in "${QPID[@]}" "${LWPID[@]}" "${DPID[@]}"; do stop_pid "$p" 2; done
 	if [[ -n $WORK ]]; then
 		awk -v d="$WORK" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
 			while read -r m; do umount -l "$m" 2>/dev/null || true; done
