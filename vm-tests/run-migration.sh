@@ -48,7 +48,7 @@
 #             must fail, leaving "restored" running with its share.
 #   variants  volfsd only: a volume "data" attached at runtime through the
 #             control socket holds the workload, a read-only volume "ro" and
-#             a rate-limited one "slow" (ops_size=50 per second) hold a reading
+#             a rate-limited one "slow" (ops_size=100 per second) hold a reading
 #             fd each, every daemon has --inode-file-handles=prefer. Live
 #             migration to dst (data attached through dst's control socket
 #             before the load; slow given there without a limit: it must come
@@ -660,7 +660,7 @@ variants_after() {
 	metrics=$("$DAEMON" ctl metrics --control-socket "$WORK/ctl-$name.sock" 2>&1)
 	throttled=$(grep -F 'volfsd_qos_throttled_requests_total{volume="slow"}' <<<"$metrics" | awk '{print $2}')
 	say "$name: slow: $js; throttled requests: ${throttled:-none}"
-	if [[ $js == *'"rate_limiter":{"ops":{"size":50,'* ]] && awk -v n="${throttled:-0}" 'BEGIN {exit !(n > 0)}'; then
+	if [[ $js == *'"rate_limiter":{"ops":{"size":100,'* ]] && awk -v n="${throttled:-0}" 'BEGIN {exit !(n > 0)}'; then
 		pass "$name/host-rate-limit-still-set"
 	else
 		fail "$name/host-rate-limit-still-set" "slow: $js; volfsd_qos_throttled_requests_total: ${throttled:-none}"
@@ -686,7 +686,7 @@ mode_variants() {
 	mount --bind "$SHARE" "$SHARE" && mount --make-shared "$SHARE"
 	local common=(--allowed-dir ro:ro "$fh")
 	boot src "$SHARE" --control-socket "$WORK/ctl-src.sock" "${common[@]}" \
-		--allowed-dir slow,ops_size=50,ops_refill_time_ms=1000 || return 0
+		--allowed-dir slow,ops_size=100,ops_refill_time_ms=1000 || return 0
 	watch_locks dst "$m/locked"
 	sleep "$PRE"
 	start_daemon dst "$SHARE" --control-socket "$WORK/ctl-dst.sock" "${common[@]}" --allowed-dir slow
@@ -708,7 +708,7 @@ mode_variants() {
 	qemu_quit src
 	daemon_exit src src/source-daemon-exit-0
 	volume_is dst dst/host-ro-still-read-only ro '"read_only":true'
-	volume_is dst dst/host-rate-limit-came-with-the-state slow '"rate_limiter":{"ops":{"size":50,'
+	volume_is dst dst/host-rate-limit-came-with-the-state slow '"rate_limiter":{"ops":{"size":100,'
 	guest_goes_on dst "$m"
 	snapshot dst "$m" || { finish_on dst "$m" variants; return 0; }
 	collect dst
