@@ -120,6 +120,9 @@ MEM=${MEM^^}
 case $MEM in *G) MEM=$((${MEM%G} * 1024)) ;; *M) MEM=${MEM%M} ;; esac
 [[ $MEM =~ ^[0-9]+$ ]] || die "bad --mem"
 LOG_DIR=${LOG_DIR:-$REPO/build/vm-logs/migration-$MODE}
+if [[ $MODE == variants ]] && ! "$DAEMON" --help 2>&1 | grep -q -- --control-socket; then
+	die "the variants mode needs volfsd's --control-socket ($DAEMON has none)"
+fi
 
 # ---------------------------------------------------------------- processes
 
