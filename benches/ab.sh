@@ -6,6 +6,8 @@
 # Usage: benches/ab.sh --name NAME --a "FLAGS" --b "FLAGS" [options]
 #   --name NAME        what is measured (the data goes to docs/bench-data/<date>-<commit>-NAME)
 #   --a FLAGS, --b FLAGS   volfsd flags of each side (B is the reference: ratios are A/B)
+#   --a-bin PATH, --b-bin PATH   each side's volfsd binary (default target/release/volfsd
+#                      for both): what a change costs, e.g. B built from its parent commit
 #   --workload LIST    loadgen workloads (default randread4k,getattr)
 #   --pairs N          alternated pairs (default 6)
 #   --duration S       seconds per workload (default 5)
@@ -20,6 +22,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 VOLFSD="$REPO/target/release/volfsd"
 LOADGEN="$REPO/target/release/volfsd-loadgen"
+A_BIN=$VOLFSD B_BIN=$VOLFSD
 NAME="" A="" B="" WORKLOAD=randread4k,getattr PAIRS=6 DURATION=5 OUT="" ALLOW_BUSY=0
 WORK=/var/tmp/volfsd-ab
 
@@ -31,6 +34,8 @@ while [[ $# -gt 0 ]]; do
 	--name) NAME=${2:?}; shift ;;
 	--a) A=${2?}; shift ;;
 	--b) B=${2?}; shift ;;
+	--a-bin) A_BIN=$(realpath "${2:?}"); shift ;;
+	--b-bin) B_BIN=$(realpath "${2:?}"); shift ;;
 	--workload) WORKLOAD=${2:?}; shift ;;
 	--pairs) PAIRS=${2:?}; shift ;;
 	--duration) DURATION=${2:?}; shift ;;
@@ -42,7 +47,7 @@ while [[ $# -gt 0 ]]; do
 	shift
 done
 [[ -n $NAME ]] || die "--name is required"
-[[ -x $VOLFSD && -x $LOADGEN ]] || die "build first: cargo build --release --workspace"
+[[ -x $A_BIN && -x $B_BIN && -x $LOADGEN ]] || die "build first: cargo build --release --workspace"
 OUT=${OUT:-$REPO/docs/bench-data/$(date -u +%F)-$(git -C "$REPO" rev-parse --short HEAD)-$NAME}
 # The load generator's work directory exists before the daemon starts, so a side
 # may serve it as a volume (--allowed-dir volfsd-loadgen[,limits]).
@@ -54,11 +59,11 @@ if [[ $ALLOW_BUSY == 0 && -n $(company) ]]; then
 	die "the machine is not quiet: $(company)(--allow-busy to measure anyway)"
 fi
 
-run_side() { # run_side SIDE FLAGS PAIR
-	local side=$1 flags=$2 pair=$3 sock="$WORK/ab.sock" pid
+run_side() { # run_side SIDE BINARY FLAGS PAIR
+	local side=$1 bin=$2 flags=$3 pair=$4 sock="$WORK/ab.sock" pid
 	rm -f "$sock"
 	# shellcheck disable=SC2086
-	"$VOLFSD" --socket-path "$sock" --shared-dir "$WORK/share" --log-level warn $flags \
+	"$bin" --socket-path "$sock" --shared-dir "$WORK/share" --log-level warn $flags \
 		>"$OUT/$side-pair$pair.daemon.log" 2>&1 &
 	pid=$!
 	"$LOADGEN" --socket "$sock" --shared-dir "$WORK/share" --queues 1 --qd 32 \
@@ -71,6 +76,10 @@ run_side() { # run_side SIDE FLAGS PAIR
 {
 	echo "a: volfsd $A"
 	echo "b: volfsd $B"
+	if [[ $A_BIN != "$VOLFSD" || $B_BIN != "$VOLFSD" ]]; then
+		echo "a binary: $A_BIN (sha256 $(sha256sum "$A_BIN" | cut -c1-12))"
+		echo "b binary: $B_BIN (sha256 $(sha256sum "$B_BIN" | cut -c1-12))"
+	fi
 	echo "workload: $WORKLOAD, pairs: $PAIRS, duration: $DURATION s, 1 queue, QD 32"
 	echo "commit: $(git -C "$REPO" rev-parse --short HEAD)"
 	echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -78,8 +87,11 @@ run_side() { # run_side SIDE FLAGS PAIR
 for pair in $(seq "$PAIRS"); do
 	if ((pair % 2)); then order=(a b); else order=(b a); fi
 	for side in "${order[@]}"; do
-		if [[ $side == a ]]; then flags=$A; else flags=$B; fi
-		run_side "$side" "$flags" "$pair"
+		if [[ $side == a ]]; then
+			run_side a "$A_BIN" "$A" "$pair"
+		else
+			run_side b "$B_BIN" "$B" "$pair"
+		fi
 	done
 	say "pair $pair of $PAIRS done"
 done

@@ -11,12 +11,12 @@ use log::{info, warn};
 use nix::sys::signal::{SigSet, Signal};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestMemoryAtomic;
 
 use crate::config::{Config, SocketSource};
 use crate::control::{Api, ControlServer};
 use crate::device::state_transfer::StateConfig;
-use crate::device::FsBackend;
+use crate::device::{FsBackend, GuestMmap};
 use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
 use crate::state::handoff::Handoff;
@@ -317,7 +317,7 @@ impl DaemonFactory {
                         let daemon = VhostUserDaemon::new(
                             "volfsd".to_string(),
                             backend.clone(),
-                            GuestMemoryAtomic::new(GuestMemoryMmap::default()),
+                            GuestMemoryAtomic::new(GuestMmap::default()),
                         )
                         .map_err(|e| format!("creating the vhost-user daemon: {e}"));
                         let _ = reply.send(daemon);

@@ -24,12 +24,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use volfsd::device::queue::{self, QueueHealth, QueueRef};
 use volfsd::device::throttle::{WaitRoom, WakeTimer};
-use volfsd::device::MAX_QUEUE_SIZE;
+use volfsd::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 use crate::common::{limit_file_size, tree_checksum, Cursor, Scratch, Watchdog};
@@ -43,7 +43,7 @@ const MAX_CALL: Duration = Duration::from_secs(2);
 
 struct State {
     scratch: Scratch,
-    mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    mem: GuestMem,
     specs: Vec<ShareSpec>,
     ro_sum: u64,
 }
@@ -71,7 +71,7 @@ fn state() -> &'static Mutex<State> {
                 ],
             )
             .unwrap();
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+        let mem = GuestMmap::from_ranges(&[
             (GuestAddress(REGION_A.0), REGION_A.1),
             (GuestAddress(REGION_B.0), REGION_B.1),
         ])
@@ -86,7 +86,7 @@ fn state() -> &'static Mutex<State> {
     })
 }
 
-fn load_image(mem: &GuestMemoryMmap, image: &[u8]) {
+fn load_image(mem: &GuestMmap, image: &[u8]) {
     let zero = vec![0u8; REGION_A.1];
     let (a, b) = image.split_at(image.len().min(REGION_A.1));
     mem.write_slice(&zero, GuestAddress(REGION_A.0)).unwrap();
@@ -126,11 +126,11 @@ pub fn run_virtqueue(data: &[u8]) {
     .expect("building the file system stack (needs root for open_tree)");
     let server = Arc::new(FsServer::new(&stack));
     drop(stack);
-    let health = QueueHealth::default();
+    let health = Arc::new(QueueHealth::default());
     let counters = queue::QueueCounters::default();
     let served = &counters.served;
 
-    let vring = VringRwLock::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
+    let vring = Vring::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
     vring.set_queue_size(queue_size);
     // As vhost-user-backend does: an address the queue refuses leaves the earlier
     // one (0) in place, and the queue is made ready on the kick whatever it holds.
@@ -155,6 +155,7 @@ pub fn run_virtqueue(data: &[u8]) {
         counters: &counters,
         room: (!hiprio).then_some(&room),
         timer: (!hiprio).then_some(&timer),
+        health: &health,
     };
 
     for _ in 0..kicks {
@@ -164,7 +165,8 @@ pub fn run_virtqueue(data: &[u8]) {
         Watchdog::arm(MAX_CALL, "device::queue::process");
         // Errors are the frontend's (an unusable ring): they end the call, not the
         // process, as in the daemon's worker.
-        let _ = queue::process(&server, &st.mem, &queue_ref, &health);
+        // Under the vring's lock, as the worker serves a queue.
+        let _ = queue::process(&server, &st.mem, &queue_ref, &mut vring.get_mut());
         Watchdog::disarm();
         let took = t.elapsed();
         let n = served.load(Ordering::Relaxed) - before;
@@ -197,7 +199,7 @@ fn skip_open() -> bool {
     *S.get_or_init(|| std::env::var_os("VOLFSD_FUZZ_SKIP_OPEN").is_some())
 }
 
-fn queue_invalid(vring: &VringRwLock, mem: &GuestMemoryAtomic<GuestMemoryMmap>) -> bool {
+fn queue_invalid(vring: &Vring, mem: &GuestMem) -> bool {
     !vring.get_ref().get_queue().is_valid(&*mem.memory())
 }
 

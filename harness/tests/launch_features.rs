@@ -237,8 +237,14 @@ fn migration_flags_are_taken_and_the_migration_features_offered() {
     );
     let device = volfsd_harness::frontend::VhostUserFsDevice::connect(&daemon.config()).unwrap();
     let f = device.features();
-    // VHOST_USER_PROTOCOL_F_DEVICE_STATE (19): a VMM saves and loads the session.
-    assert_ne!(f.offered_protocol_features & (1 << 19), 0, "{f:?}");
+    // VHOST_F_LOG_ALL (virtio bit 26), VHOST_USER_PROTOCOL_F_LOG_SHMFD (1) and
+    // VHOST_USER_PROTOCOL_F_DEVICE_STATE (19): what a VMM needs to migrate.
+    assert_ne!(f.offered_features & (1 << 26), 0, "{f:?}");
+    assert_eq!(
+        f.offered_protocol_features & ((1 << 1) | (1 << 19)),
+        (1 << 1) | (1 << 19),
+        "{f:?}"
+    );
     drop(device);
     let log = daemon.log();
     assert!(!log.contains("accepted and ignored"), "{log}");

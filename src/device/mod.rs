@@ -4,6 +4,7 @@
 //! Each request queue has its own worker thread (the hiprio queue shares the first
 //! one), so a multi-queue guest is served in parallel.
 
+pub mod dirty_log;
 pub mod queue;
 pub mod state_transfer;
 pub mod throttle;
@@ -13,17 +14,18 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use log::{debug, warn};
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock};
+use log::{debug, info, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::fs::{FsServer, Stack};
+use dirty_log::LogBitmap;
 pub use queue::QueueCounters;
 use queue::{QueueHealth, QueueRef, QueueStart};
 use state_transfer::{StateConfig, StateTransfer};
@@ -37,7 +39,27 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The hiprio queue's index.
 const HIPRIO_QUEUE: usize = 0;
 
-type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+/// Guest memory as the daemon maps it. Every region carries a dirty-page log
+/// ([`LogBitmap`]): empty until the frontend sends SET_LOG_BASE for a migration,
+/// then every write through vm-memory (a READ's data and every reply through
+/// fuse-backend-rs's `VirtioFsWriter`, the used ring through `add_used`) sets the
+/// bits of the pages it touched, so the frontend copies them again.
+///
+/// vhost-user-backend 0.22 gives a log only to the regions that exist at
+/// SET_LOG_BASE: a region added or replaced later (SET_MEM_TABLE, ADD_MEM_REG)
+/// gets an empty one until the next SET_LOG_BASE, and the daemon's writes to it are
+/// not logged. cloud-hypervisor sends SET_LOG_BASE again at every dirty-log round,
+/// which covers them. QEMU sends it on a memory map change only when the log has to
+/// grow, but it refuses memory hot-plug while a migration runs (`device_add` fails,
+/// virtio-mem answers plug requests busy), so as far as its sources read, no region
+/// appears mid-migration there. A frontend that did add one would get replies
+/// written there unlogged: fixing that needs vhost-user-backend to re-apply the
+/// last log to new regions. With CONFIGURE_MEM_SLOTS (offered) a change adds or
+/// removes only its own region; a whole new SET_MEM_TABLE would drop every log.
+pub type GuestMmap = GuestMemoryMmap<LogBitmap>;
+pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
+/// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
+pub type Vring = VringRwLock<GuestMem>;
 
 /// Live counters of the device, readable from any thread.
 #[derive(Default)]
@@ -60,7 +82,8 @@ pub struct FsBackend {
     num_request_queues: usize,
     stats: Arc<DeviceStats>,
     started: Vec<AtomicBool>,
-    health: Vec<QueueHealth>,
+    /// Per queue; shared with the lock waits handed to threads of their own.
+    health: Vec<Arc<QueueHealth>>,
     /// Per queue: its throttled requests (the hiprio queue's stays empty).
     rooms: Vec<Mutex<WaitRoom>>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
@@ -72,7 +95,13 @@ pub struct FsBackend {
     /// One exit eventfd per worker thread index, for the daemon's whole life (see
     /// `exit_event`).
     exit_events: Vec<EventFd>,
+    /// The features of the last SET_FEATURES ([`NO_FEATURES`] before the first).
+    features: AtomicU64,
 }
+
+/// No SET_FEATURES yet: never a real set, since vhost-user-backend refuses features
+/// the backend does not offer, and it offers fewer than all 64.
+const NO_FEATURES: u64 = u64::MAX;
 
 impl FsBackend {
     /// Fails only when the wake timers cannot be made (out of fds).
@@ -91,7 +120,7 @@ impl FsBackend {
             num_request_queues,
             stats: Arc::new(stats),
             started: (0..total).map(|_| AtomicBool::new(false)).collect(),
-            health: (0..total).map(|_| QueueHealth::default()).collect(),
+            health: (0..total).map(|_| Arc::default()).collect(),
             rooms: (0..total).map(|_| Mutex::default()).collect(),
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
@@ -99,6 +128,7 @@ impl FsBackend {
             exit_events: (0..num_request_queues)
                 .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
                 .collect::<io::Result<_>>()?,
+            features: AtomicU64::new(NO_FEATURES),
         })
     }
 
@@ -125,16 +155,20 @@ impl FsBackend {
         Ok(())
     }
 
-    /// Drops every throttled request unanswered: the session's rings are gone.
+    /// Drops every throttled request unanswered, and every lock wait's answer still
+    /// to come: the session's rings are gone.
     fn drop_waiting(&self) {
         for room in &self.rooms {
             room.lock().unwrap().clear();
+        }
+        for health in &self.health {
+            health.ring_gone();
         }
     }
 
     /// Worker `thread`'s wake timer fired: serve the waiting requests of its request
     /// queue whose turn came.
-    fn wake(&self, thread: usize, vrings: &[VringRwLock]) {
+    fn wake(&self, thread: usize, vrings: &[Vring]) {
         let index = thread + 1;
         // Thread 0's vrings are the hiprio queue and request queue 1.
         let local = if thread == 0 { 1 } else { 0 };
@@ -144,17 +178,16 @@ impl FsBackend {
         };
         timer.consume();
         let queue = self.queue_ref(index, vring);
-        if let Err(e) = queue::release_waiting(
-            &self.server,
-            &queue,
-            &self.health[index],
-            queue::Wake::Timer,
-        ) {
+        // Under the vring's lock: the frontend cannot stop the ring between the
+        // check that it runs and the answers.
+        let mut state = vring.get_mut();
+        if let Err(e) = queue::release_waiting(&self.server, &queue, &mut state, queue::Wake::Timer)
+        {
             warn!("queue {index}: {e}");
         }
     }
 
-    fn queue_ref<'a>(&'a self, index: usize, vring: &'a VringRwLock) -> QueueRef<'a> {
+    fn queue_ref<'a>(&'a self, index: usize, vring: &'a Vring) -> QueueRef<'a> {
         let throttled = index != HIPRIO_QUEUE;
         QueueRef {
             vring,
@@ -167,6 +200,7 @@ impl FsBackend {
             } else {
                 None
             },
+            health: &self.health[index],
         }
     }
 
@@ -217,8 +251,8 @@ fn global_queue_index(num_request_queues: usize, thread: usize, event: u16) -> O
 }
 
 impl VhostUserBackend for FsBackend {
-    type Bitmap = ();
-    type Vring = VringRwLock;
+    type Bitmap = LogBitmap;
+    type Vring = Vring;
 
     fn num_queues(&self) -> usize {
         self.num_request_queues + 1
@@ -232,7 +266,10 @@ impl VhostUserBackend for FsBackend {
         1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_INDIRECT_DESC
             | 1 << VIRTIO_RING_F_EVENT_IDX
-            | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            // Dirty-page logging during a live migration (see `GuestMmap`). Without
+            // it QEMU refuses to migrate the VM.
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -241,10 +278,33 @@ impl VhostUserBackend for FsBackend {
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::RESET_DEVICE
             | VhostUserProtocolFeatures::DEVICE_STATE
+            // The dirty-page log comes as a shared memory fd (SET_LOG_BASE).
+            // INFLIGHT_SHMFD is not offered: vhost-user-backend 0.22 answers its
+            // messages with an error that ends the connection.
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
-    fn acked_features(&self, _features: u64) {
-        // SET_FEATURES opens every device start, a resume after a pause included.
+    fn acked_features(&self, features: u64) {
+        let log_all = VhostUserVirtioFeatures::LOG_ALL.bits();
+        let before = self.features.swap(features, Ordering::AcqRel);
+        if features & log_all == 0 {
+            if let Some(mem) = self.mem.read().unwrap().as_ref() {
+                dirty_log::stop_logging(&mem.memory());
+            }
+        }
+        // A live migration turns LOG_ALL on (and off when it ends or fails) with a
+        // SET_FEATURES of its own that changes nothing else: that is no device start.
+        // Counted as one, it let a reboot's second queue end the session the first
+        // queue had just begun (one reset per start).
+        if before != NO_FEATURES && before ^ features == log_all {
+            if features & log_all != 0 {
+                info!("dirty-page logging on: a live migration started");
+            } else {
+                info!("dirty-page logging off: the live migration ended");
+            }
+            return;
+        }
+        // SET_FEATURES opens every other device start, a resume after a pause included.
         self.starts.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -314,7 +374,7 @@ impl VhostUserBackend for FsBackend {
         &self,
         device_event: u16,
         evset: EventSet,
-        vrings: &[VringRwLock],
+        vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
         if device_event == self.wake_event() {
@@ -344,11 +404,14 @@ impl VhostUserBackend for FsBackend {
             warn!("queue {index} kicked before the memory table was set");
             return Ok(());
         };
-        let health = &self.health[index];
+        // The vring's lock from the first look to the last completion: the frontend
+        // can neither stop the ring nor set it up anew while its requests are
+        // served (GET_VRING_BASE waits, and then counts them answered).
+        let mut state = vring.get_mut();
         // A queue set up anew from index 0 is a new driver (a reboot): the old
         // session's node ids, handles and locks go, once per device start. A resume
         // after a pause keeps its ring position, so it keeps its session.
-        if health.check_restart(vring) == QueueStart::NewDriver {
+        if self.health[index].check_restart(&state) == QueueStart::NewDriver {
             // Its throttled requests belong to the old ring.
             self.rooms[index].lock().unwrap().clear();
             let start = self.starts.load(Ordering::Acquire);
@@ -359,7 +422,7 @@ impl VhostUserBackend for FsBackend {
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);
-        if let Err(e) = queue::process(&self.server, &mem, &queue, health) {
+        if let Err(e) = queue::process(&self.server, &mem, &queue, &mut state) {
             warn!("queue {index}: {e}");
         }
         Ok(())

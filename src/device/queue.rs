@@ -7,30 +7,48 @@
 //! - a queue whose frontend breaks the ring's rules (an avail index further ahead
 //!   than the queue is long, a chain that loops or points outside guest memory) is
 //!   stopped with one log line, and stays stopped until the frontend sets it up again.
+//!
+//! A ring the frontend stopped gets nothing more. vhost-user-backend answers
+//! GET_VRING_BASE (a paused VM, a live migration's switch-over) without telling the
+//! backend; the frontend then syncs the dirty-page log a last time and takes the
+//! returned index as the count of requests answered. A reply written after that is
+//! neither copied nor counted, and the guest waits for it for ever. So every write
+//! to a ring and its buffers happens under the vring's lock (GET_VRING_BASE takes it
+//! too, to mark the queue not ready), after checking that the queue is ready and is
+//! still the same ring:
+//! - a drain holds the lock from its first pop to its last completion, serving
+//!   under it: GET_VRING_BASE waits for the requests popped, and its index counts
+//!   them answered. One worker thread serves each queue, so nothing else waits;
+//! - the throttled requests ([`release_waiting`]) and the lock waits
+//!   ([`wait_off_thread`]), answered later, are answered under the lock too, or kept
+//!   until the ring runs again, or dropped if a new driver set it up anew.
 
 use std::cell::RefCell;
 use std::io;
 use std::num::Wrapping;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLockWriteGuard};
 use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
 use log::{debug, warn};
-use vhost_user_backend::{VringRwLock, VringT};
+use vhost_user_backend::{VringState, VringT};
 use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{
-    Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
-};
+use vm_memory::{Bytes, GuestAddressSpace, GuestMemory, GuestMemoryLoadGuard};
 
 use crate::fs::reply::reply_error;
-use crate::fs::server::{parse_header, MAX_REQUEST, WRITE_PREFIX};
+use crate::fs::server::{parse_header, LockAnswer, MAX_REQUEST, WRITE_PREFIX};
 use crate::fs::{FsServer, RequestError};
 
 use super::throttle::{WaitRoom, WakeTimer, MAX_WAITING_REQUEST};
+use super::{GuestMem, GuestMmap, Vring};
 
-pub(crate) type Mem = GuestMemoryLoadGuard<GuestMemoryMmap>;
+pub(crate) type Mem = GuestMemoryLoadGuard<GuestMmap>;
+
+/// A queue's vring, locked: taken with `vring.get_mut()` and held while the ring and
+/// the buffers of its chains are written.
+pub type Locked<'a> = RwLockWriteGuard<'a, VringState<GuestMem>>;
 
 /// The state a queue keeps across kicks.
 #[derive(Default)]
@@ -41,16 +59,34 @@ pub struct QueueHealth {
     /// (descriptor table address, next avail index) when the queue was last drained:
     /// anything else at the next kick means the frontend set the queue up again.
     last_seen: Mutex<Option<(u64, u16)>>,
-    /// The position `check_restart` saw at this kick: the drain that follows serves
-    /// that ring only, and remembers its end only if nothing set the queue up anew
-    /// meanwhile.
-    checked: Mutex<Option<(u64, u16)>>,
+    /// Bumped when the queue's ring is gone for good (a new driver set it up anew, a
+    /// device reset): a chain popped before belongs to no ring any more.
+    generation: AtomicU64,
 }
 
-fn position(vring: &VringRwLock) -> (u64, u16) {
-    let state = vring.get_ref();
+fn position(state: &VringState<GuestMem>) -> (u64, u16) {
     let q = state.get_queue();
     (q.desc_table(), q.next_avail())
+}
+
+/// The ring a popped chain came from: it may be answered only on that ring.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct RingId {
+    /// The descriptor table's guest address.
+    pub(crate) table: u64,
+    /// [`QueueHealth`]'s generation when the chain was popped.
+    pub(crate) generation: u64,
+}
+
+/// Whether a chain popped earlier may be answered now.
+#[derive(Debug, Eq, PartialEq)]
+pub enum Answer {
+    /// Its ring runs: answer it now, under the same lock.
+    Now,
+    /// Its ring is stopped (a paused VM): keep the answer until it runs again.
+    Later,
+    /// Its ring is gone (a new driver, a device reset): drop the answer.
+    Never,
 }
 
 /// What the first look at a kicked queue found.
@@ -65,22 +101,70 @@ pub enum QueueStart {
 
 impl QueueHealth {
     /// Compares the queue with how it was left, clears a stop if the frontend set it
-    /// up again, and tells whether a new driver started it.
-    pub fn check_restart(&self, vring: &VringRwLock) -> QueueStart {
-        let now = position(vring);
-        *self.checked.lock().unwrap() = Some(now);
-        let last = *self.last_seen.lock().unwrap();
-        match last {
-            Some(seen) if seen != now => {
+    /// up again, and tells whether a new driver started it (then the chains popped
+    /// from the old ring are answered no more).
+    pub fn check_restart(&self, state: &VringState<GuestMem>) -> QueueStart {
+        match self.set_up_anew(state) {
+            None => QueueStart::Same,
+            Some(new_driver) => {
                 self.stopped.store(false, Ordering::Release);
-                if now.1 == 0 {
+                if new_driver {
+                    self.ring_gone();
                     QueueStart::NewDriver
                 } else {
                     QueueStart::Same
                 }
             }
-            _ => QueueStart::Same,
         }
+    }
+
+    /// Whether the frontend set the queue up again since the last drain (Some), and
+    /// if so whether from index 0, as a new driver does (Some(true)).
+    fn set_up_anew(&self, state: &VringState<GuestMem>) -> Option<bool> {
+        let now = position(state);
+        let last = *self.last_seen.lock().unwrap();
+        match last {
+            Some(seen) if seen != now => Some(now.1 == 0),
+            _ => None,
+        }
+    }
+
+    /// The queue's ring is gone (a new driver, a device reset): nothing popped from
+    /// it is answered any more.
+    pub fn ring_gone(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The ring a chain popped now comes from.
+    pub fn ring(&self, state: &VringState<GuestMem>) -> RingId {
+        RingId {
+            table: state.get_queue().desc_table(),
+            generation: self.generation.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether a chain popped from `ring` may be answered now. Called under the
+    /// vring's lock, which the answer then keeps until it is in the used ring: the
+    /// frontend cannot stop the ring in between.
+    pub fn answer_to(&self, state: &VringState<GuestMem>, ring: RingId) -> Answer {
+        let q = state.get_queue();
+        if self.generation.load(Ordering::Acquire) != ring.generation
+            || q.desc_table() != ring.table
+            || self.is_stopped()
+        {
+            return Answer::Never;
+        }
+        if !q.ready() || !state.is_enabled() {
+            // GET_VRING_BASE or SET_VRING_ENABLE 0: a paused VM, or the switch-over
+            // of a live migration (then the daemon exits before it runs again).
+            return Answer::Later;
+        }
+        if self.set_up_anew(state) == Some(true) {
+            // A new driver on the same addresses, not kicked yet (the kick would
+            // bump the generation): not the ring the chain came from.
+            return Answer::Never;
+        }
+        Answer::Now
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -91,41 +175,23 @@ impl QueueHealth {
     pub fn reset(&self) {
         self.stopped.store(false, Ordering::Release);
         *self.last_seen.lock().unwrap() = None;
-        *self.checked.lock().unwrap() = None;
     }
 
-    fn remember(&self, vring: &VringRwLock) {
-        *self.last_seen.lock().unwrap() = Some(position(vring));
-    }
-
-    /// After a drain that popped `popped` chains: remembers where the queue stands,
-    /// unless the frontend set it up anew during the drain (the position is not the
-    /// checked one moved on by `popped`). The frontend may do that as soon as it has
-    /// its last reply, before the worker gets here; remembering the new ring then
-    /// hid a new driver from the next kick, and a rebooted guest's first request
-    /// was served in the old session (a CI flake in
+    /// Remembers where the queue stands after a drain. The drain held the vring's
+    /// lock since `check_restart`, so the frontend cannot have set the queue up anew
+    /// meanwhile (it could before the lock was held across the drain: then a rebooted
+    /// guest's first request was served in the old session, a CI flake in
     /// a_queue_restarted_by_a_new_driver_ends_the_session).
-    fn remember_drained(&self, vring: &VringRwLock, popped: u16) {
-        let now = position(vring);
-        let checked = self.checked.lock().unwrap().take();
-        match checked {
-            Some((table, next)) if now != (table, next.wrapping_add(popped)) => {}
-            _ => *self.last_seen.lock().unwrap() = Some(now),
-        }
-    }
-
-    /// The descriptor table this kick's drain serves, if `check_restart` saw it.
-    fn checked_table(&self) -> Option<u64> {
-        self.checked.lock().unwrap().map(|(table, _)| table)
+    fn remember(&self, state: &VringState<GuestMem>) {
+        *self.last_seen.lock().unwrap() = Some(position(state));
     }
 
     /// Stops the queue where its ring broke (the avail index, the rings' memory).
     /// The position is remembered too: a drain can serve requests and then meet the
-    /// broken ring in its re-check, after the last `remember`, and the kick that
-    /// follows must not read that as a new setup (it did, and the queue was stopped
-    /// and logged twice).
-    fn stop(&self, vring: &VringRwLock, index: usize, why: &str) {
-        self.remember(vring);
+    /// broken ring in its re-check, and the kick that follows must not read that as a
+    /// new setup (it did, and the queue was stopped and logged twice).
+    fn stop(&self, state: &VringState<GuestMem>, index: usize, why: &str) {
+        self.remember(state);
         self.stop_after_chain(index, why);
     }
 
@@ -156,7 +222,7 @@ struct Broken(String);
 
 /// One queue as its worker serves it.
 pub struct QueueRef<'a> {
-    pub vring: &'a VringRwLock,
+    pub vring: &'a Vring,
     /// The queue's index on the device (0: hiprio).
     pub index: usize,
     pub event_idx: bool,
@@ -165,34 +231,43 @@ pub struct QueueRef<'a> {
     pub room: Option<&'a Mutex<WaitRoom>>,
     /// The worker's wake timer, armed for the next waiting request.
     pub timer: Option<&'a WakeTimer>,
+    /// The queue's health, shared with the lock waits it hands to threads of their
+    /// own.
+    pub health: &'a Arc<QueueHealth>,
 }
 
 /// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
 /// a request published in between is not missed; then serves the waiting requests
-/// whose turn came.
+/// whose turn came. `state` is the queue's vring, locked by the caller (who looked
+/// at it with [`QueueHealth::check_restart`] under the same lock).
 pub fn process(
     server: &Arc<FsServer>,
-    mem: &GuestMemoryAtomic<GuestMemoryMmap>,
+    mem: &GuestMem,
     queue: &QueueRef,
-    health: &QueueHealth,
+    state: &mut Locked,
 ) -> io::Result<()> {
-    let (vring, index) = (queue.vring, queue.index);
+    let (health, index) = (queue.health, queue.index);
     if health.is_stopped() {
         return Ok(());
     }
-    let mem = mem.memory();
-    if let Err(Broken(why)) = check_layout(vring) {
-        health.stop(vring, index, &why);
+    // Stopped by the frontend (GET_VRING_BASE, SET_VRING_ENABLE 0) before the lock
+    // was ours: nothing is popped from it. virtio-queue would pop nothing either, and
+    // the pending chains would read as a broken ring.
+    if !state.get_queue().ready() || !state.is_enabled() {
         return Ok(());
     }
-    let result = drain(server, &mem, queue, health.checked_table());
-    match result {
-        Ok(popped) => {
-            health.remember_drained(vring, popped);
-            release_waiting(server, queue, health, Wake::Drain)
+    let mem = mem.memory();
+    if let Err(Broken(why)) = check_layout(state) {
+        health.stop(state, index, &why);
+        return Ok(());
+    }
+    match drain(server, &mem, queue, state) {
+        Ok(()) => {
+            health.remember(state);
+            release_waiting(server, queue, state, Wake::Drain)
         }
         Err(DrainError::BrokenRing(Broken(why))) => {
-            health.stop(vring, index, &why);
+            health.stop(state, index, &why);
             Ok(())
         }
         Err(DrainError::Broken(Broken(why))) => {
@@ -223,18 +298,16 @@ impl From<io::Error> for DrainError {
 /// thread, and on a loaded host that context switch is the largest cost of a small
 /// request. The batch is bounded in requests and in bytes, so large reads are not
 /// held back behind each other.
-struct Completions<'a> {
-    vring: &'a VringRwLock,
+struct Completions {
     index: usize,
     event_idx: bool,
     unsignalled: usize,
     bytes: usize,
 }
 
-impl<'a> Completions<'a> {
-    fn new(queue: &QueueRef<'a>) -> Self {
+impl Completions {
+    fn new(queue: &QueueRef) -> Self {
         Completions {
-            vring: queue.vring,
             index: queue.index,
             event_idx: queue.event_idx,
             unsignalled: 0,
@@ -242,21 +315,19 @@ impl<'a> Completions<'a> {
         }
     }
 
-    fn add(&mut self, head: u16, len: u32) -> io::Result<()> {
-        self.vring
-            .add_used(head, len)
-            .map_err(queue_err(self.index))?;
+    fn add(&mut self, state: &mut Locked, head: u16, len: u32) -> io::Result<()> {
+        state.add_used(head, len).map_err(queue_err(self.index))?;
         self.unsignalled += 1;
         self.bytes += len as usize;
         if self.unsignalled == SIGNAL_BATCH || self.bytes >= SIGNAL_BATCH_BYTES {
-            self.flush()?;
+            self.flush(state)?;
         }
         Ok(())
     }
 
-    fn flush(&mut self) -> io::Result<()> {
+    fn flush(&mut self, state: &mut Locked) -> io::Result<()> {
         if self.unsignalled > 0 {
-            notify(self.vring, self.event_idx, self.index)?;
+            notify(state, self.event_idx, self.index)?;
             self.unsignalled = 0;
             self.bytes = 0;
         }
@@ -264,33 +335,33 @@ impl<'a> Completions<'a> {
     }
 }
 
+/// Pops and serves until the ring is empty, under the vring's lock (`state`): the
+/// frontend can neither stop nor set up the ring anew meanwhile.
 fn drain(
     server: &Arc<FsServer>,
     mem: &Mem,
     queue: &QueueRef,
-    table: Option<u64>,
-) -> Result<u16, DrainError> {
-    let (vring, index, event_idx) = (queue.vring, queue.index, queue.event_idx);
+    state: &mut Locked,
+) -> Result<(), DrainError> {
+    let (index, event_idx) = (queue.index, queue.event_idx);
     let counters = queue.counters;
-    let mut popped: u16 = 0;
+    let ring = queue.health.ring(state);
     crate::metrics::start_batch();
     loop {
         if event_idx {
-            vring.disable_notification().map_err(queue_err(index))?;
+            state.disable_notification().map_err(queue_err(index))?;
         }
         let mut done = Completions::new(queue);
         loop {
-            let Some(chain) = pop_checked(mem, vring, table).map_err(DrainError::BrokenRing)?
-            else {
+            let Some(chain) = pop_checked(mem, state).map_err(DrainError::BrokenRing)? else {
                 break;
             };
-            popped = popped.wrapping_add(1);
             let head = chain.head_index();
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
             let outcome = REQUEST.with(|buf| {
                 let mut buf = buf.borrow_mut();
-                let outcome = admit_and_serve(server, queue, table, chain, &mut buf);
+                let outcome = admit_and_serve(server, queue, ring, chain, &mut buf);
                 // A large request (a SETXATTR value, a batch of forgets) must not
                 // keep its buffer in every worker for good.
                 if buf.capacity() > KEPT_REQUEST_CAPACITY {
@@ -303,7 +374,7 @@ fn drain(
             match outcome? {
                 Outcome::Reply(len) => {
                     counters.served.fetch_add(1, Ordering::Relaxed);
-                    done.add(head, len)?;
+                    done.add(state, head, len)?;
                 }
                 // Handed to a lock-wait thread, which returns it itself.
                 Outcome::HandedOver => {
@@ -313,15 +384,9 @@ fn drain(
                 Outcome::Waiting => {}
             }
         }
-        done.flush()?;
-        if table.is_some_and(|t| t != position(vring).0) {
-            // Set up anew meanwhile: the next kick starts on the new ring, whose
-            // driver must be free to kick (without EVENT_IDX, disabling set a flag).
-            vring.enable_notification().map_err(queue_err(index))?;
-            return Ok(popped);
-        }
-        if !event_idx || !vring.enable_notification().map_err(queue_err(index))? {
-            return Ok(popped);
+        done.flush(state)?;
+        if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
+            return Ok(());
         }
     }
 }
@@ -329,8 +394,7 @@ fn drain(
 /// The three parts of a split ring must not overlap: a used ring laid over the avail
 /// ring would have every completion rewrite the avail index, and the worker would
 /// find one more request pending for ever (found by the `virtqueue` fuzz target).
-fn check_layout(vring: &VringRwLock) -> Result<(), Broken> {
-    let state = vring.get_ref();
+fn check_layout(state: &VringState<GuestMem>) -> Result<(), Broken> {
     let q = state.get_queue();
     let size = u64::from(q.size());
     // Descriptor table, avail ring (flags, idx, ring, used_event), used ring (flags,
@@ -361,20 +425,8 @@ fn check_layout(vring: &VringRwLock) -> Result<(), Broken> {
 /// Pops the next chain after checking the avail index: one further ahead than the
 /// queue is long is a broken frontend (virtio-queue would log and return nothing,
 /// and with EVENT_IDX the worker would spin on it).
-///
-/// A queue set up on another descriptor table than `table` (the one this kick
-/// checked) belongs to a new driver: nothing more is popped from it in this drain,
-/// and the next kick sees the new setup first.
-fn pop_checked(
-    mem: &Mem,
-    vring: &VringRwLock,
-    table: Option<u64>,
-) -> Result<Option<DescriptorChain<Mem>>, Broken> {
-    let mut state = vring.get_mut();
+fn pop_checked(mem: &Mem, state: &mut Locked) -> Result<Option<DescriptorChain<Mem>>, Broken> {
     let q = state.get_queue_mut();
-    if table.is_some_and(|t| t != q.desc_table()) {
-        return Ok(None);
-    }
     let next = Wrapping(q.next_avail());
     let avail = q
         .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
@@ -467,7 +519,7 @@ enum Outcome {
 fn admit_and_serve(
     server: &Arc<FsServer>,
     queue: &QueueRef,
-    table: Option<u64>,
+    ring: RingId,
     chain: DescriptorChain<Mem>,
     buf: &mut Vec<u8>,
 ) -> Result<Outcome, DrainError> {
@@ -483,8 +535,7 @@ fn admit_and_serve(
                 let waits = room.has_line(&share) || share.stats.qos.admit(cost, now).is_err();
                 if waits {
                     if buf.len() <= MAX_WAITING_REQUEST {
-                        let table = table.unwrap_or_else(|| position(queue.vring).0);
-                        room.push(&share, table, chain, buf, cost, now);
+                        room.push(&share, ring, chain, buf, cost, now);
                         return Ok(Outcome::Waiting);
                     }
                     // Too large to keep a copy of: served now, and paid for by the
@@ -494,13 +545,14 @@ fn admit_and_serve(
             }
         }
     }
-    serve_copied(server, queue, chain, buf)
+    serve_copied(server, queue, ring, chain, buf)
 }
 
-/// Runs one request whose local copy is `buf`.
+/// Runs one request whose local copy is `buf`, popped from `ring`.
 fn serve_copied(
     server: &Arc<FsServer>,
     queue: &QueueRef,
+    ring: RingId,
     chain: DescriptorChain<Mem>,
     buf: &mut [u8],
 ) -> Result<Outcome, DrainError> {
@@ -510,16 +562,12 @@ fn serve_copied(
         return Ok(Outcome::Reply(0));
     };
     if header.opcode == Opcode::Setlkw as u32 {
-        if let Some(len) = wait_off_thread(
-            server,
-            queue.vring,
-            chain.clone(),
-            buf,
-            queue.event_idx,
-            index,
-        ) {
-            return Ok(len.map_or(Outcome::HandedOver, Outcome::Reply));
-        }
+        return Ok(
+            match wait_off_thread(server, queue, ring, &header, chain, buf) {
+                Some(len) => Outcome::Reply(len),
+                None => Outcome::HandedOver,
+            },
+        );
     }
     let writer = match VirtioFsWriter::new(mem, chain.clone()) {
         Ok(w) => w,
@@ -552,70 +600,76 @@ pub enum Wake {
 
 /// Serves the waiting requests whose turn came, and sets the worker's timer for the
 /// next one. Requests that wait for a ring set up anew since (a new driver) are
-/// dropped: that ring is gone.
+/// dropped: that ring is gone. `state` is the queue's vring, locked by the caller:
+/// whether the ring may be answered is checked, and the answers written, under that
+/// one lock, so the frontend cannot stop the ring in between.
 pub fn release_waiting(
     server: &Arc<FsServer>,
     queue: &QueueRef,
-    health: &QueueHealth,
+    state: &mut Locked,
     why: Wake,
 ) -> io::Result<()> {
     let (Some(room), Some(timer)) = (queue.room, queue.timer) else {
         return Ok(());
     };
     let mut ready = Vec::new();
-    {
+    let ring = {
         let mut room = room.lock().unwrap();
         if why == Wake::Timer {
             room.timer_fired();
         } else if !room.needs_look() {
             return Ok(());
         }
-        if room.is_empty() {
+        let Some(ring) = room.ring().filter(|_| !room.is_empty()) else {
             return Ok(());
-        }
-        if health.is_stopped() || room.table() != Some(position(queue.vring).0) {
-            let n = room.clear();
-            debug!(
-                "queue {}: {n} throttled requests dropped: their ring is gone",
-                queue.index
-            );
-            timer.disarm();
-            return Ok(());
-        }
+        };
         let now = Instant::now();
-        if !queue.vring.get_ref().get_queue().ready() {
-            // Stopped by the frontend (GET_VRING_BASE: a paused VM): nothing may be
-            // returned to the ring until it starts it again, on the same rings
-            // (then they are answered) or on new ones (then they are dropped).
-            room.set_timer(timer, now, Some(PAUSED_POLL));
-            return Ok(());
+        match queue.health.answer_to(state, ring) {
+            Answer::Never => {
+                let n = room.clear();
+                debug!(
+                    "queue {}: {n} throttled requests dropped: their ring is gone",
+                    queue.index
+                );
+                timer.disarm();
+                return Ok(());
+            }
+            Answer::Later => {
+                // Stopped by the frontend (GET_VRING_BASE: a paused VM): nothing may
+                // be returned to the ring until it starts it again, on the same rings
+                // (then they are answered) or on new ones (then they are dropped).
+                room.set_timer(timer, now, Some(PAUSED_POLL));
+                return Ok(());
+            }
+            Answer::Now => {}
         }
         let next = room.take_ready(now, &mut ready);
         room.set_timer(timer, now, next);
-    }
+        ring
+    };
     crate::metrics::start_batch();
     let mut done = Completions::new(queue);
     let mut result = Ok(());
     for mut waiting in ready {
         let head = waiting.chain.head_index();
         queue.counters.in_flight.store(1, Ordering::Relaxed);
-        let outcome = serve_copied(server, queue, waiting.chain, &mut waiting.request);
+        let outcome = serve_copied(server, queue, ring, waiting.chain, &mut waiting.request);
         queue.counters.in_flight.store(0, Ordering::Relaxed);
         match outcome {
             Ok(Outcome::Reply(len)) => {
                 queue.counters.served.fetch_add(1, Ordering::Relaxed);
-                done.add(head, len)?;
+                done.add(state, head, len)?;
             }
             Ok(_) => {
                 queue.counters.served.fetch_add(1, Ordering::Relaxed);
             }
             Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
-                health.stop_after_chain(queue.index, &why);
+                queue.health.stop_after_chain(queue.index, &why);
             }
             Err(DrainError::Io(e)) => result = Err(e),
         }
     }
-    done.flush()?;
+    done.flush(state)?;
     result
 }
 
@@ -623,7 +677,7 @@ pub fn release_waiting(
 /// whose header was readable is owed one, so it is answered EINVAL.
 fn reply_len(
     result: Result<usize, RequestError>,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMmap,
     chain: DescriptorChain<Mem>,
     index: usize,
 ) -> u32 {
@@ -662,55 +716,94 @@ pub fn lock_waiters() -> usize {
 
 /// Runs a FUSE_SETLKW on a thread of its own: it may block until another guest
 /// process (or another sandbox) unlocks, and the unlock must not queue behind it.
-/// Returns None when the thread took the chain, Some(len) when it was answered here
-/// (ENOLCK: too many waits), and no answer at all (the outer None) when no thread
-/// could be started, in which case the caller serves it inline.
+/// Returns None when the thread took the chain, Some(len) when it was answered here:
+/// ENOLCK when too many waits run, or when no thread could be started. It is never
+/// served inline: the worker holds the vring's lock while it serves, and a frontend
+/// stopping the ring would wait behind a wait that may never end.
+///
+/// The thread waits without the vring's lock, then answers as [`answer_lock_wait`]
+/// says.
 fn wait_off_thread(
     server: &Arc<FsServer>,
-    vring: &VringRwLock,
+    queue: &QueueRef,
+    ring: RingId,
+    header: &InHeader,
     chain: DescriptorChain<Mem>,
     request: &[u8],
-    event_idx: bool,
-    index: usize,
-) -> Option<Option<u32>> {
-    let unique = parse_header(request).map(|h| h.unique).unwrap_or(0);
+) -> Option<u32> {
+    let index = queue.index;
+    let refuse = |chain: &DescriptorChain<Mem>| {
+        let len = VirtioFsWriter::new(chain.memory(), chain.clone())
+            .ok()
+            .and_then(|w| reply_error(&mut w.into(), header.unique, libc::ENOLCK).ok())
+            .unwrap_or(0);
+        Some(len as u32)
+    };
     if LOCK_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         warn!("queue {index}: more than {MAX_LOCK_WAITERS} lock waits, refusing one with ENOLCK");
-        let len = VirtioFsWriter::new(chain.memory(), chain.clone())
-            .ok()
-            .and_then(|w| reply_error(&mut w.into(), unique, libc::ENOLCK).ok())
-            .unwrap_or(0);
-        return Some(Some(len as u32));
+        return refuse(&chain);
     }
     let server = server.clone();
-    let vring = vring.clone();
+    let vring = queue.vring.clone();
+    let health = queue.health.clone();
+    let waiting = *header;
     let mut request = request.to_vec();
+    let taken = chain.clone();
     let spawned = std::thread::Builder::new()
         .name("volfsd-lockwait".to_string())
         .spawn(move || {
             crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
-            let head = chain.head_index();
-            let mem = chain.memory();
-            let len = match VirtioFsWriter::new(mem, chain.clone()) {
-                Ok(w) => {
-                    let result = server.handle_request(&mut request, None, w.into());
-                    reply_len(result, mem, chain.clone(), index)
-                }
-                Err(_) => 0,
-            };
-            if let Err(e) = vring.add_used(head, len) {
-                warn!("queue {index}: returning a lock wait: {e}");
-            }
-            let _ = notify(&vring, event_idx, index);
+            let answer = server.wait_for_lock(&waiting, &mut request);
+            answer_lock_wait(&vring, &health, ring, taken, answer, index);
             LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         });
-    if spawned.is_err() {
+    if let Err(e) = spawned {
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
-        warn!("queue {index}: cannot start a lock-wait thread");
-        return None;
+        warn!("queue {index}: cannot start a lock-wait thread ({e}), refusing a wait with ENOLCK");
+        return refuse(&chain);
     }
-    Some(None)
+    None
+}
+
+/// Writes a lock wait's answer and returns its chain to the used ring, under the
+/// vring's lock and only while the ring it came from runs. A stopped ring (a paused
+/// VM, a migration's switch-over) is looked at again every [`PAUSED_POLL`] until the
+/// frontend starts it again on the same rings; a ring set up anew (a new driver)
+/// or reset never gets the answer.
+fn answer_lock_wait(
+    vring: &Vring,
+    health: &QueueHealth,
+    ring: RingId,
+    chain: DescriptorChain<Mem>,
+    answer: LockAnswer,
+    index: usize,
+) {
+    loop {
+        {
+            let mut state = vring.get_mut();
+            match health.answer_to(&state, ring) {
+                Answer::Now => {
+                    let len = VirtioFsWriter::new(chain.memory(), chain.clone())
+                        .ok()
+                        .and_then(|w| answer.write(&mut w.into()).ok())
+                        .unwrap_or(0);
+                    if let Err(e) = state.add_used(chain.head_index(), len as u32) {
+                        warn!("queue {index}: returning a lock wait: {e}");
+                    }
+                    let event_idx = state.get_queue().event_idx_enabled();
+                    let _ = notify(&mut state, event_idx, index);
+                    return;
+                }
+                Answer::Never => {
+                    debug!("queue {index}: a lock wait's answer dropped: its ring is gone");
+                    return;
+                }
+                Answer::Later => {}
+            }
+        }
+        std::thread::sleep(PAUSED_POLL);
+    }
 }
 
 /// Completions returned before the guest is interrupted while more are pending.
@@ -718,9 +811,9 @@ const SIGNAL_BATCH: usize = 8;
 /// Reply bytes returned before the guest is interrupted while more are pending.
 const SIGNAL_BATCH_BYTES: usize = 256 * 1024;
 
-fn notify(vring: &VringRwLock, event_idx: bool, index: usize) -> io::Result<()> {
-    if !event_idx || vring.needs_notification().map_err(queue_err(index))? {
-        vring.signal_used_queue()?;
+fn notify(state: &mut Locked, event_idx: bool, index: usize) -> io::Result<()> {
+    if !event_idx || state.needs_notification().map_err(queue_err(index))? {
+        state.signal_used_queue()?;
     }
     Ok(())
 }
@@ -742,13 +835,13 @@ mod tests {
     use fuse_backend_rs::abi::fuse_abi::WriteIn;
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{ByteValued, GuestAddress};
+    use vm_memory::{ByteValued, GuestAddress, GuestMemoryAtomic};
 
     const NEXT: u16 = 1;
     const WRITE: u16 = 2;
 
-    fn memory() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+    fn memory() -> GuestMmap {
+        GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
     }
 
     fn header(opcode: Opcode, len: usize) -> Vec<u8> {
@@ -818,8 +911,8 @@ mod tests {
     }
 
     /// A 256-entry vring with its descriptors at 0, avail ring at 4 KiB, used at 8 KiB.
-    fn vring() -> VringRwLock {
-        let vring = VringRwLock::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
+    fn vring() -> Vring {
+        let vring = Vring::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
         vring.set_queue_size(256);
         vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
         vring
@@ -829,12 +922,15 @@ mod tests {
     fn overlapping_rings_are_broken() {
         // Descriptors at 0 (4 KiB), avail ring after them, used ring apart: fine.
         let vring = vring();
-        assert!(check_layout(&vring).is_ok());
+        assert!(check_layout(&vring.get_ref()).is_ok());
         // The used ring laid over the avail ring: broken.
         vring.set_queue_info(0, 0x1000, 0x1000).unwrap();
-        assert!(check_layout(&vring).is_err());
+        assert!(check_layout(&vring.get_ref()).is_err());
         vring.set_queue_info(0, 0x800, 0x3000).unwrap();
-        assert!(check_layout(&vring).is_err(), "avail ring inside the table");
+        assert!(
+            check_layout(&vring.get_ref()).is_err(),
+            "avail ring inside the table"
+        );
     }
 
     #[test]
@@ -842,49 +938,67 @@ mod tests {
         let vring = vring();
         let health = QueueHealth::default();
         vring.set_queue_next_avail(1);
-        health.remember(&vring);
+        health.remember(&vring.get_ref());
         // A drain serves one more request, then finds the ring broken.
         vring.set_queue_next_avail(2);
-        health.stop(&vring, 1, "test");
-        assert_eq!(health.check_restart(&vring), QueueStart::Same);
+        health.stop(&vring.get_ref(), 1, "test");
+        assert_eq!(health.check_restart(&vring.get_ref()), QueueStart::Same);
         assert!(health.is_stopped(), "the next kick keeps it stopped");
         // The frontend sets the queue up again: it serves again.
         vring.set_queue_info(0x4000, 0x5000, 0x6000).unwrap();
         vring.set_queue_next_avail(0);
-        assert_eq!(health.check_restart(&vring), QueueStart::NewDriver);
+        assert_eq!(
+            health.check_restart(&vring.get_ref()),
+            QueueStart::NewDriver
+        );
         assert!(!health.is_stopped());
     }
 
     #[test]
-    fn a_queue_set_up_anew_during_a_drain_is_a_new_driver_at_the_next_kick() {
+    fn a_chain_is_answered_only_while_its_own_ring_runs() {
         let vring = vring();
-        let health = QueueHealth::default();
+        vring.set_queue_ready(true);
+        vring.set_enabled(true);
         vring.set_queue_next_avail(5);
-        health.remember(&vring);
-        assert_eq!(health.check_restart(&vring), QueueStart::Same);
-        // The drain pops 2 chains, and a normal end is remembered.
-        vring.set_queue_next_avail(7);
-        health.remember_drained(&vring, 2);
-        assert_eq!(health.check_restart(&vring), QueueStart::Same);
-        // This drain pops 1; before it remembers, the frontend sets the queue up on
-        // new rings from 0. The next kick must still see a new driver.
-        vring.set_queue_info(0x4000, 0x5000, 0x6000).unwrap();
+        let health = QueueHealth::default();
+        // A drain popped a chain from the ring at 0 and remembered where it ended.
+        health.remember(&vring.get_ref());
+        let ring = health.ring(&vring.get_ref());
+        let answer = || health.answer_to(&vring.get_ref(), ring);
+        assert_eq!(answer(), Answer::Now);
+        // Stopped by GET_VRING_BASE (or disabled): kept for later.
+        vring.set_queue_ready(false);
+        assert_eq!(answer(), Answer::Later);
+        vring.set_queue_ready(true);
+        vring.set_enabled(false);
+        assert_eq!(answer(), Answer::Later);
+        // Started again on the same rings where it stopped: answered.
+        vring.set_enabled(true);
+        assert_eq!(answer(), Answer::Now);
+        // A new driver on the same addresses from index 0, before its first kick:
+        // not the chain's ring.
         vring.set_queue_next_avail(0);
-        health.remember_drained(&vring, 1);
-        assert_eq!(health.check_restart(&vring), QueueStart::NewDriver);
-    }
-
-    #[test]
-    fn a_drain_pops_nothing_from_a_ring_other_than_the_checked_one() {
-        let vring = vring();
-        let guest = GuestMemoryAtomic::new(memory());
-        let m = guest.memory();
-        // One chain pending (avail idx 1) on the ring at 0 is looked at (the queue
-        // is not ready, so it is a broken ring here) ...
-        m.write_obj(1u16, GuestAddress(0x1000 + 2)).unwrap();
-        assert!(!matches!(pop_checked(&m, &vring, Some(0)), Ok(None)));
-        // ... and left alone by a drain that checked another table.
-        assert!(matches!(pop_checked(&m, &vring, Some(0x4000)), Ok(None)));
+        assert_eq!(answer(), Answer::Never);
+        // Its first kick sees the new driver; the old ring's chains stay unanswered
+        // even once the new ring has moved on.
+        assert_eq!(
+            health.check_restart(&vring.get_ref()),
+            QueueStart::NewDriver
+        );
+        health.remember(&vring.get_ref());
+        vring.set_queue_next_avail(5);
+        health.remember(&vring.get_ref());
+        assert_eq!(answer(), Answer::Never);
+        // A chain of the new ring is answered there, but not once the ring is set
+        // up on other addresses, nor after a device reset.
+        let ring = health.ring(&vring.get_ref());
+        assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Now);
+        vring.set_queue_info(0x4000, 0x5000, 0x6000).unwrap();
+        assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Never);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Now);
+        health.ring_gone();
+        assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Never);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use virtio_queue::DescriptorChain;
 use crate::fs::share::Share;
 use crate::qos::Cost;
 
-use super::queue::Mem;
+use super::queue::{Mem, RingId};
 
 /// The largest local copy a waiting request may keep: a request larger than this (a
 /// SETXATTR value, a SYMLINK of a long target) is served at once and charged, so a
@@ -58,8 +58,8 @@ impl Line {
 /// One request queue's waiting lines, one per volume with requests waiting.
 #[derive(Default)]
 pub struct WaitRoom {
-    /// The descriptor table the waiting chains belong to.
-    table: Option<u64>,
+    /// The ring the waiting chains belong to.
+    ring: Option<RingId>,
     lines: Vec<Line>,
     /// When the worker's timer is set to fire (None: not set, or it fired).
     armed: Option<Instant>,
@@ -83,22 +83,22 @@ impl WaitRoom {
         self.lines.iter().any(|l| l.is_for(share))
     }
 
-    /// The descriptor table the waiting chains came from.
-    pub fn table(&self) -> Option<u64> {
-        self.table
+    /// The ring the waiting chains came from (None: nothing waits).
+    pub fn ring(&self) -> Option<RingId> {
+        self.ring
     }
 
     /// Puts a request at the end of its volume's line.
     pub fn push(
         &mut self,
         share: &Arc<Share>,
-        table: u64,
+        ring: RingId,
         chain: DescriptorChain<Mem>,
         request: &[u8],
         cost: Cost,
         now: Instant,
     ) {
-        self.table = Some(table);
+        self.ring = Some(ring);
         share.stats.qos.throttled.fetch_add(1, Ordering::Relaxed);
         share.stats.qos.waiting.fetch_add(1, Ordering::Relaxed);
         let waiting = Waiting {
@@ -192,7 +192,7 @@ impl WaitRoom {
                     .fetch_sub(line.requests.len() as u64, Ordering::Relaxed);
             }
         }
-        self.table = None;
+        self.ring = None;
         self.armed = None;
         self.new_line = false;
         n
@@ -295,11 +295,12 @@ impl WakeTimers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::GuestMmap;
     use crate::qos::{BucketConfig, RateLimit};
     use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::QueueT;
-    use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+    use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
     fn limited(name: &str, per_second: u64) -> Arc<Share> {
         let s = Arc::new(Share::for_test(name, false));
@@ -315,12 +316,15 @@ mod tests {
     }
 
     const ONE: Cost = Cost { ops: 1, bytes: 0 };
+    const RING: RingId = RingId {
+        table: 0x1000,
+        generation: 0,
+    };
 
     #[test]
     fn lines_go_in_order_as_their_volumes_refill_and_a_detached_one_goes_at_once() {
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let a = limited("a", 10);
@@ -346,9 +350,9 @@ mod tests {
             chains.push(queue.pop_descriptor_chain(m.clone()).unwrap());
         }
         let mut chains = chains.into_iter();
-        room.push(&a, 0, chains.next().unwrap(), b"a1", ONE, t0);
-        room.push(&b, 0, chains.next().unwrap(), b"b1", ONE, t0);
-        room.push(&a, 0, chains.next().unwrap(), b"a2", ONE, t0);
+        room.push(&a, RING, chains.next().unwrap(), b"a1", ONE, t0);
+        room.push(&b, RING, chains.next().unwrap(), b"b1", ONE, t0);
+        room.push(&a, RING, chains.next().unwrap(), b"a2", ONE, t0);
         assert!(room.has_line(&a) && room.has_line(&b));
         assert_eq!(a.stats.qos.waiting.load(Ordering::Relaxed), 2);
         let mut ready = Vec::new();
@@ -379,9 +383,8 @@ mod tests {
 
     #[test]
     fn a_new_driver_drops_the_lines_and_a_lifted_limit_lets_them_go() {
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
@@ -398,19 +401,19 @@ mod tests {
             ))])
             .unwrap();
             let c = queue.pop_descriptor_chain(m.clone()).unwrap();
-            room.push(&a, 0x1000, c, b"r", ONE, t0);
+            room.push(&a, RING, c, b"r", ONE, t0);
         }
-        assert_eq!(room.table(), Some(0x1000));
+        assert_eq!(room.ring(), Some(RING));
         assert_eq!(room.clear(), 2);
         assert_eq!(a.stats.qos.waiting.load(Ordering::Relaxed), 0);
-        assert_eq!(room.table(), None);
+        assert_eq!(room.ring(), None);
 
         let c = {
             q.build_desc_chain(&[RawDescriptor::from(Descriptor::new(0x9000, 64, 0, 0))])
                 .unwrap();
             queue.pop_descriptor_chain(m.clone()).unwrap()
         };
-        room.push(&a, 0x1000, c, b"r", ONE, t0);
+        room.push(&a, RING, c, b"r", ONE, t0);
         a.stats.qos.set(None);
         let mut ready = Vec::new();
         assert_eq!(room.take_ready(t0, &mut ready), None);
@@ -435,9 +438,8 @@ mod tests {
         room.set_timer(&t, now, None);
         assert_eq!(room.armed, None);
 
-        let mem = GuestMemoryAtomic::new(
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
-        );
+        let mem =
+            GuestMemoryAtomic::new(GuestMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
         let m = mem.memory();
         let q = MockSplitQueue::new(&*m, 16);
         let mut queue = q.create_queue::<virtio_queue::Queue>().unwrap();
@@ -448,11 +450,11 @@ mod tests {
         };
         let a = limited("a", 1);
         assert!(!room.needs_look());
-        room.push(&a, 0, pop(), b"1", ONE, now);
+        room.push(&a, RING, pop(), b"1", ONE, now);
         assert!(room.needs_look(), "a new line");
         room.set_timer(&t, now, Some(ms(1000)));
         assert!(!room.needs_look());
-        room.push(&a, 0, pop(), b"2", ONE, now);
+        room.push(&a, RING, pop(), b"2", ONE, now);
         assert!(!room.needs_look(), "behind the first of its line");
     }
 

@@ -67,11 +67,7 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
                 .to_vec()
             }),
         OPCODE_SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
-        OPCODE_SETLKW => r
-            .read_obj::<LkIn>()
-            .map_err(|_| einval())
-            .and_then(|a| fs.setlkw(&ctx, header.nodeid, a.fh, a.owner, a.lk.into(), a.lk_flags))
-            .map(|_| Vec::new()),
+        OPCODE_SETLKW => setlkw(fs, header, r).map(|_| Vec::new()),
         OPCODE_TMPFILE => r
             .read_obj::<CreateIn>()
             .map_err(|_| einval())
@@ -97,6 +93,24 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
             reply(w, header.unique, -code, &[])
         }
     }
+}
+
+/// Decodes and runs a SETLKW: it blocks until the lock is granted, the wait is
+/// interrupted (a detach, a new session) or fails. Its reply has no body.
+pub fn setlkw<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSlice>(
+    fs: &F,
+    header: &InHeader,
+    r: &mut Reader<'_, S>,
+) -> io::Result<()> {
+    let a = r.read_obj::<LkIn>().map_err(|_| einval())?;
+    fs.setlkw(
+        &Context::from(header),
+        header.nodeid,
+        a.fh,
+        a.owner,
+        a.lk.into(),
+        a.lk_flags,
+    )
 }
 
 fn einval() -> io::Error {

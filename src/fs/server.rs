@@ -71,6 +71,23 @@ pub fn parse_header(request: &[u8]) -> Option<InHeader> {
     InHeader::from_slice(request.get(..size_of::<InHeader>())?).copied()
 }
 
+/// What a SETLKW answers, once its wait is over: the reply's header fields (the
+/// reply has no body). Kept apart from the reply itself, which the transport writes
+/// only when its queue can take it (`device/queue.rs`).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub struct LockAnswer {
+    pub unique: u64,
+    /// 0, or a negative errno.
+    pub error: i32,
+}
+
+impl LockAnswer {
+    /// Writes the reply; returns its length.
+    pub fn write<S: BitmapSlice>(&self, w: &mut Writer<'_, S>) -> io::Result<usize> {
+        reply::reply(w, self.unique, self.error, &[])
+    }
+}
+
 /// A WRITE's data: a reader over the guest's buffers, consumed straight into the file.
 struct WriteData<'a, S: BitmapSlice>(Reader<'a, S>);
 
@@ -264,6 +281,27 @@ impl FsServer {
             self.server
                 .handle_message(local_reader(request), writer, None, None)
                 .map_err(|e| failed(e.to_string()))
+        }
+    }
+
+    /// Serves a SETLKW (`header` is its header, `request` its local copy) up to its
+    /// answer, which it does not write: the wait may last any time, and the reply
+    /// must reach guest memory only when the queue can take it. Answers as
+    /// [`Self::handle_request`] would: EIO before INIT, EINVAL for a bad body.
+    pub fn wait_for_lock(&self, header: &InHeader, request: &mut [u8]) -> LockAnswer {
+        let error = if !self.initialized.load(Ordering::Acquire) {
+            -libc::EIO
+        } else {
+            let body = request.get_mut(size_of::<InHeader>()..).unwrap_or_default();
+            let mut reader = local_reader::<()>(body);
+            match extra_ops::setlkw(&*self.fs, header, &mut reader) {
+                Ok(()) => 0,
+                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+            }
+        };
+        LockAnswer {
+            unique: header.unique,
+            error,
         }
     }
 

@@ -252,7 +252,7 @@ static ALLOWED: &[Allowed] = &[
     allow!(SYS_tgkill, MAIN | WORKER | CONTROL, Args::OwnThreads(&[libc::SIGUSR1, libc::SIGABRT]), "wake lock waits (session reset, detach); abort"),
     allow!(SYS_pidfd_send_signal, SUPER, "forward a signal to the daemon, through the pidfd opened before the filter (no call here can name another process)"),
     allow!(SYS_wait4, SUPER, "reap the daemon"),
-    allow!(SYS_clock_nanosleep, MAIN | WORKER | CONTROL | LOGGER, "thread::sleep: the log summary period, lock-wake retries, accept back-off"),
+    allow!(SYS_clock_nanosleep, MAIN | WORKER | CONTROL | LOCKW | LOGGER, "thread::sleep: the log summary period, lock-wake retries, accept back-off; a lock wait's answer waits for its stopped ring to run again"),
     // Descriptors, sockets, logging.
     allow!(SYS_write, ALL, "log lines on stderr; eventfd kicks and exit events; HTTP replies"),
     allow!(SYS_sendto, DAEMON, "log lines to /dev/log (--syslog); HTTP replies"),

@@ -14,6 +14,7 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::VhostBackend;
 
+use super::dirty_log::DirtyLog;
 use super::error::{Error, Result};
 use super::memory::GuestMemory;
 use super::virtqueue::SplitQueue;
@@ -24,6 +25,8 @@ pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 pub const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 /// VHOST_USER_F_PROTOCOL_FEATURES: protocol features can be negotiated.
 pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// VHOST_F_LOG_ALL: the backend logs every page it writes (a live migration runs).
+pub const VHOST_F_LOG_ALL: u64 = 1 << 26;
 /// Size of the virtio-fs config space: tag[36] + num_request_queues (le32).
 const VIRTIO_FS_CONFIG_SIZE: usize = 40;
 const VIRTIO_FS_TAG_LEN: usize = 36;
@@ -41,6 +44,9 @@ pub struct DeviceConfig {
     pub queue_size: u16,
     /// Negotiate VIRTIO_RING_F_EVENT_IDX if the backend offers it.
     pub event_idx: bool,
+    /// Ack VHOST_USER_PROTOCOL_F_LOG_SHMFD if the backend offers it, as a VMM that
+    /// may migrate does (then [`VhostUserFsDevice::set_log_base`] works).
+    pub dirty_log: bool,
     /// How long to keep retrying while the socket does not exist or refuses.
     pub connect_timeout: Duration,
     /// A device state to load before the memory table and the queues are set up, as
@@ -58,6 +64,7 @@ impl DeviceConfig {
             request_queues: 1,
             queue_size: 256,
             event_idx: false,
+            dirty_log: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
         }
@@ -158,6 +165,27 @@ impl VhostUserFsDevice {
         self.config.as_ref()
     }
 
+    /// VHOST_USER_SET_LOG_BASE with `log`'s memfd, as a VMM starting a live
+    /// migration does before it turns logging on (needs `DeviceConfig::dirty_log`).
+    pub fn set_log_base(&mut self, log: &DirtyLog) -> Result<()> {
+        self.frontend
+            .set_log_base(0, Some(log.region()))
+            .map_err(|e| Error::vhost("SET_LOG_BASE", e))
+    }
+
+    /// SET_FEATURES with VHOST_F_LOG_ALL set (a migration starts) or cleared (it
+    /// ended or was cancelled), the other acked features unchanged.
+    pub fn set_log_all(&mut self, on: bool) -> Result<()> {
+        let features = if on {
+            self.features.acked_features | VHOST_F_LOG_ALL
+        } else {
+            self.features.acked_features & !VHOST_F_LOG_ALL
+        };
+        self.frontend
+            .set_features(features)
+            .map_err(|e| Error::vhost(format!("SET_FEATURES {features:#x}"), e))
+    }
+
     /// Hands the queues (hiprio first) to the caller, e.g. one per worker
     /// thread. The device keeps the control connection.
     pub fn take_queues(&mut self) -> Vec<SplitQueue> {
@@ -251,12 +279,15 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
     let offered_protocol = frontend
         .get_protocol_features()
         .map_err(|e| Error::vhost("GET_PROTOCOL_FEATURES", e))?;
-    let acked_protocol = offered_protocol
-        & (VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE
-            | VhostUserProtocolFeatures::DEVICE_STATE);
+    let mut wanted = VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::DEVICE_STATE;
+    if cfg.dirty_log {
+        wanted |= VhostUserProtocolFeatures::LOG_SHMFD;
+    }
+    let acked_protocol = offered_protocol & wanted;
     frontend
         .set_protocol_features(acked_protocol)
         .map_err(|e| Error::vhost("SET_PROTOCOL_FEATURES", e))?;

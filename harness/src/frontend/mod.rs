@@ -5,15 +5,18 @@
 //! - [`memory`]: memfd-backed guest RAM shared with the backend, with an allocator.
 //! - [`virtqueue`]: the driver side of a split virtqueue in that memory.
 //! - [`device`]: the vhost-user control plane (features, mem table, vrings).
+//! - [`dirty_log`]: the dirty-page log of a live migration.
 //! - [`fuse`]: FUSE requests/replies over the request queues.
 
 pub mod device;
+pub mod dirty_log;
 pub mod error;
 pub mod fuse;
 pub mod memory;
 pub mod virtqueue;
 
 pub use device::{DeviceConfig, FsConfig, NegotiatedFeatures, VhostUserFsDevice};
+pub use dirty_log::DirtyLog;
 pub use error::{Error, Result};
 pub use fuse::{FuseClient, FuseOps, FuseQueue, InitParams, RawChain, Request};
 pub use memory::{GuestBuffer, GuestMemory};

@@ -167,6 +167,18 @@ impl SplitQueue {
         &self.call
     }
 
+    /// Guest address of the used ring (flags, idx, ring of 8-byte elements,
+    /// avail_event), the part the device writes.
+    pub fn used_ring_addr(&self) -> GuestAddress {
+        self.used_ring
+    }
+
+    /// The used index the device last published, read from guest memory (not
+    /// consumed: `pop_used` still returns the entries).
+    pub fn used_idx(&self) -> Result<u16> {
+        self.load(self.used_ring.unchecked_add(2), "used idx")
+    }
+
     /// Free descriptors left for new chains.
     pub fn free_descriptor_count(&self) -> usize {
         self.free_descriptors.len()

@@ -31,6 +31,7 @@ impl Session {
             request_queues: opts.queues,
             queue_size: 1024,
             event_idx: true,
+            dirty_log: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
         };
