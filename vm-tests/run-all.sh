@@ -50,6 +50,8 @@ SUITES=(
 	"migration-live      run:run-migration.sh --mode live"
 	# a snapshot restored on the share, then twice at once into copies of it
 	"migration-clone     run:run-migration.sh --mode clone"
+	# a snapshot of a running VM that carries on (a checkpoint)
+	"migration-checkpoint run:run-migration.sh --mode checkpoint"
 	# a held file deleted between snapshot and restore: guest-error, abort, a live abort
 	"migration-gone      run:run-migration.sh --mode gone"
 	# runtime-attached, read-only and rate-limited volumes, nodes kept by file handle

@@ -12,7 +12,7 @@
 # the guest's locks every 5 ms and must be refused whenever a VM runs.
 #
 # Usage: vm-tests/run-migration.sh --mode MODE [options]
-#   --mode live|snapshot|clone|gone|variants   (see below; required)
+#   --mode live|snapshot|clone|checkpoint|gone|variants   (see below; required)
 #   --daemon PATH          daemon binary (default target/release/volfsd)
 #   --daemon-args "..."    extra arguments of every daemon (word-split), e.g.
 #                          "--allow-mmap" for virtiofsd
@@ -39,13 +39,18 @@
 #             two copies of the share made (cp -a) while no VM ran: clone1 and
 #             clone2 run at once, each on its copy; each one's writes land in
 #             its copy only, and the original share is left alone.
+#   checkpoint  QMP migrate to file: of the running src, then cont: src carries
+#             on with its daemon (a checkpoint, as a platform takes one of a
+#             sandbox that keeps running) and the guest finishes there; its
+#             locks must still go when it lets them go.
 #   gone      snapshot of src; victim1 (held open by the guest) deleted on the
 #             host; a restore with the default --migration-on-error (abort)
 #             must fail (QEMU's error, and the daemon's log naming the file); a
 #             restore with guest-error runs (VM "restored"): victim1's fd fails
 #             (EIO or ESTALE), all else carries on; then victim2 deleted on the
 #             host and a live migration to a daemon with the default (abort)
-#             must fail, leaving "restored" running with its share.
+#             must fail (QEMU's error and the daemon's reason), leaving
+#             "restored" running with its share.
 #   variants  volfsd only: a volume "data" attached at runtime through the
 #             control socket holds the workload, a read-only volume "ro" and
 #             a rate-limited one "slow" (ops_size=100 per second) hold a reading
@@ -112,7 +117,7 @@ while [[ $# -gt 0 ]]; do
 	esac
 	shift
 done
-case $MODE in live | snapshot | clone | gone | variants) ;; *) die "--mode must be live, snapshot, clone, gone or variants" ;; esac
+case $MODE in live | snapshot | clone | checkpoint | gone | variants) ;; *) die "--mode must be live, snapshot, clone, checkpoint, gone or variants" ;; esac
 [[ -x $DAEMON ]] || die "daemon '$DAEMON' is not an executable (cargo build --release, or pass --daemon)"
 DAEMON=$(readlink -f "$DAEMON")
 [[ $EUID == 0 ]] || die "needs root (the variants mode bind-mounts volumes; volfsd's sandbox)"
@@ -446,6 +451,10 @@ snapshot() {
 		say "QMP $name: stop"
 		qmp "$name" stop >/dev/null 2>>"$LOG_DIR/qmp.log"
 	fi
+	# A VM that came in with return-path (variants: dst) keeps it, and QEMU then
+	# waits for a return path from the file ("Unable to read from file: Bad file
+	# descriptor").
+	qmp "$name" migrate-set-capabilities '{"capabilities":[{"capability":"return-path","state":false}]}' >/dev/null
 	say "QMP $name: migrate to file:$WORK/snap.bin"
 	if ! qmp "$name" migrate "{\"uri\":\"file:$WORK/snap.bin\"}" >"$LOG_DIR/query-migrate-$name.json" 2>&1 ||
 		! qmp "$name" wait-migration 300 >"$LOG_DIR/query-migrate-$name.json" 2>>"$LOG_DIR/qmp.log"; then
@@ -489,13 +498,14 @@ load_snapshot() { # load_snapshot NAME: a new QEMU NAME on daemon NAME loads it
 }
 
 # refused NAME CHECK WHAT: restore or migration into NAME failed; QEMU NAME
-# exits with its error, and daemon NAME's log names WHAT
+# exits with its error, and an error line of daemon NAME's log matches WHAT (an
+# extended regex)
 refused() {
 	local name=$1 check=$2 what=$3 qerr derr
 	gone_within "${QPID[$name]}" 20 || stop_pid "${QPID[$name]}"
 	wait "${QPID[$name]}" 2>/dev/null || true
 	qerr=$(grep -aiE 'error|fail' "$LOG_DIR/qemu-$name.log" | sed 's/^[0-9T:.Z-]* *//' | tr '\n' ' ' || true)
-	derr=$(grep -aE 'ERROR|error' "$LOG_DIR/daemon-$name.log" | grep -F -- "$what" | tail -n 1 || true)
+	derr=$(grep -aE 'ERROR|error' "$LOG_DIR/daemon-$name.log" | grep -E -- "$what" | tail -n 1 || true)
 	say "QEMU $name: $qerr"
 	say "daemon $name: ${derr:-nothing naming $what}"
 	if [[ -n $qerr && -n $derr ]]; then
@@ -610,6 +620,28 @@ mode_snapshot() {
 	fi
 }
 
+mode_checkpoint() {
+	local m=$SHARE/migr
+	boot src "$SHARE" || return 0
+	watch_locks src "$m/locked"
+	sleep "$PRE"
+	say "QMP src: migrate to file:$WORK/snap.bin (a checkpoint: src goes on)"
+	if qmp src migrate "{\"uri\":\"file:$WORK/snap.bin\"}" >"$LOG_DIR/query-migrate-src.json" 2>&1 &&
+		qmp src wait-migration 300 >"$LOG_DIR/query-migrate-src.json" 2>>"$LOG_DIR/qmp.log"; then
+		pass src/checkpoint
+		say "checkpoint of src: $(timing src); $(du -m "$WORK/snap.bin" | cut -f1) MB"
+	else
+		fail src/checkpoint "$(mig_error src)"
+	fi
+	qmp src cont >/dev/null 2>>"$LOG_DIR/qmp.log" || true
+	local st
+	st=$(qmp src wait-status running 30 2>&1 | tr -d '\n ' || true)
+	if [[ $st == *'"running"'* ]]; then pass src/runs-on-after-checkpoint; else fail src/runs-on-after-checkpoint "status: $st"; fi
+	guest_goes_on src "$m"
+	sleep "$POST"
+	finish_on src "$m" checkpoint
+}
+
 mode_gone() {
 	local m=$SHARE/migr
 	boot src "$SHARE" || return 0
@@ -643,7 +675,9 @@ mode_gone() {
 		finish_on abortlive "$m" gone restored
 		return 0
 	fi
-	refused abortlive abortlive/live-migration-refused-naming-the-file victim2
+	# The file is gone from the source's view too (it has no path any more):
+	# the daemon's reason is enough here, whatever it calls the file.
+	refused abortlive abortlive/live-migration-refused-with-the-daemons-reason 'device state|Failed to load state'
 	local st
 	st=$(qmp restored wait-status running 30 2>&1 | tr -d '\n ' || true)
 	if [[ $st == *'"running"'* ]]; then
