@@ -64,6 +64,8 @@
 # watcher's lockwatch-NAME.log; query-migrate-NAME.json. The script prints each
 # result and ends with "N passed, N failed"; exit status 0 only if nothing
 # failed. QEMU 10 is needed (tests/install-deps.sh installs it).
+# VMTEST_BREAK_BOOTS=N makes the first N boots fail (as in run-vm.sh), to test
+# the retry of a boot that never reaches /init.
 set -eEuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -180,6 +182,8 @@ else
 	ACCEL=tcg,thread=multi CPU=max
 fi
 
+BREAK="" # VMTEST_BREAK_BOOTS=N (as in run-vm.sh): the first N boots never reach /init
+
 start_qemu() { # start_qemu NAME [QEMU ARGS...]: QEMU NAME on daemon NAME's socket
 	local name=$1
 	shift
@@ -192,7 +196,7 @@ start_qemu() { # start_qemu NAME [QEMU ARGS...]: QEMU NAME on daemon NAME's sock
 		-chardev "socket,id=char0,path=$WORK/$name.sock" \
 		-device vhost-user-fs-pci,chardev=char0,tag=share,num-request-queues=1,queue-size=1024 \
 		-kernel "$REPO/build/guest/vmlinuz" -initrd "$REPO/build/guest/initramfs.cpio.gz" \
-		-append "console=ttyS0 panic=-1 quiet vmtest.suite=migration vmtest.migration=$MODE" \
+		-append "console=ttyS0 panic=-1 quiet vmtest.suite=migration vmtest.migration=$MODE$BREAK" \
 		-nodefaults -display none -monitor none -serial "file:$LOG_DIR/serial-$name.log" \
 		-nic none -no-reboot -msg timestamp=on \
 		-qmp "unix:$WORK/qmp-$name.sock,server=on,wait=off" "$@" >"$LOG_DIR/qemu-$name.log" 2>&1 &
@@ -377,6 +381,8 @@ host_checks() {
 boot() {
 	local name=$1 attempt
 	for attempt in $(seq "$BOOT_ATTEMPTS"); do
+		BREAK=""
+		((attempt > ${VMTEST_BREAK_BOOTS:-0})) || BREAK=" rdinit=/bin/false"
 		start_daemon "$@"
 		start_qemu "$name"
 		wait_serial "$name" '^VMTEST INIT$' "$BOOT_TIMEOUT" && break
@@ -390,6 +396,7 @@ boot() {
 			return 1
 		fi
 	done
+	BREAK=""
 	say "guest $name reached /init"
 	if [[ $MODE == variants ]]; then
 		wait_serial "$name" '^VMTEST SYNC attach-data$' 120 || { fail "$name/attach-data" "the guest never asked for it"; return 1; }
