@@ -289,10 +289,10 @@ unwatch_locks() {
 	unset "LWPID[$1]"
 	summary=$(tail -n 1 "$LOG_DIR/lockwatch-$1.log")
 	if [[ $summary =~ ^attempts\ ([0-9]+)\ posix-granted\ 0\ flock-granted\ 0$ ]] && ((BASH_REMATCH[1] > 10)); then
-		pass "host-locks-held-$1"
+		pass "$1/host-locks-held"
 		say "lock watcher $1: $summary ($2)"
 	else
-		fail "host-locks-held-$1" "$2: $summary; $(grep -m 3 granted "$LOG_DIR/lockwatch-$1.log" | tr '\n' ' ')"
+		fail "$1/host-locks-held" "$2: $summary; $(grep -m 3 granted "$LOG_DIR/lockwatch-$1.log" | tr '\n' ' ')"
 	fi
 }
 
