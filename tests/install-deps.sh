@@ -5,7 +5,8 @@ set -euo pipefail
 
 # redis-server: JuiceFS's metadata engine in the shared-volume suites (run-pair.sh,
 # run-plugin.sh).
-PACKAGES=(qemu-system-x86 busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap redis-server)
+# QEMU is not in the list: it must be QEMU 10 (below).
+PACKAGES=(busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap redis-server)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -17,6 +18,53 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q
 	apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# QEMU 10 for every VM suite: the migration suites need its vhost-user-fs device
+# state (SET_DEVICE_STATE_FD); Debian 12 ships 7.2, its backports 10.0. Taken from
+# CODENAME-backports when the release's own QEMU is older. The backports source is
+# the release's main entry of the system's apt sources with only the suite changed
+# (debian-backports.sources from debian.sources, or a .list line), so no archive
+# is named here.
+qemu_major() { qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'; }
+candidate_major() { # the major version apt would install
+	apt-cache policy qemu-system-x86 2>/dev/null |
+		sed -n 's/^ *Candidate: \([0-9]*:\)\{0,1\}\([0-9]*\)\..*/\2/p'
+}
+add_backports() { # add_backports SUITE: an apt source for SUITE, once
+	local suite=$1 d=/etc/apt/sources.list.d stanza line
+	[[ -e $d/debian-backports.sources || -e $d/debian-backports.list ]] && return 0
+	if [[ -f $d/debian.sources ]]; then
+		stanza=$(awk -v s="${suite%-backports}" 'BEGIN {RS = ""}
+			{for (i = 1; i <= NF; i++) if ($i == s && $0 ~ /(^|\n)Suites:/) {print; exit}}' "$d/debian.sources")
+		[[ -n $stanza ]] || { echo "install-deps: no ${suite%-backports} entry in $d/debian.sources" >&2; return 1; }
+		printf '%s\n' "$stanza" | sed "s/^Suites:.*/Suites: $suite/" >"$d/debian-backports.sources"
+	else
+		line=$(grep -hE "^deb +(\[[^]]*\] +)?[^ ]+ +${suite%-backports} " /etc/apt/sources.list "$d"/*.list 2>/dev/null | head -n 1)
+		[[ -n $line ]] || { echo "install-deps: no apt entry for ${suite%-backports} to copy" >&2; return 1; }
+		# deb [OPTIONS] URI SUITE COMPONENTS...: the field after the URI
+		awk -v s="$suite" '{for (i = 2; i <= NF; i++) if ($(i - 1) ~ /:\/\//) {$i = s; break}; print}' \
+			<<<"$line" >"$d/debian-backports.list"
+	fi
+	echo "install-deps: added the $suite apt source"
+}
+if [[ $(qemu_major) -lt 10 ]] 2>/dev/null || [[ -z $(qemu_major) ]]; then
+	[[ $(id -u) == 0 ]] || { echo "install-deps: need root to install QEMU 10" >&2; exit 1; }
+	export DEBIAN_FRONTEND=noninteractive
+	# shellcheck source=/dev/null
+	. /etc/os-release
+	target=()
+	apt-get update -q
+	if [[ $(candidate_major) -lt 10 ]]; then
+		add_backports "$VERSION_CODENAME-backports" || exit 1
+		apt-get update -q
+		target=(-t "$VERSION_CODENAME-backports")
+	fi
+	echo "install-deps: installing qemu-system-x86 ${target[*]}"
+	apt-get install -y -q --no-install-recommends "${target[@]}" qemu-system-x86
+	[[ $(qemu_major) -ge 10 ]] 2>/dev/null || {
+		echo "install-deps: QEMU 10 is needed; got: $(qemu-system-x86_64 --version 2>&1 | head -n 1)" >&2
+		exit 1
+	}
 fi
 command -v cargo >/dev/null || { echo "install-deps: cargo not found (install Rust with rustup)" >&2; exit 1; }
 for c in rustfmt clippy; do

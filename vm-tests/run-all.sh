@@ -45,6 +45,17 @@ SUITES=(
 	"pair-juicefs        run:run-pair.sh --backend juicefs"
 	# the reference JuiceFS volume plugin, driven as a node agent drives it
 	"plugin-juicefs      run:run-plugin.sh"
+	# live migration, snapshot/restore and clones under QEMU 10 (issue 24): a working
+	# guest moved with its fds, readdir position, cwd, locks, shared map and fio intact
+	"migration-live      run:run-migration.sh --mode live"
+	# a snapshot restored on the share, then twice at once into copies of it
+	"migration-clone     run:run-migration.sh --mode clone"
+	# a snapshot of a running VM that carries on (a checkpoint)
+	"migration-checkpoint run:run-migration.sh --mode checkpoint"
+	# a held file deleted between snapshot and restore: guest-error, abort, a live abort
+	"migration-gone      run:run-migration.sh --mode gone"
+	# runtime-attached, read-only and rate-limited volumes, nodes kept by file handle
+	"migration-variants  run:run-migration.sh --mode variants"
 	# Add more suites here, one line each.
 )
 

@@ -59,7 +59,7 @@ static const char *errname(int e)
 	E(EFAULT) E(EBUSY) E(EEXIST) E(EXDEV) E(ENODEV) E(ENOTDIR) E(EISDIR)
 	E(EINVAL) E(EFBIG) E(ENOSPC) E(ESPIPE) E(EROFS) E(EMLINK) E(ERANGE)
 	E(ENAMETOOLONG) E(ENOSYS) E(ENOTEMPTY) E(ELOOP) E(ENXIO) E(EOPNOTSUPP)
-	E(ENODATA) E(EOVERFLOW) E(ETXTBSY) E(ESTALE)
+	E(ENODATA) E(EOVERFLOW) E(ETXTBSY) E(ESTALE) E(EBADMSG)
 #undef E
 	default: return "EUNKNOWN";
 	}
@@ -1040,6 +1040,258 @@ static int cmd_uniform(int argc, char **argv)
 	return report(0, 0, "");
 }
 
+/*
+ * Holders for the migration suite (suites/migration.sh): each keeps something
+ * open while the host moves the VM (live migration, snapshot and restore) and
+ * checks it afterwards. The guest never learns when it moves: each prints one
+ * readiness line, works on until GOFILE exists, then reports.
+ */
+static int gone_yet(const char *gofile)
+{
+	return access(gofile, F_OK) == 0;
+}
+
+/* readhold FILE SEED GOFILE: FILE holds `pattern write FILE MIB SEED`. One
+ * open O_RDONLY; every 50 ms one 4 KiB read() at the fd's position (from the
+ * start again at the end), each checked against the pattern; once GOFILE
+ * exists, the rest of the file through the same fd. Prints "open", then
+ * "reads N bytes B"; fails naming the offset of a mismatch or a short file. */
+static int cmd_readhold(int argc, char **argv)
+{
+	if (argc != 4)
+		usage_exit("readhold FILE SEED GOFILE");
+	uint64_t seed = num(argv[2]);
+	int fd = open(argv[1], O_RDONLY);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return report(-1, errno, "fstat");
+	printf("open\n");
+	fflush(stdout);
+	static uint64_t buf[512], want[512];
+	unsigned long long reads = 0, bytes = 0;
+	off_t pos = 0;
+	int last = 0;
+	for (;;) {
+		if (!last && gone_yet(argv[3]))
+			last = 1; /* from here on: to the end of the file, then stop */
+		ssize_t n = read(fd, buf, sizeof(buf));
+		if (n < 0)
+			return report(-1, errno, "read of the held file");
+		reads++;
+		if (n == 0) {
+			if (pos != st.st_size) {
+				fprintf(stderr, "fsops: readhold: end of file at %lld, size %lld\n",
+					(long long)pos, (long long)st.st_size);
+				return 1;
+			}
+			if (last)
+				break;
+			if (lseek(fd, 0, SEEK_SET) < 0)
+				return report(-1, errno, "lseek");
+			pos = 0;
+			continue;
+		}
+		if (n % 8 || (pos % 8)) {
+			fprintf(stderr, "fsops: readhold: odd read of %zd bytes at %lld\n", n, (long long)pos);
+			return 1;
+		}
+		pattern_fill(seed, pos, want, n);
+		if (memcmp(buf, want, n)) {
+			fprintf(stderr, "fsops: readhold: %s: data differs in the %zd bytes at %lld (read %llu)\n",
+				argv[1], n, (long long)pos, reads);
+			return 1;
+		}
+		pos += n;
+		bytes += n;
+		if (!last)
+			usleep(50000);
+	}
+	close(fd);
+	printf("reads %llu bytes %llu\n", reads, bytes);
+	return 0;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+struct linux_dirent64_ {
+	uint64_t d_ino;
+	int64_t d_off;
+	unsigned short d_reclen;
+	unsigned char d_type;
+	char d_name[];
+};
+
+/* dirhold DIR N GOFILE: open DIR and read entries with getdents64 into a small
+ * buffer (a few entries per call: the kernel asks the daemon again at the
+ * stream's position each time) until at least N names are read; print "held K";
+ * wait for GOFILE; read on to the end through the same fd. Prints
+ * "entries TOTAL dups D" (. and .. left out). */
+static int cmd_dirhold(int argc, char **argv)
+{
+	if (argc != 4)
+		usage_exit("dirhold DIR N GOFILE");
+	unsigned long n = num(argv[2]);
+	int fd = open(argv[1], O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	size_t cap = 1024, count = 0;
+	char **names = malloc(cap * sizeof(*names));
+	if (!names)
+		die("malloc");
+	char buf[320];
+	int held = 0;
+	for (;;) {
+		if (!held && count >= n) {
+			printf("held %zu\n", count);
+			fflush(stdout);
+			while (!gone_yet(argv[3]))
+				usleep(20000);
+			held = 1;
+		}
+		long got = syscall(SYS_getdents64, fd, buf, sizeof(buf));
+		if (got < 0)
+			return report(-1, errno, "getdents64 of the held directory");
+		if (got == 0)
+			break;
+		for (long off = 0; off < got;) {
+			struct linux_dirent64_ *d = (void *)(buf + off);
+			off += d->d_reclen;
+			if (!strcmp(d->d_name, ".") || !strcmp(d->d_name, ".."))
+				continue;
+			if (count == cap) {
+				cap *= 2;
+				names = realloc(names, cap * sizeof(*names));
+				if (!names)
+					die("realloc");
+			}
+			names[count++] = strdup(d->d_name);
+		}
+	}
+	if (!held) {
+		fprintf(stderr, "fsops: dirhold: %s has %zu entries, fewer than %lu\n", argv[1], count, n);
+		return 1;
+	}
+	close(fd);
+	qsort(names, count, sizeof(*names), name_cmp);
+	size_t dups = 0;
+	for (size_t i = 1; i < count; i++)
+		dups += !strcmp(names[i - 1], names[i]);
+	printf("entries %zu dups %zu\n", count, dups);
+	return 0;
+}
+
+/* holdio FILE GOFILE: open FILE O_RDWR, write "held\n" at 0, print "open", wait
+ * for GOFILE, then pread and pwrite through the same fd. Prints
+ * "read=ERRNO write=ERRNO" (OK when it worked). */
+static int cmd_holdio(int argc, char **argv)
+{
+	if (argc != 3)
+		usage_exit("holdio FILE GOFILE");
+	int fd = open(argv[1], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	if (pwrite(fd, "held\n", 5, 0) != 5)
+		return report(-1, errno, "pwrite");
+	printf("open\n");
+	fflush(stdout);
+	while (!gone_yet(argv[2]))
+		usleep(20000);
+	char b[5];
+	ssize_t r = pread(fd, b, sizeof(b), 0);
+	int re = r < 0 ? errno : (r == 5 && !memcmp(b, "held\n", 5)) ? 0 : EBADMSG;
+	ssize_t w = pwrite(fd, "again\n", 6, 5);
+	int we = w < 0 ? errno : w == 6 ? 0 : EIO;
+	printf("read=%s write=%s\n", re ? errname(re) : "OK", we ? errname(we) : "OK");
+	close(fd);
+	return 0;
+}
+
+/* mmaphold FILE GOFILE: map FILE (4 KiB or more) shared read-write; write
+ * "before-move\n" at offset 0 and msync; print "mapped"; then every 100 ms
+ * write "tick NNNNNNNN\n" at 64 and msync, until GOFILE exists; then write
+ * "after-move\n" at 128, msync and unmap. Prints "ticks N". */
+static int cmd_mmaphold(int argc, char **argv)
+{
+	if (argc != 3)
+		usage_exit("mmaphold FILE GOFILE");
+	int fd = open(argv[1], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	size_t len = 4096;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return report(-1, errno, "mmap shared read-write");
+	memcpy(p, "before-move\n", 12);
+	if (msync(p, len, MS_SYNC) < 0)
+		return report(-1, errno, "msync before the move");
+	printf("mapped\n");
+	fflush(stdout);
+	unsigned long ticks = 0;
+	while (!gone_yet(argv[2])) {
+		char t[32];
+		snprintf(t, sizeof(t), "tick %08lu\n", ++ticks);
+		memcpy(p + 64, t, strlen(t));
+		if (msync(p, len, MS_SYNC) < 0)
+			return report(-1, errno, "msync");
+		usleep(100000);
+	}
+	memcpy(p + 128, "after-move\n", 11);
+	if (msync(p, len, MS_SYNC) < 0)
+		return report(-1, errno, "msync after the move");
+	if (munmap(p, len) < 0)
+		return report(-1, errno, "munmap");
+	close(fd);
+	printf("ticks %lu\n", ticks);
+	return 0;
+}
+
+/* lockwatch FILE STOPFILE [INTERVAL_MS] (host side): every INTERVAL_MS (default
+ * 5) try a classic POSIX write lock and an flock on FILE without waiting, until
+ * STOPFILE exists; a lock that is granted is released at once. Prints a line for
+ * each of the first 20 grants ("granted posix|flock at EPOCH.MS") and at the end
+ * "attempts N posix-granted P flock-granted F". */
+static int cmd_lockwatch(int argc, char **argv)
+{
+	if (argc != 3 && argc != 4)
+		usage_exit("lockwatch FILE STOPFILE [INTERVAL_MS]");
+	unsigned long interval = argc == 4 ? num(argv[3]) : 5;
+	int fd = open(argv[1], O_RDWR);
+	if (fd < 0)
+		return report(-1, errno, argv[1]);
+	unsigned long attempts = 0, posix = 0, fl = 0;
+	while (!gone_yet(argv[2])) {
+		struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+		struct timeval tv;
+		attempts++;
+		if (fcntl(fd, F_SETLK, &lk) == 0) {
+			gettimeofday(&tv, NULL);
+			if (posix++ + fl < 20)
+				printf("granted posix at %ld.%03ld\n", (long)tv.tv_sec, (long)tv.tv_usec / 1000);
+			lk.l_type = F_UNLCK;
+			fcntl(fd, F_SETLK, &lk);
+		} else if (errno != EAGAIN && errno != EACCES) {
+			return report(-1, errno, "fcntl F_SETLK");
+		}
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+			gettimeofday(&tv, NULL);
+			if (posix + fl++ < 20)
+				printf("granted flock at %ld.%03ld\n", (long)tv.tv_sec, (long)tv.tv_usec / 1000);
+			flock(fd, LOCK_UN);
+		} else if (errno != EWOULDBLOCK) {
+			return report(-1, errno, "flock");
+		}
+		fflush(stdout);
+		usleep(interval * 1000);
+	}
+	printf("attempts %lu posix-granted %lu flock-granted %lu\n", attempts, posix, fl);
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -1085,6 +1337,11 @@ static const struct {
 	{"openwait", cmd_openwait, "FILE r|w|direct-r|direct-w GOFILE (holds it open until GOFILE exists)"},
 	{"uniform", cmd_uniform, "FILE (one byte repeated? prints SIZE BYTE)"},
 	{"mmap", cmd_mmap, "write FILE OFFSET STRING sync|unmap|wait:GOFILE | read FILE OFFSET LEN | private FILE OFFSET STRING | rwmap-rdonly FILE"},
+	{"readhold", cmd_readhold, "FILE SEED GOFILE (a pattern file read slowly through one fd until GOFILE, then to its end)"},
+	{"dirhold", cmd_dirhold, "DIR N GOFILE (N entries read, the rest after GOFILE; prints entries T dups D)"},
+	{"holdio", cmd_holdio, "FILE GOFILE (open O_RDWR until GOFILE, then pread/pwrite: prints read=E write=E)"},
+	{"mmaphold", cmd_mmaphold, "FILE GOFILE (shared map written and msynced every 100 ms until GOFILE)"},
+	{"lockwatch", cmd_lockwatch, "FILE STOPFILE [MS] (host: try a POSIX lock and an flock every MS until STOPFILE)"},
 };
 
 int main(int argc, char **argv)
