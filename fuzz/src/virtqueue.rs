@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use volfsd::device::parked::Parked;
 use volfsd::device::queue::{self, QueueHealth, QueueRef};
 use volfsd::device::throttle::{WaitRoom, WakeTimer};
 use volfsd::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
@@ -148,6 +149,7 @@ pub fn run_virtqueue(data: &[u8]) {
     let index = if hiprio { 0 } else { 1 };
     let room = Mutex::new(WaitRoom::default());
     let timer = WakeTimer::new().expect("a timerfd");
+    let parked = Arc::new(Parked::default());
     let queue_ref = QueueRef {
         vring: &vring,
         index,
@@ -156,6 +158,7 @@ pub fn run_virtqueue(data: &[u8]) {
         room: (!hiprio).then_some(&room),
         timer: (!hiprio).then_some(&timer),
         health: &health,
+        parked: &parked,
     };
 
     for _ in 0..kicks {
