@@ -3,7 +3,7 @@
 //!
 //! Each volume counts, per FUSE operation ([`Op`]): requests that succeeded and
 //! that failed, and their durations in a histogram with fixed buckets; and, per errno
-//! class ([`ErrnoClass`]), its errors. The read-only guard, where every request is
+//! class ([`ERRNO_CLASSES`]), its errors. The read-only guard, where every request is
 //! already counted for its volume, records them (`fs/readonly.rs`). Every label
 //! comes from a bounded set: operations and errno classes are enumerated here, and
 //! volumes are bounded by the attach limit. All counters are relaxed atomics, two
