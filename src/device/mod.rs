@@ -372,7 +372,6 @@ impl VhostUserBackend for FsBackend {
         }
         // SET_FEATURES opens every other device start, a resume after a pause included.
         self.starts.fetch_add(1, Ordering::AcqRel);
-        self.state.device_started();
     }
 
     fn reset_device(&self) {
@@ -486,6 +485,11 @@ impl VhostUserBackend for FsBackend {
                 debug!("queue {index}: a new driver started the device");
                 self.server.start_over();
             }
+        }
+        if virtio_queue::QueueT::ready(state.get_queue()) && state.is_enabled() {
+            // Serving here again after a save (a refused live migration, a snapshot
+            // the VM goes on from): a same-host offer of the locks is withdrawn.
+            self.state.serving_again();
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);

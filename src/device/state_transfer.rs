@@ -16,7 +16,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use log::{error, info};
@@ -60,7 +60,8 @@ pub struct DeviceSide {
 pub struct StateTransfer {
     jobs: Mutex<Option<Sender<Queued>>>,
     outcome: Mutex<Option<Receiver<Result<(), String>>>>,
-    handoff: Mutex<Option<Arc<Handoff>>>,
+    /// Set once with the state thread.
+    handoff: OnceLock<Arc<Handoff>>,
 }
 
 impl StateTransfer {
@@ -73,7 +74,9 @@ impl StateTransfer {
         device: DeviceSide,
     ) -> io::Result<()> {
         let (tx, rx) = mpsc::channel::<Queued>();
-        self.handoff.lock().unwrap().clone_from(&cfg.handoff);
+        if let Some(h) = &cfg.handoff {
+            let _ = self.handoff.set(h.clone());
+        }
         std::thread::Builder::new()
             .name("volfsd-state".into())
             .spawn(move || {
@@ -125,12 +128,13 @@ impl StateTransfer {
         Ok(None)
     }
 
-    /// The device runs again at this daemon (a refused live migration, a snapshot the
-    /// VM carries on from, a new frontend): what a save offered a destination on this
-    /// host is withdrawn. Its copies of the lock files would otherwise hold the
-    /// guest's locks after the guest lets go of them here.
-    pub fn device_started(&self) {
-        if let Some(handoff) = self.handoff.lock().unwrap().as_ref() {
+    /// A ring is served at this daemon again (a refused live migration, a snapshot
+    /// the VM carries on from): what a save offered a destination on this host is
+    /// withdrawn. Its copies of the lock files would otherwise hold the guest's locks
+    /// after the guest lets go of them here. (Not at SET_FEATURES: QEMU's resume may
+    /// look like the end of a migration's dirty logging there.)
+    pub fn serving_again(&self) {
+        if let Some(handoff) = self.handoff.get() {
             handoff.withdraw();
         }
     }

@@ -26,6 +26,7 @@ use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -88,6 +89,8 @@ pub struct Handoff {
     name: String,
     boot_id: String,
     offer: Mutex<Option<Offer>>,
+    /// `offer` holds one (read without its lock on every kick).
+    offering: AtomicBool,
     serving: std::sync::Once,
 }
 
@@ -128,6 +131,7 @@ impl Handoff {
             name,
             boot_id,
             offer: Mutex::new(None),
+            offering: AtomicBool::new(false),
             serving: std::sync::Once::new(),
         }))
     }
@@ -156,6 +160,7 @@ impl Handoff {
         let mut token = [0u8; TOKEN_LEN];
         getrandom(&mut token)?;
         *self.offer.lock().unwrap() = Some(Offer { token, files });
+        self.offering.store(true, Ordering::Release);
         let me = self.clone();
         let mut started = Ok(());
         self.serving.call_once(|| {
@@ -172,8 +177,12 @@ impl Handoff {
         }))
     }
 
-    /// Withdraws the offer, if any, closing its copies of the open files.
+    /// Withdraws the offer, if any, closing its copies of the open files. Cheap when
+    /// there is none (called on every kick).
     pub fn withdraw(&self) {
+        if !self.offering.load(Ordering::Relaxed) || !self.offering.swap(false, Ordering::AcqRel) {
+            return;
+        }
         if let Some(offer) = self.offer.lock().unwrap().take() {
             info!(
                 "the device runs here again: {} open files offered to a destination are no longer offered",
