@@ -16,8 +16,12 @@
 #
 # The result is cached: it is rebuilt only when an input file or a package
 # version changes (all hashed into build/guest/stamp). Prints the paths.
+# --without-pjdfstest (the demo, which never runs it): a guest built already,
+# with or without pjdfstest, is taken as it is when its other inputs are
+# unchanged; otherwise one is built without pjdfstest (and without building it:
+# minutes on a fresh machine). The next build for the suites puts it back.
 #
-# Usage: vm-tests/build-guest.sh [--force] [--quiet]
+# Usage: vm-tests/build-guest.sh [--force] [--quiet] [--without-pjdfstest]
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,6 +29,7 @@ REPO=$(cd "$HERE/.." && pwd)
 OUT="$REPO/build/guest"
 FORCE=0
 QUIET=0
+WITH_PJDFSTEST=1
 PJDFSTEST_VERSION=0.2.2
 PJDFSTEST_DIR="$REPO/build/pjdfstest/$PJDFSTEST_VERSION"
 TMP=""
@@ -37,7 +42,8 @@ parse_args() {
 		case "$1" in
 		--force) FORCE=1 ;;
 		--quiet) QUIET=1 ;;
-		-h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+		--without-pjdfstest) WITH_PJDFSTEST=0 ;;
+		-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
 		*) die "unknown option: $1" ;;
 		esac
 		shift
@@ -224,10 +230,18 @@ main() {
 	local kpkg kver kroot stamp pjd
 	kpkg=$(kernel_package)
 	kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
-	pjd=$(build_pjdfstest)
+	pjd=""
+	local built_pjd="$PJDFSTEST_DIR/bin/pjdfstest" full_stamp=""
+	if [[ $WITH_PJDFSTEST == 1 ]]; then
+		pjd=$(build_pjdfstest)
+	elif [[ -x $built_pjd ]]; then
+		# A guest built for the suites (with pjdfstest) serves the demo as well.
+		full_stamp=$(compute_stamp "$kpkg" "$kver" "$built_pjd")
+	fi
 	stamp=$(compute_stamp "$kpkg" "$kver" "$pjd")
-	if [[ $FORCE == 0 && -f $OUT/stamp && $(cat "$OUT/stamp") == "$stamp" &&
-		-f $OUT/vmlinuz && -f $OUT/vmlinux && -f $OUT/initramfs.cpio.gz ]]; then
+	if [[ $FORCE == 0 && -f $OUT/stamp && -f $OUT/vmlinuz && -f $OUT/vmlinux &&
+		-f $OUT/initramfs.cpio.gz &&
+		($(cat "$OUT/stamp") == "$stamp" || (-n $full_stamp && $(cat "$OUT/stamp") == "$full_stamp")) ]]; then
 		log "up to date ($kpkg $kver)"
 	else
 		mkdir -p "$OUT"
