@@ -43,6 +43,7 @@ pub fn open_flags_mutate(flags: u32) -> bool {
 
 impl ReadOnlyGuard {
     pub fn new(inner: VolumeFs, metrics: bool) -> Self {
+        crate::logging::set_request_context(current_request);
         ReadOnlyGuard { inner, metrics }
     }
 
@@ -139,8 +140,9 @@ fn in_request<T>(share: Arc<Share>, op: Op, f: impl FnOnce() -> T) -> (Arc<Share
 }
 
 /// Calls `f` with the volume and operation of the request this thread is serving,
-/// if any (logging.rs adds them to each line).
-pub fn with_current_request<R>(f: impl FnOnce(Option<(&str, &'static str)>) -> R) -> R {
+/// if any: the log's [`crate::logging::RequestContext`], registered by
+/// [`ReadOnlyGuard::new`].
+fn current_request(f: &mut crate::logging::RequestSink<'_>) {
     CURRENT.with(|c| match c.try_borrow() {
         Ok(current) => f(current.as_ref().map(|(s, op)| (s.name.as_str(), op.name()))),
         Err(_) => f(None),
