@@ -12,7 +12,7 @@
 //! 3. the root changes to SharedDir (`mounts.rs`);
 //! 4. rlimits, and process-wide capability lock-down (`caps.rs`) before any thread;
 //! 5. each thread confines itself for its role when it starts ([`confine_thread`]):
-//!    capabilities, then seccomp (`seccomp.rs`).
+//!    capabilities, then seccomp (`seccomp/`).
 //!
 //! A step that fails is an error naming it; the daemon never carries on unconfined.
 

@@ -3,7 +3,7 @@
 //!
 //! "No new processes" is not an rlimit here: RLIMIT_NPROC counts threads too and
 //! does not apply to root at all. The seccomp filters enforce it instead: `clone`
-//! only with CLONE_THREAD, no fork, vfork or execve (seccomp.rs); in namespace mode
+//! only with CLONE_THREAD, no fork, vfork or execve (seccomp/); in namespace mode
 //! the daemon is also pid 1 of its own pid namespace.
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};

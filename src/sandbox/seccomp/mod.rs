@@ -1,0 +1,280 @@
+//! Per-thread seccomp allow-lists, built with seccompiler (no libseccomp).
+//!
+//! Each [`ThreadRole`] has its own list ([`ALLOWED`]: the system call, the roles that
+//! may make it, an argument rule, and why; docs/SECCOMP.md has the same table). A
+//! thread installs its role's filter on itself only (`seccompiler::apply_filter`, no
+//! TSYNC); the threads it then creates inherit it. The programs are compiled once per
+//! process and mode, at the first [`apply`], so that confining a per-request thread
+//! (a control client, a lock wait) costs two `seccomp(2)` calls.
+//!
+//! No process can be started by any thread: there is no `fork`, `vfork`, `execve` or
+//! `execveat` in any list, `clone` is allowed only with `CLONE_THREAD`, and `clone3`
+//! (whose flags live in memory a filter cannot read) fails with ENOSYS from a second,
+//! stacked filter, so that glibc falls back to `clone`.
+//!
+//! The lists were derived by running every suite with `--seccomp log` (see
+//! docs/SECCOMP.md, "Updating the lists").
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::{SeccompMode, ThreadRole};
+
+mod docs_table;
+mod table;
+#[cfg(test)]
+mod tests;
+mod trap;
+
+pub use docs_table::markdown_table;
+use table::*;
+
+/// Installs `role`'s filter on the calling thread (and on the threads it creates
+/// afterwards). `SeccompMode::None` installs nothing.
+pub fn apply(role: ThreadRole, mode: SeccompMode) -> Result<(), String> {
+    let action = match mode {
+        SeccompMode::None => return Ok(()),
+        SeccompMode::Kill => Mismatch::Kill,
+        SeccompMode::Trap => {
+            trap::install()?;
+            trap::name_thread(role);
+            Mismatch::Trap
+        }
+        SeccompMode::Log => Mismatch::Log,
+    };
+    install(role, action)
+}
+
+/// What a call outside the list does: the three modes of `--seccomp`, and an errno
+/// for the unit tests (which run in the test process, where nothing may be killed).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+enum Mismatch {
+    Kill,
+    Trap,
+    Log,
+    #[cfg(test)]
+    Errno(u32),
+}
+
+impl Mismatch {
+    fn action(self) -> SeccompAction {
+        match self {
+            Mismatch::Kill => SeccompAction::KillProcess,
+            Mismatch::Trap => SeccompAction::Trap,
+            Mismatch::Log => SeccompAction::Log,
+            #[cfg(test)]
+            Mismatch::Errno(e) => SeccompAction::Errno(e),
+        }
+    }
+}
+
+/// Installs the compiled programs of `role`: first the clone3 one (it allows the
+/// `seccomp` call that installs the next), then the allow-list.
+fn install(role: ThreadRole, mismatch: Mismatch) -> Result<(), String> {
+    let programs = programs(mismatch)?;
+    let p = &programs[role_index(role)];
+    if let Some(clone3) = &p.clone3 {
+        seccompiler::apply_filter(clone3).map_err(|e| format!("seccomp (clone3 filter): {e}"))?;
+    }
+    seccompiler::apply_filter(&p.list).map_err(|e| format!("seccomp: {e}"))
+}
+
+/// One role's compiled filters.
+struct Programs {
+    /// The allow-list.
+    list: BpfProgram,
+    /// clone3 => ENOSYS, for the roles that create threads.
+    clone3: Option<BpfProgram>,
+}
+
+type Compiled = Result<Vec<Programs>, String>;
+
+/// The programs of every role for `mismatch`, compiled at the first call.
+fn programs(mismatch: Mismatch) -> Result<&'static [Programs], String> {
+    static KILL: OnceLock<Compiled> = OnceLock::new();
+    static TRAP: OnceLock<Compiled> = OnceLock::new();
+    static LOG: OnceLock<Compiled> = OnceLock::new();
+    let cell = match mismatch {
+        Mismatch::Kill => &KILL,
+        Mismatch::Trap => &TRAP,
+        Mismatch::Log => &LOG,
+        #[cfg(test)]
+        Mismatch::Errno(_) => {
+            // Tests only: leaked, compiled per call.
+            let compiled = compile_all(mismatch)?;
+            return Ok(Box::leak(compiled.into_boxed_slice()));
+        }
+    };
+    cell.get_or_init(|| compile_all(mismatch))
+        .as_deref()
+        .map_err(Clone::clone)
+}
+
+fn compile_all(mismatch: Mismatch) -> Compiled {
+    ThreadRole::ALL
+        .iter()
+        .map(|&role| {
+            Ok(Programs {
+                list: compile(role, mismatch)?,
+                clone3: if creates_threads(role) {
+                    Some(clone3_enosys()?)
+                } else {
+                    None
+                },
+            })
+        })
+        .collect()
+}
+
+fn role_index(role: ThreadRole) -> usize {
+    ThreadRole::ALL
+        .iter()
+        .position(|&r| r == role)
+        .expect("every role is in ThreadRole::ALL")
+}
+
+/// The roles whose threads start threads: the vhost-user thread (Main), lock waits
+/// (Worker), client threads (Control), the wait for locks a loaded state names
+/// (State).
+fn creates_threads(role: ThreadRole) -> bool {
+    matches!(
+        role,
+        ThreadRole::Main | ThreadRole::Worker | ThreadRole::Control | ThreadRole::State
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+const ARCH: TargetArch = TargetArch::x86_64;
+
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("the seccomp allow-lists are only written for x86_64");
+
+/// The arguments of `args` as seccompiler rules; empty: any arguments.
+fn rules(args: Args) -> Result<Vec<SeccompRule>, String> {
+    let cond = |arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(arg, len, op, value).map_err(|e| e.to_string())
+    };
+    let rule = |conds: Vec<SeccompCondition>| SeccompRule::new(conds).map_err(|e| e.to_string());
+    let one_of = |arg: u8, values: &[i32]| -> Result<Vec<SeccompRule>, String> {
+        values
+            .iter()
+            .map(|&v| {
+                rule(vec![cond(
+                    arg,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    v as u32 as u64,
+                )?])
+            })
+            .collect()
+    };
+    match args {
+        Args::Any => Ok(Vec::new()),
+        Args::Thread => {
+            let t = libc::CLONE_THREAD as u64;
+            Ok(vec![rule(vec![cond(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(t),
+                t,
+            )?])?])
+        }
+        Args::NoExec => Ok(vec![rule(vec![cond(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
+            0,
+        )?])?]),
+        Args::Prctl(options) => one_of(0, options),
+        Args::Fcntl(cmds) => one_of(1, cmds),
+        Args::SetModeFilter => Ok(vec![rule(vec![
+            cond(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                libc::SECCOMP_SET_MODE_FILTER as u64,
+            )?,
+            cond(1, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)?,
+        ])?]),
+        Args::OwnThreads(signals) => {
+            // SAFETY: getpid cannot fail.
+            let pid = unsafe { libc::getpid() } as u32 as u64;
+            signals
+                .iter()
+                .map(|&s| {
+                    rule(vec![
+                        cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?,
+                        cond(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, s as u64)?,
+                    ])
+                })
+                .collect()
+        }
+    }
+}
+
+/// The rules of `role`'s list, by system call number.
+fn role_rules(
+    role: ThreadRole,
+    mismatch: Mismatch,
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+    let bit = role_bit(role);
+    let mut map = BTreeMap::new();
+    for a in ALLOWED.iter().filter(|a| a.roles & bit != 0) {
+        let mut r = rules(a.args)?;
+        if mismatch == Mismatch::Trap && a.nr == libc::SYS_prctl {
+            // The trap handler names the thread (PR_GET_NAME).
+            r.extend(rules(Args::Prctl(&[libc::PR_GET_NAME]))?);
+        }
+        match map.entry(a.nr) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(r);
+            }
+            // Two entries with argument rules (e.g. fcntl for two sets of roles):
+            // either matches. An unconditional entry cannot be combined.
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if e.get().is_empty() || r.is_empty() {
+                    return Err(format!("{} is listed twice for {role:?}", a.name));
+                }
+                e.get_mut().extend(r);
+            }
+        }
+    }
+    if mismatch == Mismatch::Trap {
+        map.entry(libc::SYS_prctl)
+            .or_insert(rules(Args::Prctl(&[libc::PR_GET_NAME]))?);
+    }
+    Ok(map)
+}
+
+fn compile(role: ThreadRole, mismatch: Mismatch) -> Result<BpfProgram, String> {
+    let filter = SeccompFilter::new(
+        role_rules(role, mismatch)?,
+        mismatch.action(),
+        SeccompAction::Allow,
+        ARCH,
+    )
+    .map_err(|e| format!("{role:?} filter: {e}"))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| format!("{role:?} filter: {e}"))
+}
+
+/// The second filter of the thread-creating roles: clone3 gets ENOSYS (its flags
+/// cannot be inspected), everything else is left to the allow-list.
+fn clone3_enosys() -> Result<BpfProgram, String> {
+    let mut map = BTreeMap::new();
+    map.insert(libc::SYS_clone3, Vec::new());
+    SeccompFilter::new(
+        map,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        ARCH,
+    )
+    .and_then(|f| f.try_into())
+    .map_err(|e| format!("clone3 filter: {e}"))
+}
