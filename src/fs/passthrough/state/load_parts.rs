@@ -1,0 +1,305 @@
+//! The steps of a load: a node found again, a handle reopened or adopted, locks
+//! taken again or waited for.
+
+use super::super::super::file_handle::{open_raw_handle, raw_handle_of};
+use super::super::super::lock_ranges::HeldRange;
+use super::super::super::share::Share;
+use super::super::prelude::*;
+use super::*;
+use crate::state::format::{self, FileHandle};
+
+impl PassthroughFs {
+    /// Opens the state's node again: by path from its parent or volume root, else by
+    /// its file handle (then checked to lie inside the volume). The error says why,
+    /// for the message.
+    pub(super) fn find_node(
+        &self,
+        root: Option<&InodeData>,
+        parent: Option<&InodeData>,
+        components: &[CString],
+        node: &format::Node,
+    ) -> Result<File, String> {
+        let root = root.ok_or("its volume has no root here")?;
+        let file = if !components.is_empty() {
+            let from = match parent {
+                Some(p) => p.fd().map_err(|e| format!("its directory: {e}"))?,
+                None => root.fd().map_err(|e| format!("the volume's root: {e}"))?,
+            };
+            self.walk(&from, components).map_err(|e| e.to_string())?
+        } else if let Some(h) = &node.file_handle {
+            self.open_contained_handle(root, h)?
+        } else {
+            return Err("the source could not say where it is (unlinked while held?)".into());
+        };
+        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let found = st.st_mode & libc::S_IFMT;
+        if found != node.file_type {
+            return Err(format!(
+                "it is now a {}; the guest held a {}",
+                type_name(found),
+                type_name(node.file_type)
+            ));
+        }
+        if let (Some(h), false) = (&node.file_handle, components.is_empty()) {
+            // --migration-verify-handles at the source: the very inode, or none.
+            match raw_handle_of(&file) {
+                Ok((t, bytes)) if t == h.handle_type && bytes == h.bytes => {}
+                Ok(_) => {
+                    return Err(
+                        "another inode than the guest held (its file handle differs)".into(),
+                    )
+                }
+                Err(e) => return Err(format!("its file handle: {e}")),
+            }
+        }
+        Ok(file)
+    }
+
+    /// Opens a file handle from the state on the volume's mount, and keeps it only if
+    /// the inode lies inside the volume: a directory whose `..` chain reaches the
+    /// volume's root, or a file whose path below the root leads back to it.
+    pub(super) fn open_contained_handle(
+        &self,
+        root: &InodeData,
+        h: &FileHandle,
+    ) -> Result<File, String> {
+        let root_fd = root.fd().map_err(|e| e.to_string())?;
+        let mount = self
+            .mount_fd(&root_fd)
+            .map_err(|e| format!("the volume's mount: {e}"))?;
+        let file = open_raw_handle(&mount, h.handle_type, &h.bytes, libc::O_PATH)
+            .map_err(|e| format!("open_by_handle_at: {e}"))?;
+        let root_key = root.key();
+        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let inside = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            let mut cur = file.try_clone().map_err(|e| e.to_string())?;
+            let mut ok = false;
+            for _ in 0..MAX_DEPTH {
+                let s = sys::stat_fd(&cur).map_err(|e| e.to_string())?;
+                if (s.st_dev, s.st_ino) == (root_key.dev, root_key.ino) {
+                    ok = true;
+                    break;
+                }
+                let up = sys::openat(&cur, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
+                    .map_err(|e| e.to_string())?;
+                let u = sys::stat_fd(&up).map_err(|e| e.to_string())?;
+                if (u.st_dev, u.st_ino) == (s.st_dev, s.st_ino) {
+                    break; // the file system's root: the volume was not on the way
+                }
+                cur = up;
+            }
+            ok
+        } else {
+            let root_link = self.fd_link(&*root_fd).map_err(|e| e.to_string())?;
+            self.path_below(&root_link, &file)
+                .and_then(|p| check_path(&p).ok())
+                .and_then(|c| self.walk(&root_fd, &c).ok())
+                .and_then(|again| sys::stat_fd(&again).ok())
+                .is_some_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino))
+        };
+        if !inside {
+            return Err("its file handle leads outside the volume".into());
+        }
+        Ok(file)
+    }
+
+    /// Registers a node found again under the state's id.
+    pub(super) fn register_restored(
+        &self,
+        share: &Arc<Share>,
+        file: File,
+        node: &format::Node,
+    ) -> Result<Arc<InodeData>, String> {
+        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id: sys::mount_id(&file),
+        };
+        let file_type = st.st_mode & libc::S_IFMT;
+        let inode = self
+            .inode_ref_for(share, file, file_type, key.mnt_id)
+            .map_err(|e| e.to_string())?;
+        self.inodes
+            .insert_restored(node.id, inode, key, file_type, share.clone(), node.lookups)
+            .map_err(|e| format!("registering it: {e}"))
+    }
+
+    /// Opens a handle of the state again, with its flags as far as this daemon's
+    /// options and the volume allow (never O_TRUNC, O_CREAT or O_EXCL again).
+    pub(super) fn reopen_restored(
+        &self,
+        node: &InodeData,
+        h: &format::Handle,
+    ) -> Result<File, String> {
+        let keep = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_NONBLOCK
+            | libc::O_DIRECT
+            | libc::O_NOATIME
+            | libc::O_SYNC
+            | libc::O_DSYNC;
+        let mut flags = self.host_open_flags((h.flags & keep) as u32);
+        if node.is_dir() {
+            flags = (flags & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY;
+        } else if node.share.read_only && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err("open for writing on a read-only volume".into());
+        }
+        let file = self.reopen(node, flags).map_err(|e| e.to_string())?;
+        if let Some(off) = h.dir_offset {
+            // SAFETY: lseek on an fd we own.
+            cvt64(unsafe { libc::lseek64(file.as_raw_fd(), off as i64, libc::SEEK_SET) })
+                .map_err(|e| format!("its directory position: {e}"))?;
+        }
+        Ok(file)
+    }
+
+    /// Takes an open file the source handed over, if it is this node's inode and its
+    /// access mode is one the volume allows.
+    pub(super) fn adopt_handed(
+        &self,
+        node: &InodeData,
+        file: File,
+        flags: i32,
+    ) -> Result<File, String> {
+        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let key = node.key();
+        if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
+            return Err("the file the source handed over is another inode".into());
+        }
+        // SAFETY: F_GETFL on an fd we own.
+        let fl = cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })
+            .map_err(|e| e.to_string())?;
+        if node.share.read_only && fl & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err("a writable file handed over on a read-only volume".into());
+        }
+        if fl & libc::O_ACCMODE != flags & libc::O_ACCMODE {
+            return Err("the file the source handed over has another access mode".into());
+        }
+        Ok(file)
+    }
+
+    /// Opens `owner`'s lock file on `node` and takes its ranges again. A range still
+    /// held by another (the source on this host, until it exits) is waited for after
+    /// the load.
+    pub(super) fn take_posix_locks(
+        &self,
+        node: &Arc<InodeData>,
+        access: i32,
+        ranges: &[HeldRange],
+        pending: &mut Vec<PendingLock>,
+    ) -> Result<File, String> {
+        if node.file_type() != libc::S_IFREG && node.file_type() != libc::S_IFDIR {
+            return Err("locks on a special file".into());
+        }
+        if node.share.read_only && access != libc::O_RDONLY {
+            return Err("a writable lock file on a read-only volume".into());
+        }
+        let file = self
+            .reopen(node, access | libc::O_NONBLOCK)
+            .map_err(|e| e.to_string())?;
+        let file = Arc::new(file);
+        for r in ranges {
+            let lock = FileLock {
+                start: r.start,
+                end: r.end,
+                lock_type: r.kind as u32,
+                pid: 0,
+            };
+            let fl = locks::to_flock(&lock).map_err(|e| e.to_string())?;
+            let mut try_fl = fl;
+            // SAFETY: fcntl with a valid flock struct on an fd we own.
+            match cvt(unsafe {
+                libc::fcntl(
+                    file.as_raw_fd(),
+                    libc::F_OFD_SETLK,
+                    &mut try_fl as *mut libc::flock,
+                )
+            }) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+                    pending.push(PendingLock::Posix {
+                        node: node.clone(),
+                        file: file.clone(),
+                        fl,
+                    })
+                }
+                Err(e) => return Err(format!("F_OFD_SETLK: {e}")),
+            }
+        }
+        // The table keeps its own handle of the open file description.
+        let owned = file.try_clone().map_err(|e| e.to_string())?;
+        Ok(owned)
+    }
+
+    /// Waits, on a thread of its own, for the locks another still held at the load.
+    /// Each wait is a registered lock wait: a new session or a detach ends it.
+    pub(super) fn wait_for_pending(&self, pending: Vec<PendingLock>) {
+        log::warn!(
+            "{} lock(s) of the guest are still held by another (the migration's source until \
+             it exits?): taken as soon as they are let go",
+            pending.len()
+        );
+        let locks = self.locks.clone();
+        let spawned = std::thread::Builder::new()
+            .name("volfsd-locktake".into())
+            .spawn(move || {
+                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
+                for p in pending {
+                    let (what, result) = match p {
+                        PendingLock::Posix { node, file, fl } => {
+                            let result = locks.wait(&node, || {
+                                let mut fl = fl;
+                                // SAFETY: fcntl with a valid flock struct on an fd we own.
+                                cvt(unsafe {
+                                    libc::fcntl(
+                                        file.as_raw_fd(),
+                                        libc::F_OFD_SETLKW,
+                                        &mut fl as *mut libc::flock,
+                                    )
+                                })
+                                .map(|_| ())
+                            });
+                            (
+                                format!("{:?} node {}", node.share.name, node.nodeid),
+                                result,
+                            )
+                        }
+                        PendingLock::Flock { handle, op } => {
+                            let result = locks.wait(&handle.inode, || {
+                                // SAFETY: flock on an fd we own.
+                                cvt(unsafe { libc::flock(handle.file.as_raw_fd(), op) }).map(|_| ())
+                            });
+                            (
+                                format!(
+                                    "{:?} node {}",
+                                    handle.inode.share.name, handle.inode.nodeid
+                                ),
+                                result,
+                            )
+                        }
+                    };
+                    match result {
+                        Ok(()) => log::info!("lock on {what} taken again"),
+                        Err(e) => log::warn!("lock on {what} could not be taken again: {e}"),
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("cannot start the thread that takes locks again: {e}");
+        }
+    }
+}
+
+/// A lock another held when the state was loaded.
+pub(super) enum PendingLock {
+    Posix {
+        node: Arc<InodeData>,
+        file: Arc<File>,
+        fl: libc::flock,
+    },
+    Flock {
+        handle: Arc<HandleData>,
+        op: libc::c_int,
+    },
+}

@@ -1,0 +1,191 @@
+//! The passthrough layer's part of the device state: the node ids, handles and locks
+//! the guest holds, written as plain data (`state::format`) and found again from it.
+//!
+//! Saving names each node by its path below its volume's root, read from the
+//! `/proc/self/fd` link of its `O_PATH` fd (each volume is reached through a private
+//! clone of its mount, whose root is the volume's directory), and, where asked, by
+//! its file handle. Loading treats the state as hostile: every name is one valid
+//! component, every walk starts at a volume's root and follows no symlink, every id
+//! is new and in range, every handle is checked to lead inside its volume, and a
+//! node must still be the kind of file the guest held.
+
+use std::collections::HashMap;
+
+use super::prelude::*;
+
+mod load;
+mod load_parts;
+mod save;
+#[cfg(test)]
+mod tests;
+use crate::state::format::{self};
+use crate::state::LoadError;
+
+/// The longest path a state may name (Linux's PATH_MAX).
+const MAX_PATH: usize = libc::PATH_MAX as usize;
+/// How deep a handle's `..` walk looks for its volume's root.
+const MAX_DEPTH: usize = 4096;
+
+/// What the tables gave the device state.
+pub struct SavedTables {
+    pub nodes: Vec<format::Node>,
+    pub handles: Vec<format::Handle>,
+    pub locks: Vec<format::Lock>,
+    pub next_node_id: u64,
+    pub next_handle_id: u64,
+    /// The open files a destination on this host may take over, so that the guest's
+    /// locks are never let go: (node, owner) lock files, and handles holding a flock.
+    pub lock_files: Vec<((u64, u64), Arc<File>)>,
+    pub flock_handles: Vec<(u64, Arc<HandleData>)>,
+}
+
+/// Open files a source on this host handed over (see [`SavedTables`]).
+#[derive(Default)]
+pub struct HandedFiles {
+    pub lock_files: HashMap<(u64, u64), File>,
+    pub flock_handles: HashMap<u64, File>,
+}
+
+/// What went wrong with one thing of the state, for `--migration-on-error`.
+struct Lost {
+    what: LostKind,
+    volume: String,
+    path: String,
+    why: String,
+}
+
+enum LostKind {
+    Node,
+    Handle,
+    Lock,
+}
+
+impl Lost {
+    fn into_error(self) -> LoadError {
+        let (volume, path, why) = (self.volume, self.path, self.why);
+        match self.what {
+            LostKind::Node => LoadError::Node { volume, path, why },
+            LostKind::Handle => LoadError::Handle { volume, path, why },
+            LostKind::Lock => LoadError::Lock { volume, path, why },
+        }
+    }
+}
+
+fn invalid(why: impl Into<String>) -> LoadError {
+    LoadError::Invalid(why.into())
+}
+
+fn display(path: &[u8]) -> String {
+    String::from_utf8_lossy(path).into_owned()
+}
+
+/// A name from the state: one path component, as the guest could have looked it up.
+fn check_component(name: &[u8]) -> Result<CString, String> {
+    if name.is_empty() || name.len() > libc::NAME_MAX as usize {
+        return Err(format!("a name of {} bytes", name.len()));
+    }
+    if name == b"." || name == b".." {
+        return Err(format!("the name {:?}", display(name)));
+    }
+    if name.contains(&b'/') {
+        return Err(format!("the name {:?} has a '/'", display(name)));
+    }
+    CString::new(name).map_err(|_| format!("the name {:?} has a NUL", display(name)))
+}
+
+/// A relative path from the state, as its components.
+fn check_path(path: &[u8]) -> Result<Vec<CString>, String> {
+    if path.is_empty() || path.len() > MAX_PATH {
+        return Err(format!("a path of {} bytes", path.len()));
+    }
+    if path[0] == b'/' {
+        return Err(format!("the absolute path {:?}", display(path)));
+    }
+    path.split(|&b| b == b'/').map(check_component).collect()
+}
+
+/// `S_IFMT` values a node may have.
+fn valid_file_type(t: u32) -> bool {
+    matches!(
+        t,
+        libc::S_IFREG
+            | libc::S_IFDIR
+            | libc::S_IFLNK
+            | libc::S_IFIFO
+            | libc::S_IFSOCK
+            | libc::S_IFCHR
+            | libc::S_IFBLK
+    )
+}
+
+fn type_name(t: u32) -> &'static str {
+    match t {
+        libc::S_IFREG => "regular file",
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symlink",
+        libc::S_IFIFO => "FIFO",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        _ => "file of unknown type",
+    }
+}
+
+/// A node as it was found again.
+struct Restored {
+    data: Arc<InodeData>,
+    /// Its path below the volume's root, for messages and for children named by path.
+    path: Vec<u8>,
+}
+
+impl PassthroughFs {
+    /// The `/proc/self/fd` link of `fd`.
+    fn fd_link(&self, fd: &impl AsRawFd) -> io::Result<Vec<u8>> {
+        let name = ProcFdName::new(fd.as_raw_fd());
+        let mut buf = vec![0u8; MAX_PATH + 32];
+        // SAFETY: `buf` is valid for its length; the name is NUL-terminated.
+        let n = unsafe {
+            libc::readlinkat(
+                self.proc_self_fd.as_raw_fd(),
+                name.as_cstr().as_ptr(),
+                buf.as_mut_ptr() as *mut libc::c_char,
+                buf.len(),
+            )
+        };
+        let n = cvt64(n as i64)? as usize;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Where the inode `fd` refers to lies below the volume root whose link is
+    /// `root_link`: its relative path, or None (unlinked, or moved outside the
+    /// volume, or not reachable through a path).
+    fn path_below(&self, root_link: &[u8], fd: &File) -> Option<Vec<u8>> {
+        let link = self.fd_link(fd).ok()?;
+        if link.ends_with(b" (deleted)") && sys::stat_fd(fd).map_or(true, |st| st.st_nlink == 0) {
+            return None;
+        }
+        let rest = if root_link == b"/" {
+            link.strip_prefix(b"/")?
+        } else {
+            link.strip_prefix(root_link)?.strip_prefix(b"/")?
+        };
+        (!rest.is_empty() && check_path(rest).is_ok()).then(|| rest.to_vec())
+    }
+
+    /// Opens `path` (already checked) below the directory `dir`, one component at a
+    /// time and following no symlink: the walk cannot leave `dir`'s tree.
+    fn walk(&self, dir: &File, components: &[CString]) -> io::Result<File> {
+        let mut cur: Option<File> = None;
+        for c in components {
+            let next = sys::openat(
+                cur.as_ref().unwrap_or(dir),
+                c,
+                libc::O_PATH | libc::O_NOFOLLOW,
+                0,
+            )?;
+            cur = Some(next);
+        }
+        cur.ok_or_else(|| errno(libc::EINVAL))
+    }
+}
