@@ -1,7 +1,7 @@
 //! The guest's session as a device state: [`FsServer::save_session`] writes what the
 //! stack holds for the guest (`state::format`), [`FsServer::load_session`] makes a
 //! daemon serve that guest on from it. The tables are the passthrough layer's
-//! (`passthrough/state.rs`); here are the volumes, their node ids and the FUSE
+//! (`passthrough/state/`); here are the volumes, their node ids and the FUSE
 //! session, which the load sets up first.
 //!
 //! A destination has its volumes attached before the load, by the same names (its

@@ -8,7 +8,7 @@
 //! handles; a destination on the same host (same boot id) takes the very same open
 //! file descriptions (SCM_RIGHTS), and the locks stay held throughout, whichever
 //! daemon ends first. Across hosts nothing is handed over: the destination takes the
-//! locks again (`fs/passthrough/state.rs`).
+//! locks again (`fs/passthrough/state/`).
 //!
 //! The channel is an abstract Unix socket in the host's network namespace, bound
 //! when the daemon starts, before its sandbox gives it a network namespace of its

@@ -4,7 +4,7 @@
 //! A session is saved when the VMM asks for the device state (live migration, a
 //! snapshot to a file: SET_DEVICE_STATE_FD) and loaded by the daemon that serves the
 //! guest next, maybe on another host and into a copy of the volumes. The file system
-//! stack writes and reads it (`fs/snapshot.rs`, `fs/passthrough/state.rs`); the
+//! stack writes and reads it (`fs/snapshot.rs`, `fs/passthrough/state/`); the
 //! transport moves the bytes (`device/state_transfer.rs`). This module depends on
 //! neither: it is the contract between them, and docs/DEVICE-STATE.md describes it.
 
