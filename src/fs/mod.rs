@@ -5,7 +5,7 @@
 //!   ReadOnlyGuard  EROFS on read-only volumes; counts each request        (readonly.rs)
 //!     VolumeFs     virtual directories, else down to the volume          (volumes.rs)
 //!       PassthroughFs  fd-relative host syscalls inside each volume      (passthrough.rs)
-//!         InodeStore / HandleStore / LockTable   what the guest holds    (inodes.rs,
+//!         InodeStore / HandleStore / LockTable   what the guest holds    (inodes/,
 //!                                                 handles.rs, locks.rs, session.rs)
 //! ```
 //! The policy layers are tables of one line per operation (`layer.rs`). Beside the
