@@ -2,7 +2,7 @@
 //! tests).
 //!
 //! A request reaches this file as bytes in the daemon's own memory: the transport has
-//! copied it out of guest memory once (`device/queue.rs`). Routing, the size checks
+//! copied it out of guest memory once (`device/queue/`). Routing, the size checks
 //! and fuse-backend-rs's decoder all read that one copy, so a guest that rewrites the
 //! request while it is served changes nothing. Only a WRITE's data stays in guest
 //! memory: it goes from there straight into the file.
@@ -73,7 +73,7 @@ pub fn parse_header(request: &[u8]) -> Option<InHeader> {
 
 /// What a SETLKW answers, once its wait is over: the reply's header fields (the
 /// reply has no body). Kept apart from the reply itself, which the transport writes
-/// only when its queue can take it (`device/queue.rs`).
+/// only when its queue can take it (`device/queue/`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub struct LockAnswer {
     pub unique: u64,
