@@ -2,9 +2,10 @@
 """The section "Device state: save and load" of docs/BENCHMARKS.md from a
 benches/downtime.sh run (its raw.jsonl, env.txt, cmd.txt and quiet.tsv).
 
-    python3 benches/downtime_report.py DIR      # prints the section (downtime.sh's summary.md)
+    python3 benches/downtime_report.py DIR [DIR...]   # prints the section (downtime.sh's summary.md)
 
-benches/report.py calls render() for `--downtime DIR` (docs/bench-data/sections.txt).
+The first DIR is the main run; each further one (another --config) is a subsection.
+benches/report.py calls render() for its `--downtime DIR` options (docs/bench-data/sections.txt).
 """
 
 import json
@@ -71,53 +72,19 @@ def ratios(runs, n, key):
     return [a[k][key] / b[k][key] for k in sorted(set(a) & set(b)) if b[k][key]]
 
 
-def render(d):
-    """(lines, targets, readings): targets as (name, values, met) for report.py's table."""
-    runs, env = load(d)
-    rel = os.path.relpath(d, REPO)
+CONFIGS = {
+    "handles": "their nodes kept by file handle (`--inode-file-handles prefer`: virtiofsd's "
+               "default, and volfsd's option for large trees)",
+    "fds": "an `O_PATH` fd kept per node (`--inode-file-handles never`: volfsd's default, "
+           "virtiofsd's `--inode-file-handles=never`)",
+}
+
+
+def tables(P, runs):
     nodes = sorted({r["nodes"] for r in runs})
-    cmd = ""
-    p = os.path.join(d, "cmd.txt")
-    if os.path.exists(p):
-        with open(p) as f:
-            cmd = f.read().strip()
-    out = []
-    P = out.append
-    P("## Device state: save and load\n")
-    P(f"`benches/downtime.sh`, raw results in [`{rel}`](../{rel}) (one JSON line per run), commit "
-      f"`{env.get('commit', '?')[:12]}`, {env.get('date', '?')}. What the device state adds to a "
-      "migration's downtime: the guest is stopped while the source daemon writes its state and "
-      "the destination daemon loads it. `volfsd-statebench` plays QEMU against two fresh daemons "
-      "of one kind on the same tree (N empty files in directories of 1,000; the guest looks up "
-      "every directory and file once, so it holds N + N/1,000 nodes and the root) with QEMU's "
-      "message sequence: SET_LOG_BASE and SET_FEATURES with `VHOST_F_LOG_ALL` (the migration "
-      "starts; virtiofsd begins collecting its nodes' paths here, on a thread of its own), a "
-      "precopy that lasts until the source has used no CPU for 300 ms (as when copying the "
-      "guest's RAM outlasts that preparation), every ring stopped, then **save**: "
-      "SET_DEVICE_STATE_FD SAVE, the pipe read to its end, CHECK_DEVICE_STATE; and **load** into "
-      "the destination, started with the source and connected now, before its memory and rings "
-      "as a destination QEMU does: SET_DEVICE_STATE_FD LOAD, every byte written, "
-      "CHECK_DEVICE_STATE. A GETATTR of three of the guest's node ids at the destination must "
-      "then answer their files' inodes. The daemons alternate run by run (volfsd, virtiofsd, "
-      "volfsd, ...); a ratio is taken per pair of one repetition. "
-      + (f"Configuration `{env['config']}`. " if "config" in env else "")
-      + (f"Machine: {env.get('cores', '?')} cores, {env.get('cpu', '?')}, tree on "
-         f"{env.get('tree', '?')}; " if env else "")
-      + (f"{env['quiet']}." if "quiet" in env else "") + "\n")
-    P("Both sides run their defaults (namespace sandbox, seccomp `kill`, log level info) with "
-      "`--migration-mode find-paths`, no guest cache (volfsd `--cache none`, virtiofsd "
-      "`--cache never`) and their nodes kept by file handle (`--inode-file-handles prefer`: "
-      "virtiofsd's default, and volfsd's option for large trees): here the hard RLIMIT_NOFILE is "
-      f"{env.get('rlimit_nofile_hard', '?')} and cannot be raised without CAP_SYS_RESOURCE, so "
-      "neither daemon could hold 100,000 nodes as `O_PATH` fds. Both save each node's path; "
-      "volfsd reads it from `/proc/self/fd` when the state is saved, virtiofsd when the "
-      "migration starts (and checks it again then), so its save only writes what it collected. "
-      "Figures in ms, median of the repetitions with min–max; the ratio volfsd/virtiofsd is "
-      "the median of the per-pair ratios (below 1.00× volfsd is faster).\n")
     P("| nodes held | daemon | pairs | state bytes | save ms | load ms | save + load ms | "
       "volfsd/virtiofsd save | load | save + load |")
     P("|---|---|---|---|---|---|---|---|---|---|")
-    targets, readings = [], []
     for n in nodes:
         for dmn in DAEMONS:
             rs = by(runs, n, dmn)
@@ -149,42 +116,119 @@ def render(d):
               f"{cell(v('load_cpu_ms'), 0)} | {cell(v('src_rss_anon_kb'), 0)} | "
               f"{cell(v('dst_rss_anon_kb'), 0)} | {cell(v('lookup_s'), 1)} |")
     P("")
-    # The goal of issue 24.
-    sums = vals(runs, GOAL_NODES, "volfsd", "sum_ms")
-    rs = ratios(runs, GOAL_NODES, "sum_ms")
-    if sums:
-        within = med(sums) <= GOAL_MS
-        not_slower = bool(rs) and med(rs) <= 1.0
-        P(f"**Goal: {GOAL_NODES:,} nodes saved and loaded in at most 1 s, and no slower than "
-          f"virtiofsd: {'met' if within and not_slower else 'not met'}.** volfsd's save + load "
-          f"at {GOAL_NODES:,} nodes: {cell(sums)} ms ({sum(1 for s in sums if s <= GOAL_MS)} of "
-          f"{len(sums)} runs within 1 s: {'met' if within else 'not met'}); against virtiofsd "
-          f"{rcell(rs)} ({sum(1 for r in rs if r <= 1.0)} of {len(rs)} pairs no slower: "
-          f"{'met' if not_slower else 'not met'}).\n")
-        targets.append((f"device state at {GOAL_NODES:,} nodes: (save + load) / 1 s ≤ 1.00×",
-                        [s / GOAL_MS for s in sums], within))
-        targets.append((f"device state at {GOAL_NODES:,} nodes: save + load volfsd ≤ virtiofsd",
-                        rs, not_slower))
-    for n in nodes:
-        rs = ratios(runs, n, "sum_ms")
-        a, b = vals(runs, n, "volfsd", "sum_ms"), vals(runs, n, "virtiofsd", "sum_ms")
-        if a and b:
-            readings.append(f"Device state at {n:,} files: save + load {med(a):,.0f} ms for volfsd, "
-                            f"{med(b):,.0f} ms for virtiofsd ({rcell(rs)} per pair); state "
-                            f"{med(vals(runs, n, 'volfsd', 'state_bytes')):,.0f} against "
-                            f"{med(vals(runs, n, 'virtiofsd', 'state_bytes')):,.0f} bytes.")
-    if cmd:
+
+
+def command(P, d):
+    p = os.path.join(d, "cmd.txt")
+    if os.path.exists(p):
+        with open(p) as f:
+            cmd = f.read().strip()
         P("The command, and each run's daemon lines (`{sock}` and `{share}` filled in per run):\n")
         P("```")
         P(cmd)
         P("```\n")
+
+
+def render(dirs):
+    """(lines, targets, readings) of the section from one or more downtime.sh runs, the
+    first the main one; targets as (name, values, met) for report.py's table."""
+    if isinstance(dirs, str):
+        dirs = [dirs]
+    out = []
+    P = out.append
+    targets, readings = [], []
+    for i, d in enumerate(dirs):
+        runs, env = load(d)
+        rel = os.path.relpath(d, REPO)
+        config = env.get("config", "handles")
+        what = CONFIGS.get(config, config)
+        if i == 0:
+            P("## Device state: save and load\n")
+            P(f"`benches/downtime.sh`, raw results in [`{rel}`](../{rel}) (one JSON line per run), "
+              f"commit `{env.get('commit', '?')[:12]}`, {env.get('date', '?')}. What the device "
+              "state adds to a migration's downtime: the guest is stopped while the source daemon "
+              "writes its state and the destination daemon loads it. `volfsd-statebench` plays QEMU "
+              "against two fresh daemons of one kind on the same tree (N empty files in directories "
+              "of 1,000; the guest looks up every directory and file once, so it holds N + N/1,000 "
+              "nodes and the root) with QEMU's message sequence: SET_LOG_BASE and SET_FEATURES with "
+              "`VHOST_F_LOG_ALL` (the migration starts; virtiofsd begins collecting its nodes' paths "
+              "here, on a thread of its own), a precopy that lasts until the source has used no CPU "
+              "for 300 ms (as when copying the guest's RAM outlasts that preparation), every ring "
+              "stopped, then **save**: SET_DEVICE_STATE_FD SAVE, the pipe read to its end, "
+              "CHECK_DEVICE_STATE; and **load** into the destination, started with the source and "
+              "connected now, before its memory and rings as a destination QEMU does: "
+              "SET_DEVICE_STATE_FD LOAD, every byte written, CHECK_DEVICE_STATE. A GETATTR of three "
+              "of the guest's node ids at the destination must then answer their files' inodes. The "
+              "daemons alternate run by run (volfsd, virtiofsd, volfsd, ...); a ratio is taken per "
+              "pair of one repetition. "
+              + (f"Machine: {env.get('cores', '?')} cores, {env.get('cpu', '?')}, tree on "
+                 f"{env.get('tree', '?')}; " if env else "")
+              + (f"{env['quiet']}." if "quiet" in env else "") + "\n")
+            P("Both sides run their defaults (namespace sandbox, seccomp `kill`, log level info) "
+              "with `--migration-mode find-paths`, no guest cache (volfsd `--cache none`, virtiofsd "
+              f"`--cache never`) and {what}. Both save each node's path; volfsd reads it from "
+              "`/proc/self/fd` when the state is saved, virtiofsd when the migration starts (and "
+              "checks it again then), so its save only writes what it collected. Figures in ms, "
+              "median of the repetitions with min–max; the ratio volfsd/virtiofsd is the median of "
+              "the per-pair ratios (below 1.00× volfsd is faster).\n")
+            if config == "handles":
+                P("File handles, not fds: here the hard RLIMIT_NOFILE is "
+                  f"{env.get('rlimit_nofile_hard', '?')} and cannot be raised without "
+                  "CAP_SYS_RESOURCE, so neither daemon could hold 100,000 nodes as `O_PATH` fds "
+                  "(each would answer ENFILE, or EMFILE, past about 19,500); the fd configuration "
+                  "follows below at the sizes that fit.\n")
+        else:
+            precopy = env.get("precopy", "idle")
+            title = what if config != "handles" or precopy == "idle" else "file handles"
+            if precopy != "idle":
+                title += (", and the save at once after LOG_ALL (no precopy: a daemon's "
+                          "preparation falls into the downtime)" if float(precopy) == 0 else
+                          f", and the save {precopy} s after LOG_ALL")
+            P(f"### With {title}\n")
+            P(f"`benches/downtime.sh --config {config} --precopy {precopy}`, raw results in [`{rel}`](../{rel}), commit "
+              f"`{env.get('commit', '?')[:12]}`, {env.get('date', '?')}; otherwise as above. "
+              + (f"{env['quiet']}." if "quiet" in env else "") + "\n")
+        tables(P, runs)
+        if i == 0:
+            goal(P, runs, targets)
+        nodes = sorted({r["nodes"] for r in runs})
+        for n in nodes:
+            rs = ratios(runs, n, "sum_ms")
+            a, b = vals(runs, n, "volfsd", "sum_ms"), vals(runs, n, "virtiofsd", "sum_ms")
+            if a and b:
+                readings.append(
+                    f"Device state, {config}, {n:,} files held: save + load {med(a):,.0f} ms for "
+                    f"volfsd, {med(b):,.0f} ms for virtiofsd ({rcell(rs)} per pair); state "
+                    f"{med(vals(runs, n, 'volfsd', 'state_bytes')):,.0f} against "
+                    f"{med(vals(runs, n, 'virtiofsd', 'state_bytes')):,.0f} bytes.")
+        command(P, d)
     return out, targets, readings
 
 
+def goal(P, runs, targets):
+    """The goal of issue 24, judged on the medians."""
+    sums = vals(runs, GOAL_NODES, "volfsd", "sum_ms")
+    rs = ratios(runs, GOAL_NODES, "sum_ms")
+    if not sums:
+        return
+    within = med(sums) <= GOAL_MS
+    not_slower = bool(rs) and med(rs) <= 1.0
+    P(f"**Goal: {GOAL_NODES:,} nodes saved and loaded in at most 1 s, and no slower than "
+      f"virtiofsd: {'met' if within and not_slower else 'not met'}.** volfsd's save + load at "
+      f"{GOAL_NODES:,} nodes: {cell(sums)} ms ({sum(1 for s in sums if s <= GOAL_MS)} of "
+      f"{len(sums)} runs within 1 s: {'met' if within else 'not met'}); against virtiofsd "
+      f"{rcell(rs)} ({sum(1 for r in rs if r <= 1.0)} of {len(rs)} pairs no slower: "
+      f"{'met' if not_slower else 'not met'}).\n")
+    targets.append((f"device state at {GOAL_NODES:,} nodes: (save + load) / 1 s ≤ 1.00×",
+                    [s / GOAL_MS for s in sums], within))
+    targets.append((f"device state at {GOAL_NODES:,} nodes: save + load volfsd ≤ virtiofsd",
+                    rs, not_slower))
+
+
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: downtime_report.py DIR")
-    lines, targets, _ = render(sys.argv[1].rstrip("/"))
+    if len(sys.argv) < 2:
+        sys.exit("usage: downtime_report.py DIR [DIR...]")
+    lines, _, _ = render([d.rstrip("/") for d in sys.argv[1:]])
     print("\n".join(lines))
 
 
