@@ -87,6 +87,7 @@ suffix=downtime
 [[ $CONFIG == handles ]] || suffix=downtime-$CONFIG
 OUT=${OUT:-$REPO/docs/bench-data/$(date -u +%F)-$REV-$suffix}
 mkdir -p "$OUT/logs" "$WORK" "$TREE"
+rm -f "$WORK"/*.log "$WORK"/*.sock
 : >"$OUT/raw.jsonl"
 : >"$OUT/env.txt"
 : >"$OUT/quiet.tsv"
