@@ -17,8 +17,9 @@
 #                      costs no fd; fds: both keep an O_PATH fd per node (volfsd's
 #                      default, virtiofsd --inode-file-handles=never), possible only
 #                      below the hard RLIMIT_NOFILE
-#   --precopy P        idle (default): the precopy lasts until the source used no CPU
-#                      for 300 ms; or seconds (0: the save follows LOG_ALL at once)
+#   --precopy P        idle (default): the precopy lasts until the source has been idle
+#                      (no CPU used, no thread running or waiting for the disk) for
+#                      500 ms; or seconds (0: the save follows LOG_ALL at once)
 #   --tree DIR         where the trees are made and kept (default /var/tmp/volfsd-downtime/tree)
 #   --out DIR          default docs/bench-data/<date>-<commit>-downtime[-CONFIG]
 #   --no-build         use the binaries as they are
@@ -51,7 +52,7 @@ while [[ $# -gt 0 ]]; do
 	--out) OUT=${2:?}; shift ;;
 	--no-build) BUILD=0 ;;
 	--allow-busy) ALLOW_BUSY=1 ;;
-	-h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
 	shift

@@ -8,9 +8,9 @@
 //!   guest then holds N + N/1000 nodes and the root);
 //! - the migration starts: SET_LOG_BASE, then SET_FEATURES with VHOST_F_LOG_ALL
 //!   (virtiofsd starts collecting its paths here, on a thread of its own);
-//! - the precopy: by default until the source's process tree has used no CPU for
-//!   300 ms (what the daemon prepares at the start is then done, as when copying the
-//!   guest's RAM outlasts it); `--precopy SECONDS` waits that long instead (0: the
+//! - the precopy: by default until the source's process tree has been idle for
+//!   500 ms (no CPU used, no thread running or waiting for the disk): what the daemon
+//!   prepares at the start is then done, as when copying the guest's RAM outlasts it; `--precopy SECONDS` waits that long instead (0: the
 //!   save follows at once, the daemon's preparation then falls into the downtime);
 //! - the downtime: every ring stopped (SET_VRING_ENABLE 0, GET_VRING_BASE), the save
 //!   (SET_DEVICE_STATE_FD SAVE, the pipe read to its end, CHECK_DEVICE_STATE), and
@@ -45,8 +45,9 @@ use volfsd_harness::frontend::{
 const PER_DIR: usize = 1000;
 /// LOOKUPs in flight while the source is filled.
 const LOOKUP_QD: usize = 32;
-/// The precopy ends when the source used no CPU for this long.
-const IDLE_FOR: Duration = Duration::from_millis(300);
+/// The precopy ends when the source was idle (no CPU used, no thread running or
+/// waiting for the disk) for this long.
+const IDLE_FOR: Duration = Duration::from_millis(500);
 
 #[derive(Parser, Debug)]
 #[command(name = "volfsd-statebench", version, about)]
@@ -90,7 +91,7 @@ struct RunArgs {
     /// Repetition number, recorded as given
     #[arg(long, default_value_t = 1)]
     rep: u32,
-    /// `idle`: wait until the source used no CPU for 300 ms after LOG_ALL; or seconds
+    /// `idle`: wait until the source has been idle for 500 ms after LOG_ALL; or seconds
     #[arg(long, default_value = "idle")]
     precopy: String,
     /// Give up waiting for an idle source after this many seconds
@@ -315,23 +316,46 @@ fn lookup_all(q: &mut FuseQueue, names: &[(u64, String)]) -> Res<Vec<EntryOut>> 
     Ok(out)
 }
 
-/// Waits until the process tree of `pid` used no CPU for `IDLE_FOR` (or `max`
-/// passed); returns when it last used some, and the CPU it used meanwhile.
+/// Threads of the process tree of `pid` running or in an uninterruptible wait (the
+/// state field of `/proc/PID/task/TID/stat` is R or D): work in progress that may
+/// not show as CPU time yet (a thread waiting for the disk, or for a core).
+fn busy_threads(pid: i32) -> usize {
+    process_tree(pid)
+        .into_iter()
+        .flat_map(|p| {
+            fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|t| {
+            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next());
+            matches!(state, Some("R" | "D"))
+        })
+        .count()
+}
+
+/// Waits until the process tree of `pid` used no CPU and had no thread running or
+/// waiting for the disk for `IDLE_FOR` (or `max` passed); returns when it was last
+/// busy, the CPU it used meanwhile, and whether it became idle.
 fn wait_idle(pid: i32, max: Duration) -> (Duration, u64, bool) {
     let start = Instant::now();
     let first = tree_cpu_ticks(pid);
     let mut last = first;
-    let mut last_change = start;
+    let mut last_busy = start;
     let mut busy_seen = Duration::ZERO;
     loop {
         std::thread::sleep(Duration::from_millis(10));
         let now = tree_cpu_ticks(pid);
-        if now != last {
+        if now != last || busy_threads(pid) > 0 {
             last = now;
-            last_change = Instant::now();
-            busy_seen = last_change - start;
+            last_busy = Instant::now();
+            busy_seen = last_busy - start;
         }
-        if last_change.elapsed() >= IDLE_FOR {
+        if last_busy.elapsed() >= IDLE_FOR {
             return (busy_seen, last - first, true);
         }
         if start.elapsed() >= max {
