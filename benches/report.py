@@ -494,6 +494,13 @@ PROFILE_CAUSES = [
      "under TCG a vCPU is the scarcest resource: fio on the vCPU that takes the completions runs at "
      "about 0.3× of fio on the other (\"Why a second queue costs random reads\" above); the cost is "
      "the guest's, with the same daemon"),
+    (r"^device state",
+     "volfsd finds each node's path at the save, inside the downtime: an `open_by_handle_at`, a "
+     "`readlinkat` of `/proc/self/fd` and a `close` per node. virtiofsd collects its paths when "
+     "the migration starts (about 19 system calls per node, during the precopy) and its save "
+     "only encodes them. The load opens each node with 8 calls against virtiofsd's 6: its "
+     "directory again by handle for every entry, and a second `fstat` of the same fd "
+     "(strace -ff, [PROFILING.md](PROFILING.md), \"The device state\")"),
     (r"^fio",
      "the guest's own CPU under TCG bounds these jobs, not the daemon's (see the note below the "
      "causes), so both daemons wait on the same guest and the paired ratios scatter around 1.0 "
