@@ -498,8 +498,8 @@ PROFILE_CAUSES = [
      "volfsd finds each node's path at the save, inside the downtime: an `open_by_handle_at`, a "
      "`readlinkat` of `/proc/self/fd` and a `close` per node. virtiofsd collects its paths when "
      "the migration starts (about 19 system calls per node, during the precopy) and its save "
-     "only encodes them. The load opens each node with 8 calls against virtiofsd's 6: its "
-     "directory again by handle for every entry, and a second `fstat` of the same fd "
+     "only encodes them. The load opens each node with 8 calls against virtiofsd's 6: two "
+     "`fstat`s of the fd it just opened where virtiofsd's one `statx` serves "
      "(strace -ff, [PROFILING.md](PROFILING.md), \"The device state\")"),
     (r"^fio",
      "the guest's own CPU under TCG bounds these jobs, not the daemon's (see the note below the "
