@@ -164,7 +164,7 @@ def render(dirs):
               "pair of one repetition. "
               + (f"Machine: {env.get('cores', '?')} cores, {env.get('cpu', '?')}, tree on "
                  f"{env.get('tree', '?')}; " if env else "")
-              + (f"{env['quiet']}." if "quiet" in env else "") + "\n")
+              + (f"quiet: {env['quiet']}." if "quiet" in env else "") + "\n")
             P("Both sides run their defaults (namespace sandbox, seccomp `kill`, log level info) "
               "with `--migration-mode find-paths`, no guest cache (volfsd `--cache none`, virtiofsd "
               f"`--cache never`) and {what}. Both save each node's path; volfsd reads it from "
@@ -188,17 +188,21 @@ def render(dirs):
             P(f"### With {title}\n")
             P(f"`benches/downtime.sh --config {config} --precopy {precopy}`, raw results in [`{rel}`](../{rel}), commit "
               f"`{env.get('commit', '?')[:12]}`, {env.get('date', '?')}; otherwise as above. "
-              + (f"{env['quiet']}." if "quiet" in env else "") + "\n")
+              + (f"Quiet: {env['quiet']}." if "quiet" in env else "") + "\n")
         tables(P, runs)
         if i == 0:
             goal(P, runs, targets)
+            P("Where the time goes (strace of both daemons, per node): [PROFILING.md]"
+              "(PROFILING.md#the-device-state-2026-12-03-daemon-at-commit-f6295a0).\n")
+        label = config if env.get("precopy", "idle") == "idle" else \
+            f"{config}, the save {env['precopy']} s after LOG_ALL"
         nodes = sorted({r["nodes"] for r in runs})
         for n in nodes:
             rs = ratios(runs, n, "sum_ms")
             a, b = vals(runs, n, "volfsd", "sum_ms"), vals(runs, n, "virtiofsd", "sum_ms")
             if a and b:
                 readings.append(
-                    f"Device state, {config}, {n:,} files held: save + load {med(a):,.0f} ms for "
+                    f"Device state, {label}, {n:,} files held: save + load {med(a):,.0f} ms for "
                     f"volfsd, {med(b):,.0f} ms for virtiofsd ({rcell(rs)} per pair); state "
                     f"{med(vals(runs, n, 'volfsd', 'state_bytes')):,.0f} against "
                     f"{med(vals(runs, n, 'virtiofsd', 'state_bytes')):,.0f} bytes.")
