@@ -4,12 +4,12 @@
 # (1: measure anyway, and say so) and QUIET_NAME (its name in messages), and has
 # `say`.
 
-# Processes that would share the cores with a measurement: other VMs, builds, other
-# vhost-user daemons (the caller's own are stopped between runs). Matched on the
+# Processes that would share the cores with a measurement: other VMs, builds, fuzzers,
+# other vhost-user daemons (the caller's own are stopped between runs). Matched on the
 # program's name (comm, at most 15 characters), not its command line, so that a
 # script whose arguments name volfsd is not company.
 company() {
-	ps -e -o comm= | awk '/^(qemu-system-.*|cargo|rustc|cc1|cc1plus|ld|volfsd|virtiofsd|cloud-hyperviso.*|fio|stress-ng)$/' |
+	ps -e -o comm= | awk '/^(qemu-system-.*|cargo|rustc|cc1|cc1plus|ld|volfsd|virtiofsd|cloud-hyperviso.*|fio|stress-ng|afl-fuzz)$/' |
 		sort | uniq -c | awk '{printf "%s%s×%s", sep, $2, $1; sep=","}'
 }
 

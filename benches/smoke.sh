@@ -4,6 +4,8 @@
 #   - volfsd-loadgen against volfsd, every workload (QD1 ones too), tiny sizes, 1 and 2 queues
 #     (and against virtiofsd if it is installed: the loadgen must run unchanged);
 #   - scale.py (start-up to INIT, held inodes, density) with tiny counts;
+#   - volfsd-statebench (benches/downtime.sh): one save and load at 1,000 held nodes,
+#     volfsd and virtiofsd;
 #   - the criterion benches, each run once (--test);
 #   - the fio guest suite once under QEMU with tiny sizes: fio ran and printed
 #     parseable JSON for every job, and the metadata loop its timings.
@@ -139,6 +141,38 @@ if [[ -x $VOLFSD && -x $LOADGEN ]]; then
 		pass scale
 	else
 		fail scale "$(tail -n 2 "$WORK/scale.log" | tr '\n' ' ')"
+	fi
+fi
+
+# The device-state bench (benches/downtime.sh's instrument): one pair at 1,000 held
+# nodes; both saves and loads must succeed and report their figures.
+STATEBENCH=$REPO/target/release/volfsd-statebench
+if [[ -x $VOLFSD && -x $STATEBENCH ]]; then
+	rc=0
+	statebench_run() { # statebench_run NAME DAEMON-LINE
+		timeout 300 "$STATEBENCH" run --name "$1" --daemon "$2" --tree "$WORK/statebench-tree" --nodes 1000 \
+			--work "$WORK/statebench" --json "$WORK/statebench.jsonl" >>"$WORK/statebench.log" 2>&1 || rc=$?
+	}
+	names=volfsd
+	statebench_run volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --inode-file-handles prefer"
+	if [[ -x $VIRTIOFSD ]]; then
+		names=volfsd,virtiofsd
+		statebench_run virtiofsd "$VIRTIOFSD --socket-path {sock} --shared-dir {share} --cache never --inode-file-handles=prefer"
+	fi
+	if [[ $rc != 0 ]]; then
+		fail statebench "exit $rc: $(grep -m1 FAILED "$WORK/statebench.log" || tail -n 2 "$WORK/statebench.log" | tr '\n' ' ')"
+	elif python3 -c '
+import json, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["daemon"] for r in runs] == sys.argv[2].split(","), runs
+for r in runs:
+    assert r["held_nodes"] == 1001 and r["verified_nodes"] == 3 and r["state_bytes"] > 0, r
+    assert all(r[k] >= 0 for k in ("save_ms", "load_ms", "sum_ms", "log_all_ms", "stop_ms")), r
+    assert r["save"]["bytes"] == r["load"]["bytes"] == r["state_bytes"], r
+' "$WORK/statebench.jsonl" "$names"; then
+		pass statebench
+	else
+		fail statebench "the JSON lines lack a save, a load or their figures"
 	fi
 fi
 

@@ -89,6 +89,26 @@ pub struct FsConfig {
     pub num_request_queues: u32,
 }
 
+/// How long the parts of one device-state transfer took, as the frontend saw them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StateTransferTimes {
+    /// SET_DEVICE_STATE_FD sent until its reply.
+    pub set_fd: Duration,
+    /// The reply until the pipe was read to its end (save) or written whole (load).
+    pub data: Duration,
+    /// CHECK_DEVICE_STATE sent until its reply (the backend's outcome).
+    pub check: Duration,
+    /// Bytes moved through the pipe.
+    pub bytes: usize,
+}
+
+impl StateTransferTimes {
+    /// SET_DEVICE_STATE_FD sent until CHECK_DEVICE_STATE answered.
+    pub fn total(&self) -> Duration {
+        self.set_fd + self.data + self.check
+    }
+}
+
 /// A connected, started vhost-user-fs device.
 pub struct VhostUserFsDevice {
     frontend: Frontend,
@@ -96,6 +116,7 @@ pub struct VhostUserFsDevice {
     queues: Vec<SplitQueue>,
     features: NegotiatedFeatures,
     config: Option<FsConfig>,
+    last_transfer: Option<StateTransferTimes>,
 }
 
 impl VhostUserFsDevice {
@@ -121,12 +142,14 @@ impl VhostUserFsDevice {
                 None
             };
 
+        let mut last_transfer = None;
         if let Some(state) = &cfg.load_state {
-            transfer_state(
+            let (_, times) = transfer_state(
                 &mut frontend,
                 VhostTransferStateDirection::LOAD,
                 Some(state),
             )?;
+            last_transfer = Some(times);
         }
         let region = memory.region_info()?;
         frontend
@@ -147,6 +170,7 @@ impl VhostUserFsDevice {
             queues,
             features,
             config,
+            last_transfer,
         })
     }
 
@@ -167,7 +191,7 @@ impl VhostUserFsDevice {
             .set_owner()
             .map_err(|e| Error::vhost("SET_OWNER", e))?;
         let features = negotiate(&mut frontend, cfg)?;
-        transfer_state(
+        let (_, times) = transfer_state(
             &mut frontend,
             VhostTransferStateDirection::LOAD,
             Some(state),
@@ -185,6 +209,7 @@ impl VhostUserFsDevice {
             queues: Vec::new(),
             features,
             config: None,
+            last_transfer: Some(times),
         })
     }
 
@@ -245,7 +270,17 @@ impl VhostUserFsDevice {
     /// The backend's device state (SET_DEVICE_STATE_FD SAVE over a pipe, read to its
     /// end, CHECK_DEVICE_STATE), as a VMM saves it after stopping the queues.
     pub fn save_state(&mut self) -> Result<Vec<u8>> {
-        transfer_state(&mut self.frontend, VhostTransferStateDirection::SAVE, None)
+        let (bytes, times) =
+            transfer_state(&mut self.frontend, VhostTransferStateDirection::SAVE, None)?;
+        self.last_transfer = Some(times);
+        Ok(bytes)
+    }
+
+    /// How long the last successful device-state transfer took: the last
+    /// [`save_state`](Self::save_state), or the load of [`DeviceConfig::load_state`]
+    /// at connect.
+    pub fn last_transfer(&self) -> Option<StateTransferTimes> {
+        self.last_transfer
     }
 
     /// VHOST_USER_RESET_DEVICE, as a VMM resets the device (needs the protocol
@@ -367,12 +402,12 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
 }
 
 /// One device-state transfer over a pipe: a save returns the bytes read, a load
-/// writes `state`. The outcome is CHECK_DEVICE_STATE's.
+/// writes `state`. The outcome is CHECK_DEVICE_STATE's; the times are its parts'.
 fn transfer_state(
     frontend: &mut Frontend,
     direction: VhostTransferStateDirection,
     state: Option<&[u8]>,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, StateTransferTimes)> {
     use std::io::{Read, Write};
     let name = format!("SET_DEVICE_STATE_FD {direction:?}");
     let io = |e| Error::io(format!("{name}: the pipe"), e);
@@ -386,9 +421,11 @@ fn transfer_state(
         }
     };
     // The frontend sends our copy of the pipe's end and closes it.
+    let start = Instant::now();
     let replaced = frontend
         .set_device_state_fd(direction, VhostTransferStatePhase::STOPPED, theirs)
         .map_err(|e| Error::vhost(name.clone(), e))?;
+    let set_fd = start.elapsed();
     let mut out = Vec::new();
     match direction {
         VhostTransferStateDirection::SAVE => {
@@ -408,10 +445,20 @@ fn transfer_state(
             drop(writer);
         }
     }
+    let data = start.elapsed() - set_fd;
     frontend
         .check_device_state()
         .map_err(|e| Error::vhost("CHECK_DEVICE_STATE", e))?;
-    Ok(out)
+    let times = StateTransferTimes {
+        set_fd,
+        data,
+        check: start.elapsed() - set_fd - data,
+        bytes: match direction {
+            VhostTransferStateDirection::SAVE => out.len(),
+            VhostTransferStateDirection::LOAD => state.map_or(0, <[u8]>::len),
+        },
+    };
+    Ok((out, times))
 }
 
 fn read_fs_config(frontend: &mut Frontend) -> Result<FsConfig> {

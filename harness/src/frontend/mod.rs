@@ -15,7 +15,9 @@ pub mod fuse;
 pub mod memory;
 pub mod virtqueue;
 
-pub use device::{DeviceConfig, FsConfig, NegotiatedFeatures, VhostUserFsDevice};
+pub use device::{
+    DeviceConfig, FsConfig, NegotiatedFeatures, StateTransferTimes, VhostUserFsDevice,
+};
 pub use dirty_log::DirtyLog;
 pub use error::{Error, Result};
 pub use fuse::{FuseClient, FuseOps, FuseQueue, InitParams, RawChain, Request};

@@ -1,0 +1,559 @@
+//! volfsd-statebench: what a backend's device state adds to a migration's downtime.
+//!
+//! `tree` makes (or reuses) a share of N empty files in directories of 1,000.
+//!
+//! `run` plays a migrating VMM against two fresh daemons of one kind on that share,
+//! with QEMU's message sequence:
+//! - the source: connect, FUSE INIT, LOOKUP of every directory and every file (the
+//!   guest then holds N + N/1000 nodes and the root);
+//! - the migration starts: SET_LOG_BASE, then SET_FEATURES with VHOST_F_LOG_ALL
+//!   (virtiofsd starts collecting its paths here, on a thread of its own);
+//! - the precopy: by default until the source's process tree has been idle for
+//!   500 ms (no CPU used, no thread running or waiting for the disk): what the daemon
+//!   prepares at the start is then done, as when copying the guest's RAM outlasts it; `--precopy SECONDS` waits that long instead (0: the
+//!   save follows at once, the daemon's preparation then falls into the downtime);
+//! - the downtime: every ring stopped (SET_VRING_ENABLE 0, GET_VRING_BASE), the save
+//!   (SET_DEVICE_STATE_FD SAVE, the pipe read to its end, CHECK_DEVICE_STATE), and
+//!   the load into the destination, which was started with the source and connected
+//!   only now, as a destination QEMU loads before it sets up memory and rings
+//!   (SET_DEVICE_STATE_FD LOAD, every byte written, CHECK_DEVICE_STATE);
+//! - a check that the load is real: GETATTR of the first, middle and last file's node
+//!   id at the destination answers each file's inode.
+//!
+//! One JSON object per run is appended to `--json` (benches/downtime.sh collects
+//! them); a failed transfer or check exits 1. No time is asserted.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use fuse_backend_rs::abi::fuse_abi::{EntryOut, Opcode};
+use serde_json::json;
+use volfsd_harness::fixtures::host::{
+    clock_ticks_per_second, process_tree, serving_pid, status_kb, tree_cpu_ticks,
+};
+use volfsd_harness::fixtures::ROOT;
+use volfsd_harness::frontend::{
+    DeviceConfig, DirtyLog, FuseClient, FuseOps, FuseQueue, Request, StateTransferTimes,
+};
+
+/// Files per directory of the tree.
+const PER_DIR: usize = 1000;
+/// LOOKUPs in flight while the source is filled.
+const LOOKUP_QD: usize = 32;
+/// The precopy ends when the source was idle (no CPU used, no thread running or
+/// waiting for the disk) for this long.
+const IDLE_FOR: Duration = Duration::from_millis(500);
+
+#[derive(Parser, Debug)]
+#[command(name = "volfsd-statebench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Make TREE/nN: N empty files in directories of 1,000 (kept and reused; the
+    /// marker TREE/nN.complete says it is whole)
+    Tree {
+        #[arg(long)]
+        tree: PathBuf,
+        #[arg(long)]
+        nodes: usize,
+    },
+    /// One migration of one daemon kind on TREE/nN; appends a JSON line to --json
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The daemon's name in the results (volfsd, virtiofsd, ...)
+    #[arg(long)]
+    name: String,
+    /// Its command line, split at spaces; {sock} and {share} are replaced. Source
+    /// and destination run the same line
+    #[arg(long)]
+    daemon: String,
+    /// The directory of the trees (see `tree`)
+    #[arg(long)]
+    tree: PathBuf,
+    /// Files the guest holds (the tree TREE/nN)
+    #[arg(long)]
+    nodes: usize,
+    /// Sockets and daemon logs go here
+    #[arg(long)]
+    work: PathBuf,
+    /// Repetition number, recorded as given
+    #[arg(long, default_value_t = 1)]
+    rep: u32,
+    /// `idle`: wait until the source has been idle for 500 ms after LOG_ALL; or seconds
+    #[arg(long, default_value = "idle")]
+    precopy: String,
+    /// Give up waiting for an idle source after this many seconds
+    #[arg(long, default_value_t = 900.0)]
+    precopy_max: f64,
+    /// Append the result as one JSON line to this file
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.cmd {
+        Cmd::Tree { tree, nodes } => make_tree(tree, *nodes).map(|_| ()),
+        Cmd::Run(args) => run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("volfsd-statebench: FAILED: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+fn dir_name(d: usize) -> String {
+    format!("d{d:05}")
+}
+
+fn file_name(f: usize) -> String {
+    format!("f{f:03}")
+}
+
+/// (directory index, file index in it) of file `i`.
+fn place(i: usize) -> (usize, usize) {
+    (i / PER_DIR, i % PER_DIR)
+}
+
+fn share_of(tree: &Path, nodes: usize) -> PathBuf {
+    tree.join(format!("n{nodes}"))
+}
+
+/// Makes the tree unless its marker says it is whole; returns the share.
+fn make_tree(tree: &Path, nodes: usize) -> Res<PathBuf> {
+    let share = share_of(tree, nodes);
+    let marker = tree.join(format!("n{nodes}.complete"));
+    if fs::read_to_string(&marker).is_ok_and(|s| s.trim() == nodes.to_string()) {
+        return Ok(share);
+    }
+    let err = |what: &str, p: &Path| {
+        let p = p.display().to_string();
+        let what = what.to_string();
+        move |e: std::io::Error| format!("{what} {p}: {e}")
+    };
+    eprintln!(
+        "statebench: making {} ({nodes} empty files)",
+        share.display()
+    );
+    let start = Instant::now();
+    let _ = fs::remove_file(&marker);
+    if share.exists() {
+        fs::remove_dir_all(&share).map_err(err("removing", &share))?;
+    }
+    fs::create_dir_all(&share).map_err(err("creating", &share))?;
+    for i in 0..nodes {
+        let (d, f) = place(i);
+        let dir = share.join(dir_name(d));
+        if f == 0 {
+            fs::create_dir(&dir).map_err(err("creating", &dir))?;
+        }
+        let p = dir.join(file_name(f));
+        File::create(&p).map_err(err("creating", &p))?;
+    }
+    // SAFETY: sync has no preconditions. The tree's metadata reaches the disk now,
+    // not during a measurement.
+    unsafe { libc::sync() };
+    fs::write(&marker, format!("{nodes}\n")).map_err(err("writing", &marker))?;
+    eprintln!(
+        "statebench: made {} in {:.1} s",
+        share.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(share)
+}
+
+/// A daemon this run started; stopped (and waited for) when dropped.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(template: &str, sock: &Path, share: &Path, log: PathBuf) -> Res<Daemon> {
+        let line = template
+            .replace("{sock}", &sock.display().to_string())
+            .replace("{share}", &share.display().to_string());
+        let mut words = line.split_whitespace();
+        let program = words.next().ok_or("--daemon is empty")?;
+        let _ = fs::remove_file(sock);
+        let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(program)
+            .args(words)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("starting {program}: {e}"))?;
+        Ok(Daemon { child, log })
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the daemon to exit by itself (its frontend went away), else kills it.
+    fn finish(mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn device_config(sock: &Path) -> DeviceConfig {
+    let mut cfg = DeviceConfig::new(sock);
+    cfg.memory_size = 64 << 20;
+    cfg.queue_size = 1024;
+    cfg.event_idx = true;
+    cfg.dirty_log = true;
+    cfg.connect_timeout = Duration::from_secs(60);
+    cfg
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn cpu_ms(ticks: u64) -> f64 {
+    ticks as f64 * 1e3 / clock_ticks_per_second()
+}
+
+fn rss_anon_kb(pid: i32) -> u64 {
+    process_tree(pid)
+        .into_iter()
+        .map(|p| status_kb(p, "RssAnon"))
+        .sum()
+}
+
+fn fd_count(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{}/fd", serving_pid(pid)))
+        .map(|rd| rd.count())
+        .unwrap_or(0)
+}
+
+fn times_json(t: &StateTransferTimes) -> serde_json::Value {
+    json!({
+        "set_fd_ms": ms(t.set_fd),
+        "data_ms": ms(t.data),
+        "check_ms": ms(t.check),
+        "total_ms": ms(t.total()),
+        "bytes": t.bytes,
+    })
+}
+
+/// LOOKUPs of `(parent, name)`, `LOOKUP_QD` in flight; the replies in order.
+fn lookup_all(q: &mut FuseQueue, names: &[(u64, String)]) -> Res<Vec<EntryOut>> {
+    let mut out = vec![EntryOut::default(); names.len()];
+    let mut tokens = std::collections::HashMap::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < names.len() {
+        while next < names.len() && tokens.len() < LOOKUP_QD {
+            let (parent, name) = &names[next];
+            let req = Request::new(Opcode::Lookup, *parent)
+                .name(name)
+                .reply_of::<EntryOut>();
+            let token = q.submit(&req).map_err(|e| format!("LOOKUP {name}: {e}"))?;
+            tokens.insert(token, next);
+            next += 1;
+        }
+        q.kick().map_err(|e| e.to_string())?;
+        let completions = q
+            .wait_completions(Duration::from_secs(60))
+            .map_err(|e| e.to_string())?;
+        if completions.is_empty() {
+            return Err(format!("no LOOKUP reply in 60 s ({done} done)"));
+        }
+        for c in completions {
+            let i = tokens
+                .remove(&c.token)
+                .ok_or_else(|| format!("a reply to no LOOKUP: {}", c.token))?;
+            let entry: EntryOut = c
+                .into_reply()
+                .and_then(|r| r.parse())
+                .map_err(|e| format!("LOOKUP {}: {e}", names[i].1))?;
+            out[i] = entry;
+            done += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Threads of the process tree of `pid` running or in an uninterruptible wait (the
+/// state field of `/proc/PID/task/TID/stat` is R or D): work in progress that may
+/// not show as CPU time yet (a thread waiting for the disk, or for a core).
+fn busy_threads(pid: i32) -> usize {
+    process_tree(pid)
+        .into_iter()
+        .flat_map(|p| {
+            fs::read_dir(format!("/proc/{p}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|t| {
+            let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next());
+            matches!(state, Some("R" | "D"))
+        })
+        .count()
+}
+
+/// Waits until the process tree of `pid` used no CPU and had no thread running or
+/// waiting for the disk for `IDLE_FOR` (or `max` passed); returns when it was last
+/// busy, the CPU it used meanwhile, and whether it became idle.
+fn wait_idle(pid: i32, max: Duration) -> (Duration, u64, bool) {
+    let start = Instant::now();
+    let first = tree_cpu_ticks(pid);
+    let mut last = first;
+    let mut last_busy = start;
+    let mut busy_seen = Duration::ZERO;
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        let now = tree_cpu_ticks(pid);
+        if now != last || busy_threads(pid) > 0 {
+            last = now;
+            last_busy = Instant::now();
+            busy_seen = last_busy - start;
+        }
+        if last_busy.elapsed() >= IDLE_FOR {
+            return (busy_seen, last - first, true);
+        }
+        if start.elapsed() >= max {
+            return (busy_seen, last - first, false);
+        }
+    }
+}
+
+fn run(a: &RunArgs) -> Res<()> {
+    let share = make_tree(&a.tree, a.nodes)?;
+    let dirs = a.nodes.div_ceil(PER_DIR);
+    fs::create_dir_all(&a.work).map_err(|e| format!("{}: {e}", a.work.display()))?;
+    let tag = format!("{}-n{}-rep{}", a.name, a.nodes, a.rep);
+    let src_sock = a.work.join(format!("{}-src.sock", a.name));
+    let dst_sock = a.work.join(format!("{}-dst.sock", a.name));
+    let src = Daemon::spawn(
+        &a.daemon,
+        &src_sock,
+        &share,
+        a.work.join(format!("{tag}-src.log")),
+    )?;
+    let dst = Daemon::spawn(
+        &a.daemon,
+        &dst_sock,
+        &share,
+        a.work.join(format!("{tag}-dst.log")),
+    )?;
+    let failed = |what: String, d: &Daemon| format!("{what} (daemon log: {})", d.log_tail());
+
+    // The guest: INIT, then every directory and file looked up once.
+    let mut c = FuseClient::connect(&device_config(&src_sock))
+        .map_err(|e| failed(format!("source: {e}"), &src))?;
+    c.init_session(&Default::default())
+        .map_err(|e| failed(format!("source INIT: {e}"), &src))?;
+    let lookups = Instant::now();
+    let dir_names: Vec<(u64, String)> = (0..dirs).map(|d| (ROOT, dir_name(d))).collect();
+    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let dir_entries = lookup_all(q, &dir_names).map_err(|e| failed(e, &src))?;
+    let file_names: Vec<(u64, String)> = (0..a.nodes)
+        .map(|i| {
+            let (d, f) = place(i);
+            (dir_entries[d].nodeid, file_name(f))
+        })
+        .collect();
+    let file_entries = lookup_all(q, &file_names).map_err(|e| failed(e, &src))?;
+    let lookup_s = lookups.elapsed().as_secs_f64();
+    let held = dirs + a.nodes;
+    let samples: Vec<(usize, u64, u64)> = [0, a.nodes / 2, a.nodes - 1]
+        .into_iter()
+        .map(|i| (i, file_entries[i].nodeid, file_entries[i].attr.ino))
+        .collect();
+    drop(file_entries);
+    drop(file_names);
+    for &(i, _, ino) in &samples {
+        let (d, f) = place(i);
+        let host = share.join(dir_name(d)).join(file_name(f));
+        let host_ino = fs::metadata(&host).map_err(|e| e.to_string())?.ino();
+        if host_ino != ino {
+            return Err(format!(
+                "LOOKUP of {} answered inode {ino}, the host has {host_ino}",
+                host.display()
+            ));
+        }
+    }
+    let src_rss_kb = rss_anon_kb(src.pid());
+    let src_fds = fd_count(src.pid());
+
+    // The migration starts: the dirty log, then LOG_ALL.
+    let log = DirtyLog::new(c.device().memory().size()).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    c.device()
+        .set_log_base(&log)
+        .map_err(|e| failed(e.to_string(), &src))?;
+    let log_base = t.elapsed();
+    let t = Instant::now();
+    c.device()
+        .set_log_all(true)
+        .map_err(|e| failed(e.to_string(), &src))?;
+    let log_all = t.elapsed();
+
+    // The precopy.
+    let (prep, prep_ticks, prep_idle) = if a.precopy == "idle" {
+        wait_idle(src.pid(), Duration::from_secs_f64(a.precopy_max))
+    } else {
+        let s: f64 = a
+            .precopy
+            .parse()
+            .map_err(|_| format!("--precopy {}: idle or seconds", a.precopy))?;
+        let before = tree_cpu_ticks(src.pid());
+        std::thread::sleep(Duration::from_secs_f64(s));
+        (Duration::ZERO, tree_cpu_ticks(src.pid()) - before, false)
+    };
+
+    // The downtime: rings stopped, the state saved, then loaded at the destination.
+    let queues = c.request_queue_count() as u16 + 1;
+    let t = Instant::now();
+    for index in 0..queues {
+        c.device()
+            .stop_queue(index)
+            .map_err(|e| failed(e.to_string(), &src))?;
+    }
+    let stop = t.elapsed();
+    let ticks = tree_cpu_ticks(src.pid());
+    let state = c
+        .device()
+        .save_state()
+        .map_err(|e| failed(format!("save: {e}"), &src))?;
+    let save = c.device().last_transfer().expect("a save was made");
+    let save_cpu = tree_cpu_ticks(src.pid()) - ticks;
+
+    let mut cfg = device_config(&dst_sock);
+    cfg.load_state = Some(state);
+    let ticks = tree_cpu_ticks(dst.pid());
+    let mut g = FuseClient::connect(&cfg).map_err(|e| failed(format!("load: {e}"), &dst))?;
+    let load = g.device().last_transfer().expect("a load was made");
+    let load_cpu = tree_cpu_ticks(dst.pid()) - ticks;
+    let state_bytes = cfg.load_state.take().map_or(0, |s| s.len());
+
+    // The destination serves the guest's node ids.
+    for &(i, nodeid, ino) in &samples {
+        let got = g
+            .getattr(nodeid)
+            .map_err(|e| {
+                failed(
+                    format!("GETATTR of file {i} (node {nodeid}) after the load: {e}"),
+                    &dst,
+                )
+            })?
+            .attr
+            .ino;
+        if got != ino {
+            return Err(format!(
+                "file {i} (node {nodeid}): inode {got} after the load, {ino} before"
+            ));
+        }
+    }
+    let dst_rss_kb = rss_anon_kb(dst.pid());
+    let dst_fds = fd_count(dst.pid());
+
+    let result = json!({
+        "daemon": a.name,
+        "command": a.daemon,
+        "nodes": a.nodes,
+        "held_nodes": held,
+        "rep": a.rep,
+        "precopy": a.precopy,
+        "lookup_s": lookup_s,
+        "src_rss_anon_kb": src_rss_kb,
+        "src_fds": src_fds,
+        "log_base_ms": ms(log_base),
+        "log_all_ms": ms(log_all),
+        "prep_ms": ms(prep),
+        "prep_cpu_ms": cpu_ms(prep_ticks),
+        "prep_idle": prep_idle,
+        "stop_ms": ms(stop),
+        "save": times_json(&save),
+        "save_cpu_ms": cpu_ms(save_cpu),
+        "load": times_json(&load),
+        "load_cpu_ms": cpu_ms(load_cpu),
+        "state_bytes": state_bytes,
+        "save_ms": ms(save.total()),
+        "load_ms": ms(load.total()),
+        "sum_ms": ms(save.total() + load.total()),
+        "dst_rss_anon_kb": dst_rss_kb,
+        "dst_fds": dst_fds,
+        "verified_nodes": samples.len(),
+    });
+    eprintln!(
+        "statebench: {tag}: {held} nodes held (lookups {lookup_s:.1} s); LOG_ALL {:.2} ms, \
+         prepared {:.0} ms; stop {:.2} ms; save {:.1} ms, {state_bytes} bytes; load {:.1} ms; \
+         sum {:.1} ms; destination RssAnon {dst_rss_kb} kB",
+        ms(log_all),
+        ms(prep),
+        ms(stop),
+        ms(save.total()),
+        ms(load.total()),
+        ms(save.total() + load.total()),
+    );
+    if let Some(path) = &a.json {
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writeln!(f, "{result}").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+
+    // The source goes as after a migration, then the destination as its VM ends;
+    // each exits by itself when its frontend disconnects.
+    drop(c);
+    drop(log);
+    let src_exit = src.finish(Duration::from_secs(120));
+    drop(g);
+    let dst_exit = dst.finish(Duration::from_secs(120));
+    if src_exit.is_none() || dst_exit.is_none() {
+        eprintln!(
+            "statebench: {tag}: a daemon did not exit within 120 s of its disconnect; killed"
+        );
+    }
+    Ok(())
+}
