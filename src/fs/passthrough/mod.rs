@@ -85,7 +85,6 @@ pub struct PassthroughFs {
     handles: HandleStore,
     /// Shared with the thread that waits for locks a loaded state names.
     locks: Arc<LockTable>,
-    session: Arc<Session>,
     budget: Arc<FdBudget>,
     /// `/proc/self/fd`, opened once, for reopening `O_PATH` fds.
     proc_self_fd: File,
@@ -172,8 +171,10 @@ mod prelude {
 
 mod dirs;
 mod files;
+mod identity;
 mod locking;
 mod nodes;
+mod roots;
 pub mod state;
 mod xattr_ops;
 
@@ -203,7 +204,6 @@ impl PassthroughFs {
                 budget.clone(),
                 limits.max_lock_files,
             )),
-            session,
             budget,
             proc_self_fd,
             cfg,
@@ -217,11 +217,6 @@ impl PassthroughFs {
     /// The fds held for the guest, and the most it may hold (all volumes).
     pub fn fd_budget(&self) -> (usize, usize) {
         (self.budget.used(), self.budget.max())
-    }
-
-    /// The current session's epoch (it moves on at each reset).
-    pub fn session_epoch(&self) -> u64 {
-        self.session.current()
     }
 
     /// A node id never handed out before.
@@ -242,154 +237,6 @@ impl PassthroughFs {
     /// Gives a volume root the id `new` (see `InodeStore::renumber_fixed`).
     pub fn renumber_root(&self, old: u64, new: u64, lookups: u64) -> io::Result<()> {
         self.inodes.renumber_fixed(old, new, lookups)
-    }
-
-    /// Registers `root` (a directory fd) as the root of `share`, at node id `nodeid`.
-    pub fn attach_root(&self, nodeid: u64, root: File, share: Arc<Share>) -> io::Result<()> {
-        let st = sys::stat_fd(&root)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-            return Err(errno(libc::ENOTDIR));
-        }
-        let key = InodeKey {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            mnt_id: sys::mount_id(&root),
-        };
-        if self.cfg.file_handles != FileHandleMode::Never {
-            self.enable_handles(&share, &root, key.mnt_id)?;
-        }
-        self.inodes
-            .insert_fixed(nodeid, root, key, libc::S_IFDIR, share)?;
-        Ok(())
-    }
-
-    /// Decides whether `share`'s nodes are kept by file handle: its file system must
-    /// make handles, and the daemon must be able to open them (CAP_DAC_READ_SEARCH).
-    /// `prefer` falls back to fds with a warning; `mandatory` refuses the share.
-    fn enable_handles(&self, share: &Share, root: &File, mnt_id: u64) -> io::Result<()> {
-        let ctx = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
-        let works = InodeRef::handle_of(root)
-            .map_err(|e| ctx("name_to_handle_at", e))
-            .and_then(|h| {
-                let mount = self.mount_fd(root)?;
-                h.open_handle(&mount, libc::O_PATH)
-                    .map(|_| mount)
-                    .map_err(|e| ctx("open_by_handle_at", e))
-            });
-        match works {
-            Ok(mount) => {
-                share.mounts.insert(mnt_id, mount);
-                share.set_use_handles(true);
-                Ok(())
-            }
-            Err(e) if self.cfg.file_handles == FileHandleMode::Mandatory => Err(io::Error::new(
-                e.kind(),
-                format!(
-                    "share {:?} ({}): --inode-file-handles=mandatory, but file handles do \
-                     not work there: {e}",
-                    share.name,
-                    share.host_path.display()
-                ),
-            )),
-            Err(e) => {
-                log::warn!(
-                    "share {:?} ({}): file handles do not work there ({e}); its nodes keep \
-                     an O_PATH fd each",
-                    share.name,
-                    share.host_path.display()
-                );
-                Ok(())
-            }
-        }
-    }
-
-    /// The fd `open_by_handle_at` is given for the mount `dir` (an `O_PATH` fd of a
-    /// directory) is on: the kernel takes no `O_PATH` fd there, so it is reopened.
-    fn mount_fd(&self, dir: &File) -> io::Result<File> {
-        self.reopen_fd(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK)
-    }
-
-    /// What a new node of `share` keeps of the inode `file` (an `O_PATH` fd of type
-    /// `file_type` on mount `mnt_id`): its file handle where the share uses handles,
-    /// else the fd. A submount is entered through its root directory, which gives the
-    /// mount its fd for reopening handles; until then its nodes keep fds.
-    fn inode_ref_for(
-        &self,
-        share: &Share,
-        file: File,
-        file_type: u32,
-        mnt_id: u64,
-    ) -> io::Result<InodeRef> {
-        if !share.uses_handles() {
-            return Ok(InodeRef::Fd(file));
-        }
-        match InodeRef::handle_of(&file) {
-            Ok(h) => {
-                if !share.mounts.contains(mnt_id) {
-                    if file_type != libc::S_IFDIR {
-                        // A file bind-mounted on its own: no directory to anchor it.
-                        return match self.cfg.file_handles {
-                            FileHandleMode::Mandatory => Err(errno(libc::EOPNOTSUPP)),
-                            _ => Ok(InodeRef::Fd(file)),
-                        };
-                    }
-                    share.mounts.insert(mnt_id, self.mount_fd(&file)?);
-                }
-                Ok(h)
-            }
-            Err(e) if self.cfg.file_handles == FileHandleMode::Mandatory => Err(e),
-            // A submount whose file system makes no handles: fds there.
-            Err(_) => Ok(InodeRef::Fd(file)),
-        }
-    }
-
-    /// Whether the live node `data` is the inode `file` refers to (see
-    /// [`InodeRef::same_inode`]).
-    fn is_same_inode(data: &InodeData, file: &File) -> bool {
-        match data.inode_ref() {
-            InodeRef::Fd(_) => true,
-            handle => InodeRef::handle_of(file).is_ok_and(|f| f.same_inode(handle)),
-        }
-    }
-
-    /// The entry of a share root as seen from the virtual directory above it: announced
-    /// as a submount, so each share has its own st_dev in the guest.
-    pub fn share_root_entry(&self, nodeid: u64) -> io::Result<Entry> {
-        let data = self.inode(nodeid)?;
-        let st = sys::stat_fd(&data.fd()?)?;
-        let mut entry = self.entry_from(&data, st, None);
-        entry.attr_flags |= ATTR_SUBMOUNT;
-        Ok(entry)
-    }
-
-    /// Revokes `share` and releases every node, handle and lock file of it, waking
-    /// lock waits on it. Requests in flight on it can register nothing more; their
-    /// fds close as soon as they finish. Returns (nodes, handles) released.
-    pub fn detach_share(&self, share: &Arc<Share>) -> (usize, usize) {
-        share.revoke();
-        let handles = self.handles.remove_share(share);
-        self.locks.remove_share(share);
-        let nodes = self.inodes.remove_share(share);
-        (nodes, handles)
-    }
-
-    /// Starts a new guest session: every node id (but the share roots), handle and
-    /// lock file of the previous one is dropped, and its lock waits end. Returns
-    /// (nodes, handles, lock files) released.
-    pub fn reset_session(&self) -> (usize, usize, usize) {
-        self.lost.write().unwrap().clear();
-        let nodes = self.inodes.reset_session();
-        let handles = self.handles.reset_session();
-        let lock_files = self.locks.reset_session();
-        (nodes, handles, lock_files)
-    }
-
-    /// (live node ids, open handles) of `share`.
-    pub fn share_usage(&self, share: &Share) -> (usize, usize) {
-        (
-            self.inodes.count_share(share),
-            self.handles.count_share(share),
-        )
     }
 
     /// The share `nodeid` belongs to (None for unknown ids: the request fails on
@@ -508,114 +355,6 @@ impl PassthroughFs {
                 Err(e)
             }
         }
-    }
-
-    /// The mode a new entry in `dir` is created with. Without POSIX ACLs the guest
-    /// kernel has applied its umask already (applying it again changes nothing). With
-    /// them it sends the mode unmasked (FUSE_DONT_MASK) and the umask applies only
-    /// where the directory has no default ACL, as the guest's own kernel would do; the
-    /// host file system, at umask 0, then inherits the default ACL itself.
-    pub(super) fn creation_mode(&self, dir: &InodeData, mode: u32, umask: u32) -> u32 {
-        if self.acl.load(Ordering::Relaxed) && self.has_default_acl(dir) {
-            mode
-        } else {
-            mode & !umask
-        }
-    }
-
-    fn has_default_acl(&self, dir: &InodeData) -> bool {
-        let Ok(f) = self.reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK) else {
-            return false;
-        };
-        // SAFETY: a NUL-terminated name; a zero-size query writes nothing.
-        let n = unsafe {
-            libc::fgetxattr(
-                f.as_raw_fd(),
-                c"system.posix_acl_default".as_ptr(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        n > 0
-    }
-
-    /// `st` with its owner and group as the guest sees them (`--translate-uid/gid`).
-    pub(super) fn guest_ids(&self, mut st: stat64) -> stat64 {
-        st.st_uid = self.cfg.uids.to_guest(st.st_uid);
-        st.st_gid = self.cfg.gids.to_guest(st.st_gid);
-        st
-    }
-
-    /// Takes on the guest caller's ids, translated to the host's, for a call that
-    /// creates or changes what the caller owns; EPERM for a forbidden guest id.
-    pub(super) fn caller_creds(&self, ctx: &Context) -> io::Result<Option<FsCredsGuard>> {
-        let uid = self.cfg.uids.to_host(ctx.uid)?;
-        let gid = self.cfg.gids.to_host(ctx.gid)?;
-        if self.translating {
-            FsCredsGuard::switch_translated(uid, gid)
-        } else {
-            Ok(FsCredsGuard::switch(uid, gid))
-        }
-    }
-
-    /// The identity a host call whose outcome depends on who asks runs with (SETATTR,
-    /// OPEN, WRITE and what else clears setuid bits, links, renames, removals, xattrs,
-    /// lookups and directory opens).
-    ///
-    /// With `--translate-uid/gid` the guest kernel's permission checks are its own (its
-    /// root may do anything), so only the daemon can stand for the host's rules: the
-    /// call runs as the caller's translated host ids, without supplementary groups,
-    /// and the host kernel decides as it would for that user, in the call itself (no
-    /// check that a change could race). A non-root fsuid has no CAP_CHOWN,
-    /// CAP_DAC_OVERRIDE, CAP_FOWNER or CAP_FSETID, so it cannot chmod or chown what it
-    /// does not own, write what it may not write, or keep setuid bits across a write.
-    /// A guest id that may not own anything (`forbid-guest`) acts as [`OVERFLOW_ID`].
-    ///
-    /// Without translation: None, the daemon's own identity, as in virtiofsd (the
-    /// guest's root is the host's root; see docs/SECURITY.md).
-    pub(super) fn as_caller(&self, ctx: &Context) -> io::Result<Option<FsCredsGuard>> {
-        if !self.translating {
-            return Ok(None);
-        }
-        let uid = self.cfg.uids.to_host(ctx.uid).unwrap_or(OVERFLOW_ID);
-        let gid = self.cfg.gids.to_host(ctx.gid).unwrap_or(OVERFLOW_ID);
-        FsCredsGuard::switch_translated(uid, gid)
-    }
-
-    /// [`Self::as_caller`] for an xattr change: `trusted.*` and `security.*` are
-    /// decided by CAP_SYS_ADMIN and CAP_SETFCAP, which an fsuid switch leaves in place,
-    /// so a translated caller who is not host root has them lowered too.
-    /// A forbidden guest id gets EPERM, as for a create.
-    pub(super) fn as_caller_for_xattrs(&self, ctx: &Context) -> io::Result<XattrCaller> {
-        let creds = self.caller_creds(ctx)?;
-        let lowered = if self.translating && self.cfg.uids.to_host(ctx.uid).ok() != Some(0) {
-            EffectiveLowered::lower(CapSet::of(&[CAP_SYS_ADMIN, CAP_SETFCAP]))?
-        } else {
-            None
-        };
-        Ok(XattrCaller {
-            _lowered: lowered,
-            _creds: creds,
-        })
-    }
-
-    /// Reopens `inode` with real open flags as the caller ([`Self::as_caller`]): the
-    /// `O_PATH` fd is had first with the daemon's own rights (opening a file handle
-    /// needs CAP_DAC_READ_SEARCH), then the magic link is opened as the caller, so
-    /// the host checks the caller's access to the file.
-    pub(super) fn reopen_as_caller(
-        &self,
-        ctx: &Context,
-        inode: &InodeData,
-        flags: libc::c_int,
-    ) -> io::Result<File> {
-        if !self.translating {
-            return self.reopen(inode, flags);
-        }
-        check_openable(inode)?;
-        let path_fd = inode.fd()?;
-        let _caller = self.as_caller(ctx)?;
-        self.reopen_fd(&*path_fd, flags)
     }
 
     fn open_options(&self, is_dir: bool) -> OpenOptions {
