@@ -472,7 +472,19 @@ fn read_only_share_refuses_writes_through_read_only_handles() {
     let af = lookup(&fs, a, "f").unwrap().inode;
     let (afh, _, _) = fs.open(&x, af, libc::O_RDONLY as u32, 0).unwrap();
     assert_eq!(
-        err_of(fs.copy_file_range(&x, af, afh.unwrap(), 0, f, fh, 0, 7, 0)),
+        err_of(fs.copy_file_range(
+            &x,
+            volfsd::fs::CopyRange {
+                nodeid_in: af,
+                fh_in: afh.unwrap(),
+                off_in: 0,
+                nodeid_out: f,
+                fh_out: fh,
+                off_out: 0,
+                len: 7,
+                flags: 0,
+            },
+        )),
         libc::EROFS
     );
     let mut attr = fs.getattr(&x, f, None).unwrap().0;

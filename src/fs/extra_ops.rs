@@ -15,7 +15,7 @@ use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
 use super::reply::reply;
-use super::ExtraOps;
+use super::{CopyRange, ExtraOps};
 
 /// Opcodes fuse-backend-rs 0.14's `Opcode` enum lacks.
 pub const OPCODE_SYNCFS: u32 = 50;
@@ -48,14 +48,16 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
             .and_then(|a| {
                 fs.copy_file_range(
                     &ctx,
-                    header.nodeid,
-                    a.fh_in,
-                    a.offset_in,
-                    a.nodeid_out,
-                    a.fh_out,
-                    a.offset_out,
-                    a.len,
-                    a.flags,
+                    CopyRange {
+                        nodeid_in: header.nodeid,
+                        fh_in: a.fh_in,
+                        off_in: a.offset_in,
+                        nodeid_out: a.nodeid_out,
+                        fh_out: a.fh_out,
+                        off_out: a.offset_out,
+                        len: a.len,
+                        flags: a.flags,
+                    },
                 )
             })
             .map(|n| {

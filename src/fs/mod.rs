@@ -89,6 +89,20 @@ pub enum AclMode {
     Always,
 }
 
+/// What FUSE_COPY_FILE_RANGE asks: from the input file at an offset to the output
+/// file at another, `len` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct CopyRange {
+    pub nodeid_in: u64,
+    pub fh_in: u64,
+    pub off_in: u64,
+    pub nodeid_out: u64,
+    pub fh_out: u64,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
+}
+
 /// FUSE requests outside fuse-backend-rs's `FileSystem` trait.
 pub trait ExtraOps {
     /// FUSE_TMPFILE: an unnamed file in `parent`, opened; replied like CREATE.
@@ -100,19 +114,7 @@ pub trait ExtraOps {
     ) -> io::Result<(Entry, u64, OpenOptions)>;
 
     /// FUSE_COPY_FILE_RANGE: returns the bytes copied.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        nodeid_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        nodeid_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize>;
+    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize>;
 
     /// FUSE_SYNCFS on the file system holding `nodeid`.
     fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()>;

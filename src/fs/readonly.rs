@@ -24,7 +24,7 @@ use super::layer::fs_layer;
 use super::share::{Share, ShareStats};
 use super::sys::errno;
 use super::volumes::VolumeFs;
-use super::ExtraOps;
+use super::{CopyRange, ExtraOps};
 use crate::metrics::{self, Op};
 
 pub struct ReadOnlyGuard {
@@ -246,22 +246,9 @@ impl ExtraOps for ReadOnlyGuard {
         })
     }
 
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        nodeid_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        nodeid_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize> {
-        self.guard(Op::copy_file_range, nodeid_out, true, || {
-            self.inner.copy_file_range(
-                ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, len, flags,
-            )
+    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
+        self.guard(Op::copy_file_range, range.nodeid_out, true, || {
+            self.inner.copy_file_range(ctx, range)
         })
     }
 

@@ -30,7 +30,7 @@ use super::registry::{AttachError, Child, Registry, ShareSpec, ROOT_ID};
 use super::share::Share;
 use super::share_root::{changed_since_checked, open_share_dir, open_share_root, private_mount};
 use super::sys::{self, errno};
-use super::ExtraOps;
+use super::{CopyRange, ExtraOps};
 
 /// The errno of every mutation in a virtual directory.
 pub const VIRTUAL_DIR_ERRNO: libc::c_int = libc::EACCES;
@@ -311,21 +311,8 @@ impl ExtraOps for VolumeFs {
         self.inner.tmpfile(ctx, parent, args)
     }
 
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        nodeid_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        nodeid_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize> {
-        self.inner.copy_file_range(
-            ctx, nodeid_in, fh_in, off_in, nodeid_out, fh_out, off_out, len, flags,
-        )
+    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
+        self.inner.copy_file_range(ctx, range)
     }
 
     fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()> {

@@ -5,7 +5,7 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::prelude::*;
-use crate::fs::ExtraOps;
+use crate::fs::{CopyRange, ExtraOps};
 
 impl PassthroughFs {
     /// CREATE: a new file (O_CREAT|O_EXCL, as the caller), or, where the name exists
@@ -285,26 +285,15 @@ impl ExtraOps for PassthroughFs {
         Ok((entry, fh, self.open_options(false)))
     }
 
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        nodeid_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        nodeid_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize> {
-        let hin = self.handle(fh_in, nodeid_in)?;
-        let hout = self.handle(fh_out, nodeid_out)?;
-        if flags != 0 {
+    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
+        let hin = self.handle(range.fh_in, range.nodeid_in)?;
+        let hout = self.handle(range.fh_out, range.nodeid_out)?;
+        if range.flags != 0 {
             return Err(errno(libc::EINVAL));
         }
-        let mut oi = off_in as i64;
-        let mut oo = off_out as i64;
-        let len = len.min(isize::MAX as u64) as usize;
+        let mut oi = range.off_in as i64;
+        let mut oo = range.off_out as i64;
+        let len = range.len.min(isize::MAX as u64) as usize;
         // A write of the output file: setuid cleared as for a write.
         let _caller = self.as_caller(ctx)?;
         // SAFETY: both fds are owned by live handles; offsets are valid pointers.
