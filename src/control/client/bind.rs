@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount, MsFlags};
 
+use super::error::{decode, CtlError};
 use super::http::{expect, request};
 use crate::control::api::{Health, VolumeInfo};
 use crate::qos::RateLimit;
@@ -25,7 +26,7 @@ pub(super) fn attach(
     json: bool,
     name: &str,
     options: AttachOptions,
-) -> Result<String, String> {
+) -> Result<String, CtlError> {
     let AttachOptions {
         path,
         read_only,
@@ -37,7 +38,7 @@ pub(super) fn attach(
         Some(p) => p,
         None => {
             let h = expect(request(socket, "GET", "/health", None)?, &[200], "health")?;
-            let h: Health = serde_json::from_str(&h.body).map_err(|e| format!("bad reply: {e}"))?;
+            let h: Health = decode(&h.body, "GET /health")?;
             Path::new(&h.shared_dir).join(name)
         }
     };
@@ -47,8 +48,7 @@ pub(super) fn attach(
         // already, compare instead of binding again.
         let existing = request(socket, "GET", &format!("/volumes/{name}"), None)?;
         if existing.status == 200 {
-            let v: VolumeInfo =
-                serde_json::from_str(&existing.body).map_err(|e| format!("bad reply: {e}"))?;
+            let v: VolumeInfo = decode(&existing.body, &format!("GET /volumes/{name}"))?;
             let same_dir = Path::new(&v.path) == target
                 || Path::new(&v.path).canonicalize().ok() == target.canonicalize().ok();
             if same_dir
@@ -62,19 +62,32 @@ pub(super) fn attach(
                     format!("already attached {name} from {}", v.path)
                 });
             }
-            return Err(format!(
-                "attach {name}: HTTP 409: already attached with other parameters (path {}, {})",
-                v.path,
-                if v.read_only { "ro" } else { "rw" }
-            ));
+            return Err(CtlError::Refused {
+                op: format!("attach {name}"),
+                status: 409,
+                error: format!(
+                    "already attached with other parameters (path {}, {})",
+                    v.path,
+                    if v.read_only { "ro" } else { "rw" }
+                ),
+            });
         }
         if is_mount_point(&target) {
-            return Err(format!(
-                "attach {name}: {} is already a mount point; detach or unmount it first",
-                target.display()
-            ));
+            return Err(CtlError::Conflict {
+                volume: name.to_string(),
+                why: format!(
+                    "{} is already a mount point; detach or unmount it first",
+                    target.display()
+                ),
+            });
         }
-        undo.bind(host, &target, read_only)?;
+        undo.bind(host, &target, read_only)
+            .map_err(|(step, path, source)| CtlError::Host {
+                volume: format!("attach {name}"),
+                step,
+                path,
+                source,
+            })?;
     }
     // With --bind, the daemon checks that it sees the bind mount just made (it does
     // not when SharedDir is not a shared mount), rather than the empty directory
@@ -84,9 +97,14 @@ pub(super) fn attach(
             use std::os::unix::fs::MetadataExt;
             match std::fs::metadata(&target) {
                 Ok(m) => Some(serde_json::json!({ "dev": m.dev(), "ino": m.ino() })),
-                Err(e) => {
+                Err(source) => {
                     undo.run();
-                    return Err(format!("attach {name}: {}: {e}", target.display()));
+                    return Err(CtlError::Host {
+                        volume: format!("attach {name}"),
+                        step: "stat".into(),
+                        path: target.clone(),
+                        source,
+                    });
                 }
             }
         }
@@ -129,13 +147,13 @@ pub(super) fn attach(
     ))
 }
 
-pub(super) fn detach(socket: &Path, name: &str) -> Result<String, String> {
+pub(super) fn detach(socket: &Path, name: &str) -> Result<String, CtlError> {
     let r = expect(
         request(socket, "GET", &format!("/volumes/{name}"), None)?,
         &[200],
         &format!("detach {name}"),
     )?;
-    let v: VolumeInfo = serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+    let v: VolumeInfo = decode(&r.body, &format!("GET /volumes/{name}"))?;
     expect(
         request(socket, "DELETE", &format!("/volumes/{name}"), None)?,
         &[204],
@@ -152,10 +170,12 @@ pub(super) fn detach(socket: &Path, name: &str) -> Result<String, String> {
         })
         .to_string();
         let _ = request(socket, "PUT", &format!("/volumes/{name}"), Some(&body));
-        return Err(format!(
-            "detach {name}: umount {}: {e} (volume re-attached)",
-            path.display()
-        ));
+        return Err(CtlError::Host {
+            volume: format!("detach {name} (volume re-attached)"),
+            step: "umount".into(),
+            path,
+            source: e.into(),
+        });
     }
     let _ = std::fs::remove_dir(&path);
     Ok(format!("detached {name} and unmounted {}", path.display()))
@@ -169,10 +189,16 @@ struct Rollback {
 }
 
 impl Rollback {
-    fn bind(&mut self, host: &Path, target: &Path, read_only: bool) -> Result<(), String> {
+    /// The failed step, its path and the system's answer on an error.
+    fn bind(
+        &mut self,
+        host: &Path,
+        target: &Path,
+        read_only: bool,
+    ) -> Result<(), (String, PathBuf, std::io::Error)> {
         if !target.exists() {
             std::fs::create_dir(target)
-                .map_err(|e| format!("creating mount point {}: {e}", target.display()))?;
+                .map_err(|e| ("creating mount point".to_string(), target.to_path_buf(), e))?;
             self.created_dir = Some(target.to_path_buf());
         }
         let r = mount(
@@ -184,10 +210,10 @@ impl Rollback {
         );
         if let Err(e) = r {
             self.run();
-            return Err(format!(
-                "bind-mounting {} at {}: {e}",
-                host.display(),
-                target.display()
+            return Err((
+                format!("bind-mounting {} at", host.display()),
+                target.to_path_buf(),
+                e.into(),
             ));
         }
         self.mounted = Some(target.to_path_buf());
@@ -200,10 +226,13 @@ impl Rollback {
         }
         if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
             self.run();
-            return Err(format!(
-                "remounting {} nodev,nosuid{}: {e}",
-                target.display(),
-                if read_only { ",ro" } else { "" }
+            return Err((
+                format!(
+                    "remounting nodev,nosuid{}",
+                    if read_only { ",ro" } else { "" }
+                ),
+                target.to_path_buf(),
+                e.into(),
             ));
         }
         Ok(())

@@ -5,6 +5,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use super::error::CtlError;
+
 /// A reply from the daemon.
 pub struct Response {
     pub status: u16,
@@ -17,9 +19,11 @@ pub fn request(
     method: &str,
     path: &str,
     body: Option<&str>,
-) -> Result<Response, String> {
-    let mut s = UnixStream::connect(socket)
-        .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+) -> Result<Response, CtlError> {
+    let mut s = UnixStream::connect(socket).map_err(|source| CtlError::Socket {
+        op: format!("connecting to {}", socket.display()),
+        source,
+    })?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
     let body = body.unwrap_or("");
     let mut msg = format!(
@@ -32,15 +36,25 @@ pub fn request(
     msg.push_str("\r\n");
     msg.push_str(body);
     s.write_all(msg.as_bytes())
-        .map_err(|e| format!("sending {method} {path}: {e}"))?;
+        .map_err(|source| CtlError::Socket {
+            op: format!("sending {method} {path}"),
+            source,
+        })?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
-        .map_err(|e| format!("reading the reply to {method} {path}: {e}"))?;
+    s.read_to_end(&mut raw).map_err(|source| CtlError::Socket {
+        op: format!("reading the reply to {method} {path}"),
+        source,
+    })?;
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut resp = httparse::Response::new(&mut headers);
     let head = match resp.parse(&raw) {
         Ok(httparse::Status::Complete(n)) => n,
-        _ => return Err(format!("malformed reply to {method} {path}")),
+        _ => {
+            return Err(CtlError::BadReply {
+                request: format!("{method} {path}"),
+                why: "not an HTTP response".into(),
+            })
+        }
     };
     Ok(Response {
         status: resp.code.unwrap_or(0),
@@ -55,10 +69,14 @@ pub(super) fn error_text(r: &Response) -> String {
         .unwrap_or_else(|| r.body.clone())
 }
 
-pub(super) fn expect(r: Response, ok: &[u16], what: &str) -> Result<Response, String> {
+pub(super) fn expect(r: Response, ok: &[u16], what: &str) -> Result<Response, CtlError> {
     if ok.contains(&r.status) {
         Ok(r)
     } else {
-        Err(format!("{what}: HTTP {}: {}", r.status, error_text(&r)))
+        Err(CtlError::Refused {
+            op: what.to_string(),
+            status: r.status,
+            error: error_text(&r),
+        })
     }
 }

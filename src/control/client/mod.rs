@@ -72,14 +72,17 @@ pub enum CtlCommand {
 }
 
 mod bind;
+mod error;
 mod http;
 
 use bind::{attach, detach};
+use error::decode;
+pub use error::CtlError;
 use http::expect;
 pub use http::{request, Response};
 
 /// Runs `volfsd ctl ...`; returns the text to print.
-pub fn run(args: CtlArgs) -> Result<String, String> {
+pub fn run(args: CtlArgs) -> Result<String, CtlError> {
     let socket = args
         .control_socket
         .clone()
@@ -135,8 +138,7 @@ pub fn run(args: CtlArgs) -> Result<String, String> {
             if args.json {
                 return Ok(r.body);
             }
-            let vols: Vec<VolumeInfo> =
-                serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+            let vols: Vec<VolumeInfo> = decode(&r.body, "GET /volumes")?;
             Ok(table(&vols))
         }
         CtlCommand::Metrics => {
@@ -158,16 +160,13 @@ pub fn run(args: CtlArgs) -> Result<String, String> {
             }
             match name {
                 Some(_) => {
-                    let v: VolumeInfo =
-                        serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+                    let v: VolumeInfo = decode(&r.body, &format!("GET {path}"))?;
                     Ok(details(&v))
                 }
                 None => {
                     let h = expect(request(&socket, "GET", "/health", None)?, &[200], "health")?;
-                    let h: Health =
-                        serde_json::from_str(&h.body).map_err(|e| format!("bad reply: {e}"))?;
-                    let vols: Vec<VolumeInfo> =
-                        serde_json::from_str(&r.body).map_err(|e| format!("bad reply: {e}"))?;
+                    let h: Health = decode(&h.body, "GET /health")?;
+                    let vols: Vec<VolumeInfo> = decode(&r.body, "GET /volumes")?;
                     let mut out = format!(
                         "frontend connected: {}\nactive queues: {} of {} request queues + hiprio\n\n",
                         h.frontend_connected, h.active_queues, h.request_queues
