@@ -23,22 +23,44 @@ pub struct BucketConfig {
     pub refill_time_ms: u64,
 }
 
+/// Bucket parameters a bucket cannot run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketError {
+    ZeroSize,
+    ZeroRefillTime,
+    SizeTooLarge,
+    RefillTimeTooLong,
+}
+
+impl std::fmt::Display for BucketError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BucketError::ZeroSize => "size must be above 0 (remove the bucket to lift its limit)",
+            BucketError::ZeroRefillTime => "refill_time_ms must be above 0",
+            BucketError::SizeTooLarge => "size and one_time_burst must be at most 2^48",
+            BucketError::RefillTimeTooLong => "refill_time_ms must be at most 2^32",
+        })
+    }
+}
+
+impl std::error::Error for BucketError {}
+
 impl BucketConfig {
     /// The parameters a bucket can run with: a size and a refill time, each above 0,
     /// and a rate (size per refill time) the arithmetic cannot overflow.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), BucketError> {
         if self.size == 0 {
-            return Err("size must be above 0 (remove the bucket to lift its limit)".into());
+            return Err(BucketError::ZeroSize);
         }
         if self.refill_time_ms == 0 {
-            return Err("refill_time_ms must be above 0".into());
+            return Err(BucketError::ZeroRefillTime);
         }
         // Bounds that keep every product below in u128 and every wait representable.
         if self.size > 1 << 48 || self.one_time_burst > 1 << 48 {
-            return Err("size and one_time_burst must be at most 2^48".into());
+            return Err(BucketError::SizeTooLarge);
         }
         if self.refill_time_ms > 1 << 32 {
-            return Err("refill_time_ms must be at most 2^32".into());
+            return Err(BucketError::RefillTimeTooLong);
         }
         Ok(())
     }

@@ -18,7 +18,47 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use bucket::{BucketConfig, TokenBucket};
+pub use bucket::{BucketConfig, BucketError, TokenBucket};
+
+/// A rate limit that cannot be set: which option or bucket, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QosError {
+    /// An option that is not `KEY=VALUE`.
+    NotKeyValue(String),
+    /// A value that is not a whole number.
+    NotANumber { key: String, value: String },
+    /// No such option.
+    UnknownOption(String),
+    /// A bucket's parameters it cannot run with.
+    Bucket {
+        bucket: &'static str,
+        why: BucketError,
+    },
+}
+
+impl std::fmt::Display for QosError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QosError::NotKeyValue(option) => write!(f, "'{option}' is not KEY=VALUE"),
+            QosError::NotANumber { key, value } => {
+                write!(f, "{key}: '{value}' is not a whole number")
+            }
+            QosError::UnknownOption(key) => {
+                write!(f, "unknown option '{key}' (have {})", OPTIONS.join(", "))
+            }
+            QosError::Bucket { bucket, why } => write!(f, "{bucket}: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for QosError {}
+
+// The flag parsers and the control API report errors as text.
+impl From<QosError> for String {
+    fn from(e: QosError) -> String {
+        e.to_string()
+    }
+}
 
 /// A volume's limits: either bucket may be absent (no limit on that measure).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -33,12 +73,16 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), QosError> {
         if let Some(b) = &self.ops {
-            b.check().map_err(|e| format!("ops: {e}"))?;
+            b.check()
+                .map_err(|why| QosError::Bucket { bucket: "ops", why })?;
         }
         if let Some(b) = &self.bandwidth {
-            b.check().map_err(|e| format!("bandwidth: {e}"))?;
+            b.check().map_err(|why| QosError::Bucket {
+                bucket: "bandwidth",
+                why,
+            })?;
         }
         Ok(())
     }
@@ -51,22 +95,18 @@ impl RateLimit {
     /// Parses one `--allowed-dir` option (`ops_size=N`, `bw_refill_time_ms=MS`, ...)
     /// into `self`; the names are cloud-hypervisor's disk rate-limit options, with
     /// the refill time's unit in its name.
-    pub fn set_option(&mut self, option: &str) -> Result<(), String> {
+    pub fn set_option(&mut self, option: &str) -> Result<(), QosError> {
         let (key, value) = option
             .split_once('=')
-            .ok_or_else(|| format!("'{option}' is not KEY=VALUE"))?;
-        let value: u64 = value
-            .parse()
-            .map_err(|_| format!("{key}: '{value}' is not a whole number"))?;
+            .ok_or_else(|| QosError::NotKeyValue(option.to_string()))?;
+        let value: u64 = value.parse().map_err(|_| QosError::NotANumber {
+            key: key.to_string(),
+            value: value.to_string(),
+        })?;
         let (bucket, field) = match key.split_once('_') {
             Some(("ops", field)) => (&mut self.ops, field),
             Some(("bw", field)) => (&mut self.bandwidth, field),
-            _ => {
-                return Err(format!(
-                    "unknown option '{key}' (have {})",
-                    OPTIONS.join(", ")
-                ))
-            }
+            _ => return Err(QosError::UnknownOption(key.to_string())),
         };
         let b = bucket.get_or_insert(BucketConfig {
             size: 0,
@@ -77,12 +117,7 @@ impl RateLimit {
             "size" => b.size = value,
             "one_time_burst" => b.one_time_burst = value,
             "refill_time_ms" => b.refill_time_ms = value,
-            _ => {
-                return Err(format!(
-                    "unknown option '{key}' (have {})",
-                    OPTIONS.join(", ")
-                ))
-            }
+            _ => return Err(QosError::UnknownOption(key.to_string())),
         }
         Ok(())
     }
