@@ -186,8 +186,10 @@ impl Args {
             Some(parse_allowed_dirs(&shared_dir, &self.allowed_dir)?)
         };
         let translate_rules = (self.translate_uid.clone(), self.translate_gid.clone());
-        let uids = IdTranslation::parse(IdKind::Uid, &self.translate_uid).map_err(ConfigError)?;
-        let gids = IdTranslation::parse(IdKind::Gid, &self.translate_gid).map_err(ConfigError)?;
+        let uids = IdTranslation::parse(IdKind::Uid, &self.translate_uid)
+            .map_err(|e| ConfigError(e.to_string()))?;
+        let gids = IdTranslation::parse(IdKind::Gid, &self.translate_gid)
+            .map_err(|e| ConfigError(e.to_string()))?;
         if self.posix_acl != PosixAclArg::Never && !(uids.is_identity() && gids.is_identity()) {
             return Err(ConfigError(
                 "--translate-uid/--translate-gid cannot be used with --posix-acl: an ACL names \

@@ -43,7 +43,7 @@ pub struct IdTranslation {
 }
 
 /// Which kind of id a translation is for, for messages.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdKind {
     Uid,
     Gid,
@@ -58,35 +58,95 @@ impl fmt::Display for IdKind {
     }
 }
 
+/// A `--translate-uid`/`--translate-gid` rule refused: the flag, the rule, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdRuleError {
+    pub kind: IdKind,
+    pub rule: String,
+    pub why: RuleProblem,
+}
+
+/// What is wrong with a rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleProblem {
+    NoType,
+    NotANumber(String),
+    Arity {
+        kind: String,
+        want: usize,
+        got: usize,
+    },
+    PastLargestId,
+    Overlaps {
+        from: u64,
+        end: u64,
+    },
+    UnknownType(String),
+}
+
+impl fmt::Display for RuleProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleProblem::NoType => write!(f, "expected TYPE:SOURCE:TARGET:COUNT"),
+            RuleProblem::NotANumber(n) => write!(f, "'{n}' is not an id or count"),
+            RuleProblem::Arity { kind, want, got } => {
+                write!(f, "{kind} takes {want} numbers, not {got}")
+            }
+            RuleProblem::PastLargestId => write!(f, "the range goes past the largest id"),
+            RuleProblem::Overlaps { from, end } => {
+                write!(f, "overlaps the ids {from}..{end} of an earlier rule")
+            }
+            RuleProblem::UnknownType(other) => write!(
+                f,
+                "unknown type '{other}' (guest, host, squash-guest, squash-host, forbid-guest, map)"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for IdRuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.kind, self.rule, self.why)
+    }
+}
+
+impl std::error::Error for IdRuleError {}
+
 impl IdTranslation {
     /// Parses the rules as given on the command line, in order.
-    pub fn parse(kind: IdKind, rules: &[String]) -> Result<Self, String> {
+    pub fn parse(kind: IdKind, rules: &[String]) -> Result<Self, IdRuleError> {
         let mut t = IdTranslation::default();
         for rule in rules {
-            t.add(rule).map_err(|why| format!("{kind} {rule}: {why}"))?;
+            t.add(rule).map_err(|why| IdRuleError {
+                kind,
+                rule: rule.clone(),
+                why,
+            })?;
         }
         Ok(t)
     }
 
-    fn add(&mut self, rule: &str) -> Result<(), String> {
-        let (kind, rest) = rule
-            .split_once(':')
-            .ok_or("expected TYPE:SOURCE:TARGET:COUNT")?;
+    fn add(&mut self, rule: &str) -> Result<(), RuleProblem> {
+        let (kind, rest) = rule.split_once(':').ok_or(RuleProblem::NoType)?;
         let nums = rest
             .split(':')
             .map(|n| {
                 n.parse::<u32>()
-                    .map_err(|_| format!("'{n}' is not an id or count"))
+                    .map_err(|_| RuleProblem::NotANumber(n.to_string()))
             })
-            .collect::<Result<Vec<u32>, String>>()?;
+            .collect::<Result<Vec<u32>, RuleProblem>>()?;
         let want = if kind == "forbid-guest" { 2 } else { 3 };
         if nums.len() != want {
-            return Err(format!("{kind} takes {want} numbers, not {}", nums.len()));
+            return Err(RuleProblem::Arity {
+                kind: kind.to_string(),
+                want,
+                got: nums.len(),
+            });
         }
-        let range = |from: u32, count: u32, to: Target| -> Result<Range, String> {
+        let range = |from: u32, count: u32, to: Target| -> Result<Range, RuleProblem> {
             let end = u64::from(from) + u64::from(count);
             if end > u64::from(u32::MAX) + 1 {
-                return Err("the range goes past the largest id".to_string());
+                return Err(RuleProblem::PastLargestId);
             }
             Ok(Range {
                 from: from.into(),
@@ -111,9 +171,7 @@ impl IdTranslation {
                 push(&mut self.guest_to_host, range(a, nums[2], Target::Base(b))?)?;
                 push(&mut self.host_to_guest, range(b, nums[2], Target::Base(a))?)
             }
-            other => Err(format!(
-                "unknown type '{other}' (guest, host, squash-guest, squash-host, forbid-guest, map)"
-            )),
+            other => Err(RuleProblem::UnknownType(other.to_string())),
         }
     }
 
@@ -137,15 +195,15 @@ impl IdTranslation {
     }
 }
 
-fn push(ranges: &mut Vec<Range>, r: Range) -> Result<(), String> {
+fn push(ranges: &mut Vec<Range>, r: Range) -> Result<(), RuleProblem> {
     if r.from == r.end {
         return Ok(());
     }
     if let Some(o) = ranges.iter().find(|o| o.from < r.end && r.from < o.end) {
-        return Err(format!(
-            "overlaps the ids {}..{} of an earlier rule",
-            o.from, o.end
-        ));
+        return Err(RuleProblem::Overlaps {
+            from: o.from,
+            end: o.end,
+        });
     }
     ranges.push(r);
     Ok(())
@@ -219,7 +277,11 @@ mod tests {
 
     #[test]
     fn bad_rules_are_named() {
-        let e = |r: &str| IdTranslation::parse(IdKind::Gid, &[r.to_string()]).unwrap_err();
+        let e = |r: &str| {
+            IdTranslation::parse(IdKind::Gid, &[r.to_string()])
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("teleport:1:2:3").contains("--translate-gid teleport:1:2:3: unknown type"));
         assert!(e("map:1:2").contains("takes 3 numbers"));
         assert!(e("forbid-guest:1:2:3").contains("takes 2 numbers"));
@@ -227,6 +289,9 @@ mod tests {
         assert!(e("map:4294967295:0:2").contains("past the largest id"));
         let rules = ["map:0:1000:10".to_string(), "guest:5:7:1".to_string()];
         let e = IdTranslation::parse(IdKind::Uid, &rules).unwrap_err();
-        assert!(e.contains("overlaps"), "{e}");
+        assert_eq!(e.kind, IdKind::Uid);
+        assert_eq!(e.rule, "guest:5:7:1");
+        assert_eq!(e.why, RuleProblem::Overlaps { from: 0, end: 10 });
+        assert!(e.to_string().contains("overlaps"), "{e}");
     }
 }
