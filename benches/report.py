@@ -200,6 +200,14 @@ AB_RUNS = {
                        "commit before (no log, the lock taken per pop and per completion).",
                        ("live-migration support costs ≤ 1% CPU per request on {w} without a "
                         "migration (A/B run)", 1.01)),
+    "refactor-cost": ("The structure's refactor (issue 25): files split by job, typed errors",
+                      "Two binaries with the same flags (`--a-bin`, `--b-bin`): A is the daemon "
+                      "after this session's refactor (logging, config, seccomp, the queue, the "
+                      "passthrough and its state split by job; `copy_file_range` with one "
+                      "argument struct; typed errors in ctl, qos and the id rules); B is 880d419, "
+                      "the commit before it. Behaviour is the same by construction; this checks "
+                      "that speed is too (within the run-to-run spread).",
+                      None),
 }
 
 
