@@ -11,7 +11,7 @@
 //! ([`chain_at`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
@@ -34,6 +34,8 @@ pub struct Parked {
     next_id: AtomicU64,
     /// Requests of a loaded state, per queue, not answered yet.
     incoming: Mutex<HashMap<u16, Vec<ParkedRequest>>>,
+    /// `incoming` is not empty: read on every kick, so without its lock.
+    any_incoming: AtomicBool,
 }
 
 impl Parked {
@@ -102,27 +104,30 @@ impl Parked {
             }
             incoming.entry(p.queue).or_default().push(p);
         }
-        *self.incoming.lock().unwrap() = incoming;
+        let mut held = self.incoming.lock().unwrap();
+        *held = incoming;
+        self.any_incoming.store(!held.is_empty(), Ordering::Release);
         Ok(())
     }
 
-    /// Whether requests of a loaded state wait for their queue to run.
+    /// Whether requests of a loaded state wait for their queue to run (one load: it
+    /// is asked on every kick).
     pub fn has_incoming(&self) -> bool {
-        !self.incoming.lock().unwrap().is_empty()
+        self.any_incoming.load(Ordering::Acquire)
     }
 
     /// The loaded requests of `queue`, taken to be answered.
     pub fn take_incoming(&self, queue: usize) -> Vec<ParkedRequest> {
-        self.incoming
-            .lock()
-            .unwrap()
-            .remove(&(queue as u16))
-            .unwrap_or_default()
+        let mut held = self.incoming.lock().unwrap();
+        let taken = held.remove(&(queue as u16)).unwrap_or_default();
+        self.any_incoming.store(!held.is_empty(), Ordering::Release);
+        taken
     }
 
     /// Forgets what a loaded state handed over (a new frontend, a reset).
     pub fn forget_incoming(&self) {
         self.incoming.lock().unwrap().clear();
+        self.any_incoming.store(false, Ordering::Release);
     }
 }
 
@@ -177,4 +182,69 @@ pub fn chain_at(
     q.set_ready(true);
     let load = GuestMemoryAtomic::new(combined).memory();
     q.pop_descriptor_chain(load)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GETATTR request's bytes: a valid header, as a guest sends it.
+    fn getattr() -> Vec<u8> {
+        let mut r = vec![0u8; 56];
+        r[0..4].copy_from_slice(&56u32.to_le_bytes()); // len
+        r[4..8].copy_from_slice(&3u32.to_le_bytes()); // opcode GETATTR
+        r[8..16].copy_from_slice(&1u64.to_le_bytes()); // unique
+        r[16..24].copy_from_slice(&1u64.to_le_bytes()); // nodeid
+        r
+    }
+
+    fn at(queue: u16, head: u16, request: Vec<u8>) -> ParkedRequest {
+        ParkedRequest {
+            queue,
+            head,
+            request,
+        }
+    }
+
+    #[test]
+    fn a_state_s_requests_are_taken_per_queue_and_the_flag_follows() {
+        let p = Parked::default();
+        assert!(!p.has_incoming());
+        p.deliver(vec![at(1, 0, getattr()), at(2, 5, getattr())], 3)
+            .unwrap();
+        assert!(p.has_incoming());
+        assert_eq!(p.take_incoming(1).len(), 1);
+        assert!(p.has_incoming(), "queue 2's is still there");
+        assert_eq!(p.take_incoming(2).len(), 1);
+        assert!(!p.has_incoming());
+        p.deliver(vec![at(1, 0, getattr())], 3).unwrap();
+        p.forget_incoming();
+        assert!(!p.has_incoming() && p.take_incoming(1).is_empty());
+    }
+
+    #[test]
+    fn forged_unanswered_requests_are_refused_whole() {
+        let p = Parked::default();
+        let refused = |requests: Vec<ParkedRequest>| {
+            let e = p.deliver(requests, 3).unwrap_err();
+            assert!(!p.has_incoming(), "nothing kept after: {e}");
+            e
+        };
+        // The hiprio queue never parks; a queue the device has not.
+        assert!(refused(vec![at(0, 0, getattr())]).contains("queue 0"));
+        assert!(refused(vec![at(3, 0, getattr())]).contains("queue 3"));
+        // A head past the largest ring.
+        let past = MAX_QUEUE_SIZE as u16;
+        assert!(refused(vec![at(1, past, getattr())]).contains("descriptor"));
+        // Not a request: too short for a header, or longer than any request.
+        assert!(refused(vec![at(1, 0, vec![0u8; 8])]).contains("8 bytes"));
+        let long = vec![0u8; MAX_REQUEST + 1];
+        assert!(refused(vec![at(1, 0, long)]).contains("bytes"));
+        // More than the rings can hold, one bad among good ones.
+        let many = (0..=3 * MAX_QUEUE_SIZE)
+            .map(|_| at(1, 0, getattr()))
+            .collect();
+        assert!(refused(many).contains("more than the rings hold"));
+        assert!(refused(vec![at(1, 0, getattr()), at(0, 1, getattr())]).contains("queue 0"));
+    }
 }

@@ -26,23 +26,44 @@ pub fn answer_parked(
             );
             continue;
         };
-        let head = chain.head_index();
         let mut request = p.request;
-        match serve_copied(server, queue, ring, chain, &mut request) {
-            Ok(Outcome::Reply(len)) => {
-                queue.counters.served.fetch_add(1, Ordering::Relaxed);
-                done.add(state, head, len)?;
-            }
-            Ok(_) => {
-                queue.counters.served.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
-                queue.health.stop_after_chain(queue.index, &why);
-            }
-            Err(DrainError::Io(e)) => return Err(e),
+        if let Some(e) = serve_late(server, queue, ring, state, &mut done, chain, &mut request)? {
+            return Err(e);
         }
     }
     done.flush(state)
+}
+
+/// Serves one request answered late (throttled, or handed over by a loaded state)
+/// and queues its completion. Err: the ring could not be written; Ok(Some): the
+/// request's own I/O error, for the caller to report.
+fn serve_late(
+    server: &Arc<FsServer>,
+    queue: &QueueRef,
+    ring: RingId,
+    state: &mut Locked,
+    done: &mut Completions,
+    chain: DescriptorChain<Mem>,
+    request: &mut [u8],
+) -> io::Result<Option<io::Error>> {
+    let head = chain.head_index();
+    queue.counters.in_flight.store(1, Ordering::Relaxed);
+    let outcome = serve_copied(server, queue, ring, chain, request);
+    queue.counters.in_flight.store(0, Ordering::Relaxed);
+    match outcome {
+        Ok(Outcome::Reply(len)) => {
+            queue.counters.served.fetch_add(1, Ordering::Relaxed);
+            done.add(state, head, len)?;
+        }
+        Ok(_) => {
+            queue.counters.served.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
+            queue.health.stop_after_chain(queue.index, &why);
+        }
+        Err(DrainError::Io(e)) => return Ok(Some(e)),
+    }
+    Ok(None)
 }
 
 /// How often a stopped queue's waiting requests are looked at again.
@@ -110,22 +131,17 @@ pub fn release_waiting(
     let mut done = Completions::new(queue);
     let mut result = Ok(());
     for mut waiting in ready {
-        let head = waiting.chain.head_index();
-        queue.counters.in_flight.store(1, Ordering::Relaxed);
-        let outcome = serve_copied(server, queue, ring, waiting.chain, &mut waiting.request);
-        queue.counters.in_flight.store(0, Ordering::Relaxed);
-        match outcome {
-            Ok(Outcome::Reply(len)) => {
-                queue.counters.served.fetch_add(1, Ordering::Relaxed);
-                done.add(state, head, len)?;
-            }
-            Ok(_) => {
-                queue.counters.served.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(DrainError::Broken(Broken(why)) | DrainError::BrokenRing(Broken(why))) => {
-                queue.health.stop_after_chain(queue.index, &why);
-            }
-            Err(DrainError::Io(e)) => result = Err(e),
+        let chain = waiting.chain;
+        if let Some(e) = serve_late(
+            server,
+            queue,
+            ring,
+            state,
+            &mut done,
+            chain,
+            &mut waiting.request,
+        )? {
+            result = Err(e);
         }
     }
     done.flush(state)?;
