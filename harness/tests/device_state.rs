@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 use volfsd::state::format::{self, Location, SessionState};
-use volfsd_harness::fixtures::host::{host_sees_flock, host_sees_lock};
+use volfsd_harness::fixtures::host::{host_lock, host_sees_flock, host_sees_lock};
 use volfsd_harness::fixtures::requests::lock_request;
 use volfsd_harness::fixtures::{assert_errno, is_virtiofsd, Daemon, TestDir, RDONLY, RDWR, ROOT};
 use volfsd_harness::frontend::fuse::{FuseClient, FuseOps};
@@ -583,26 +583,6 @@ fn on_the_same_host_the_locks_are_handed_over_and_held_throughout() {
         .unwrap();
         assert!(!host_sees_lock(&host.join("d/f")) && !host_sees_flock(&host.join("d/f")));
     });
-}
-
-/// A file a host process holds a write lock on while it lives (as another sandbox
-/// would): returns the open file; drop it to let go.
-fn host_lock(path: &Path) -> std::fs::File {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    // SAFETY: flock is plain data; zero is valid.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    // SAFETY: fcntl with a valid flock struct on our own fd.
-    assert_eq!(
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) },
-        0
-    );
-    f
 }
 
 #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use fuse_backend_rs::abi::fuse_abi::{Opcode, OpenIn, OpenOut, OutHeader};
 use vm_memory::ByteValued;
 use volfsd_harness::fixtures::guest::create_with;
-use volfsd_harness::fixtures::host::{host_sees_lock, poll};
+use volfsd_harness::fixtures::host::{host_lock, host_sees_lock, poll};
 use volfsd_harness::fixtures::requests::lock_request;
 use volfsd_harness::fixtures::{self, Daemon, RDONLY, ROOT};
 use volfsd_harness::frontend::fuse::{ChainPart, FuseOps, FuseQueue, InitParams};
@@ -55,24 +55,6 @@ impl Lease {
         let r = unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_GETLEASE) };
         r != libc::F_WRLCK
     }
-}
-
-/// An OFD write lock the test (another sandbox) holds on a whole host file, released
-/// when dropped.
-fn host_lock(path: &Path) -> std::fs::File {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    // SAFETY: plain data; zero is valid.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    // SAFETY: fcntl with a valid flock on an open fd.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
-    assert_eq!(r, 0, "F_OFD_SETLK: {}", std::io::Error::last_os_error());
-    f
 }
 
 /// A 16-byte reply buffer at a known place, poisoned: a reply written there shows.
