@@ -256,7 +256,7 @@ impl Api {
                 .map(|q| load(&q.in_flight))
                 .collect(),
             frontend_connected: self.device.connected.load(Ordering::Relaxed),
-            lock_waits: crate::device::queue::lock_waiters(),
+            lock_waits: crate::device::later::lock_waiters(),
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
         };
@@ -354,11 +354,9 @@ impl Api {
         if let Err(reply) = check_limit(req.rate_limiter.as_ref()) {
             return reply;
         }
-        let Some(s) = self.volumes.get(name) else {
+        let Some(s) = self.volumes.set_limit(name, req.rate_limiter) else {
             return Reply::error(404, format!("no volume named {name}"));
         };
-        s.share.stats.qos.set(req.rate_limiter);
-        self.device.wake_timers.wake_all();
         log::info!(
             "{name}: rate limit now {}",
             s.share
@@ -372,10 +370,7 @@ impl Api {
     }
 
     fn detach(&self, name: &str) -> Reply {
-        let detached = self.volumes.detach(name);
-        // Its throttled requests are answered now, not when their tokens come.
-        self.device.wake_timers.wake_all();
-        match detached {
+        match self.volumes.detach(name) {
             Some(_) => Reply {
                 status: 204,
                 content_type: http::JSON,

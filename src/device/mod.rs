@@ -3,12 +3,19 @@
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT); queues 1..=N are request queues.
 //! Each request queue has its own worker thread (the hiprio queue shares the first
 //! one), so a multi-queue guest is served in parallel.
+//!
+//! The device knows the transport only: rings (`ring.rs`), the drain (`queue.rs`),
+//! a request's local copy (`request.rs`), requests answered later (`later/`), the
+//! dirty-page log and the device state's thread. What a request is, its volume,
+//! cost and reply are the file system's, asked through `fs/request.rs`.
 
 pub mod dirty_log;
-pub mod parked;
+pub mod later;
+pub mod memory;
 pub mod queue;
+pub mod request;
+pub mod ring;
 pub mod state_transfer;
-pub mod throttle;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -17,20 +24,23 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::GuestAddressSpace;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::fs::{FsServer, Stack};
 use dirty_log::LogBitmap;
-pub use queue::QueueCounters;
-use queue::{QueueHealth, QueueRef, QueueStart};
+use later::{Later, Parked, WaitRoom, WakeTimers};
+pub use memory::{GuestMem, GuestMmap, Vring};
+use queue::QueueRef;
+pub use ring::QueueCounters;
+pub use ring::MAX_QUEUE_SIZE;
+use ring::{QueueHealth, QueueStart, RingRef};
 use state_transfer::{StateConfig, StateTransfer};
-use throttle::{WaitRoom, WakeTimers};
 
 /// How often a worker looks whether the rings a loaded state's unanswered requests
 /// belong to run yet.
@@ -39,32 +49,8 @@ const INCOMING_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
 /// mask, and the hiprio queue takes one bit.
 pub const MAX_REQUEST_QUEUES: usize = 63;
-/// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
-pub const MAX_QUEUE_SIZE: usize = 1024;
 /// The hiprio queue's index.
 const HIPRIO_QUEUE: usize = 0;
-
-/// Guest memory as the daemon maps it. Every region carries a dirty-page log
-/// ([`LogBitmap`]): empty until the frontend sends SET_LOG_BASE for a migration,
-/// then every write through vm-memory (a READ's data and every reply through
-/// fuse-backend-rs's `VirtioFsWriter`, the used ring through `add_used`) sets the
-/// bits of the pages it touched, so the frontend copies them again.
-///
-/// vhost-user-backend 0.22 gives a log only to the regions that exist at
-/// SET_LOG_BASE: a region added or replaced later (SET_MEM_TABLE, ADD_MEM_REG)
-/// gets an empty one until the next SET_LOG_BASE, and the daemon's writes to it are
-/// not logged. cloud-hypervisor sends SET_LOG_BASE again at every dirty-log round,
-/// which covers them. QEMU sends it on a memory map change only when the log has to
-/// grow, but it refuses memory hot-plug while a migration runs (`device_add` fails,
-/// virtio-mem answers plug requests busy), so as far as its sources read, no region
-/// appears mid-migration there. A frontend that did add one would get replies
-/// written there unlogged: fixing that needs vhost-user-backend to re-apply the
-/// last log to new regions. With CONFIGURE_MEM_SLOTS (offered) a change adds or
-/// removes only its own region; a whole new SET_MEM_TABLE would drop every log.
-pub type GuestMmap = GuestMemoryMmap<LogBitmap>;
-pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
-/// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
-pub type Vring = VringRwLock<GuestMem>;
 
 /// Live counters of the device, readable from any thread.
 #[derive(Default)]
@@ -75,9 +61,6 @@ pub struct DeviceStats {
     pub connected: AtomicBool,
     /// Queues the frontend has started (kicked at least once).
     pub active_queues: AtomicUsize,
-    /// The request queues' wake timers: the control API fires them when a volume's
-    /// limit changes or it is detached, so its waiting requests are looked at anew.
-    pub wake_timers: Arc<WakeTimers>,
 }
 
 pub struct FsBackend {
@@ -92,7 +75,11 @@ pub struct FsBackend {
     /// Per queue: its throttled requests (the hiprio queue's stays empty).
     rooms: Arc<Vec<Mutex<WaitRoom>>>,
     /// Lock waits in progress, and requests a loaded state handed over unanswered.
-    parked: Arc<parked::Parked>,
+    parked: Arc<Parked>,
+    /// The request queues' wake timers (worker `t` serves request queue `t + 1`).
+    /// The volumes fire them when a volume's limit changes or it is detached, so
+    /// its waiting requests are looked at anew.
+    timers: Arc<WakeTimers>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
@@ -116,10 +103,14 @@ impl FsBackend {
         let total = num_request_queues + 1;
         let stats = DeviceStats {
             queues: (0..total).map(|_| QueueCounters::default()).collect(),
-            // One per worker thread: worker t serves request queue t + 1.
-            wake_timers: Arc::new(WakeTimers::new(num_request_queues)?),
             ..Default::default()
         };
+        // One per worker thread: worker t serves request queue t + 1.
+        let timers = Arc::new(WakeTimers::new(num_request_queues)?);
+        let on_change = timers.clone();
+        stack
+            .volumes
+            .on_limits_changed(Box::new(move || on_change.wake_all()));
         Ok(FsBackend {
             server: Arc::new(FsServer::new(stack)),
             mem: RwLock::new(None),
@@ -130,6 +121,7 @@ impl FsBackend {
             health: (0..total).map(|_| Arc::default()).collect(),
             rooms: Arc::new((0..total).map(|_| Mutex::default()).collect()),
             parked: Arc::default(),
+            timers,
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
             state: StateTransfer::default(),
@@ -152,7 +144,7 @@ impl FsBackend {
         handlers: &[Arc<VringEpollHandler<Arc<FsBackend>>>],
     ) -> io::Result<()> {
         for (t, handler) in handlers.iter().enumerate() {
-            if let Some(timer) = self.stats.wake_timers.get(t) {
+            if let Some(timer) = self.timers.get(t) {
                 handler.register_listener(
                     timer.as_raw_fd(),
                     EventSet::IN,
@@ -181,8 +173,7 @@ impl FsBackend {
         let index = thread + 1;
         // Thread 0's vrings are the hiprio queue and request queue 1.
         let local = if thread == 0 { 1 } else { 0 };
-        let (Some(timer), Some(vring)) = (self.stats.wake_timers.get(thread), vrings.get(local))
-        else {
+        let (Some(timer), Some(vring)) = (self.timers.get(thread), vrings.get(local)) else {
             return;
         };
         timer.consume();
@@ -194,8 +185,14 @@ impl FsBackend {
             // A loaded state's requests wait for their rings: look again soon.
             timer.arm(INCOMING_POLL);
         }
-        if let Err(e) = queue::release_waiting(&self.server, &queue, &mut state, queue::Wake::Timer)
-        {
+        let woken = later::release_waiting(
+            &self.server,
+            &queue.ring,
+            &queue.later,
+            &mut state,
+            later::Wake::Timer,
+        );
+        if let Err(e) = woken {
             warn!("queue {index}: {e}");
         }
     }
@@ -203,7 +200,7 @@ impl FsBackend {
     /// Answers the requests a loaded device state handed over for queue `index`, once
     /// the frontend runs the ring (the destination of a migration sets it up after
     /// the load). Returns false while the ring does not run yet.
-    fn answer_incoming(&self, index: usize, queue: &QueueRef, state: &mut queue::Locked) -> bool {
+    fn answer_incoming(&self, index: usize, queue: &QueueRef, state: &mut ring::Locked) -> bool {
         use virtio_queue::QueueT;
         if !state.get_queue().ready() || !state.is_enabled() {
             return false;
@@ -217,7 +214,15 @@ impl FsBackend {
                 "queue {index}: answering {} requests of the loaded state",
                 requests.len()
             );
-            if let Err(e) = queue::answer_parked(&self.server, &mem, queue, state, requests) {
+            let answered = later::answer_parked(
+                &self.server,
+                &mem,
+                &queue.ring,
+                &queue.later,
+                state,
+                requests,
+            );
+            if let Err(e) = answered {
                 warn!("queue {index}: {e}");
             }
         }
@@ -227,7 +232,7 @@ impl FsBackend {
     /// A loaded state handed over unanswered requests: each worker looks for its
     /// ring on its timer until the frontend runs it.
     fn poll_for_incoming(&self) {
-        for timer in self.stats.wake_timers.iter() {
+        for timer in self.timers.iter() {
             timer.arm(INCOMING_POLL);
         }
     }
@@ -235,18 +240,22 @@ impl FsBackend {
     fn queue_ref<'a>(&'a self, index: usize, vring: &'a Vring) -> QueueRef<'a> {
         let throttled = index != HIPRIO_QUEUE;
         QueueRef {
-            vring,
-            index,
-            event_idx: self.event_idx.load(Ordering::Relaxed),
-            counters: &self.stats.queues[index],
-            room: throttled.then(|| &self.rooms[index]),
-            timer: if throttled {
-                self.stats.wake_timers.get(index - 1)
-            } else {
-                None
+            ring: RingRef {
+                vring,
+                index,
+                event_idx: self.event_idx.load(Ordering::Relaxed),
+                counters: &self.stats.queues[index],
+                health: &self.health[index],
             },
-            health: &self.health[index],
-            parked: &self.parked,
+            later: Later {
+                room: throttled.then(|| &self.rooms[index]),
+                timer: if throttled {
+                    self.timers.get(index - 1)
+                } else {
+                    None
+                },
+                parked: &self.parked,
+            },
         }
     }
 

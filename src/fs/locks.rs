@@ -7,7 +7,7 @@
 //!   detach) releases the owner's locks. Lock files are opened with the access mode of
 //!   the guest's handle, so a read-only volume never gets a writable fd.
 //! - **flock** locks belong to the open file: the handle's own fd.
-//! - **Waiting** (SETLKW) happens on a thread of its own (see `device/queue/later.rs`). A
+//! - **Waiting** (SETLKW) happens on a thread of its own (see `device/later/lock_waits.rs`). A
 //!   wait is registered here, so that a detach or a new session can interrupt it
 //!   with [`WAKE_SIGNAL`]: no wait outlives the volume or the session it began in.
 

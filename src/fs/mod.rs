@@ -30,6 +30,7 @@ pub mod passthrough;
 pub mod readonly;
 pub mod registry;
 pub mod reply;
+pub mod request;
 pub mod server;
 pub mod session;
 pub mod share;

@@ -1,8 +1,9 @@
-//! The request entry point shared by every transport (virtio queues, `/dev/fuse` in
-//! tests).
+//! Routing one request through the stack, for every transport: the virtio queues
+//! reach it through `request.rs` (the transport's one door), `/dev/fuse` (tests)
+//! through [`FsServer::handle`].
 //!
 //! A request reaches this file as bytes in the daemon's own memory: the transport has
-//! copied it out of guest memory once (`device/queue/`). Routing, the size checks
+//! copied it out of guest memory once (`device/request.rs`). Routing, the size checks
 //! and fuse-backend-rs's decoder all read that one copy, so a guest that rewrites the
 //! request while it is served changes nothing. Only a WRITE's data stays in guest
 //! memory: it goes from there straight into the file.
@@ -30,9 +31,7 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::share::Share;
 use super::{extra_ops, init, reply, Stack, VolFs, Volumes};
-use crate::qos::Cost;
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -71,23 +70,6 @@ pub fn parse_header(request: &[u8]) -> Option<InHeader> {
     InHeader::from_slice(request.get(..size_of::<InHeader>())?).copied()
 }
 
-/// What a SETLKW answers, once its wait is over: the reply's header fields (the
-/// reply has no body). Kept apart from the reply itself, which the transport writes
-/// only when its queue can take it (`device/queue/`).
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub struct LockAnswer {
-    pub unique: u64,
-    /// 0, or a negative errno.
-    pub error: i32,
-}
-
-impl LockAnswer {
-    /// Writes the reply; returns its length.
-    pub fn write<S: BitmapSlice>(&self, w: &mut Writer<'_, S>) -> io::Result<usize> {
-        reply::reply(w, self.unique, self.error, &[])
-    }
-}
-
 /// A WRITE's data: a reader over the guest's buffers, consumed straight into the file.
 struct WriteData<'a, S: BitmapSlice>(Reader<'a, S>);
 
@@ -122,43 +104,6 @@ impl FsServer {
             initialized: AtomicBool::new(false),
             session: Mutex::new(None),
         }
-    }
-
-    /// The volume a request is for, and what it costs, when that volume is limited
-    /// now. None for what is never throttled: FORGET, BATCH_FORGET and INTERRUPT free
-    /// resources or cancel a wait, INIT and DESTROY belong to the session, and a
-    /// request about a virtual directory is for no volume.
-    pub fn limited_volume(&self, request: &[u8]) -> Option<(Arc<Share>, Cost)> {
-        let header = parse_header(request)?;
-        let exempt = [
-            Opcode::Forget,
-            Opcode::BatchForget,
-            Opcode::Interrupt,
-            Opcode::Init,
-            Opcode::Destroy,
-        ];
-        if exempt.iter().any(|op| *op as u32 == header.opcode) {
-            return None;
-        }
-        let share = self.fs.inner().share_of(header.nodeid)?;
-        if !share.stats.qos.is_limited() {
-            return None;
-        }
-        let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
-        let bytes = if header.opcode == Opcode::Read as u32 {
-            ReadIn::from_slice(args.get(..size_of::<ReadIn>()).unwrap_or(&[])).map(|r| r.size)
-        } else if header.opcode == Opcode::Write as u32 {
-            WriteIn::from_slice(args.get(..size_of::<WriteIn>()).unwrap_or(&[])).map(|w| w.size)
-        } else {
-            None
-        };
-        // A size above MAX_PAYLOAD is refused with EINVAL when served: it costs no
-        // more than the largest payload.
-        let cost = Cost {
-            ops: 1,
-            bytes: u64::from(bytes.unwrap_or(0).min(MAX_PAYLOAD)),
-        };
-        Some((share, cost))
     }
 
     /// The device was reset, or a new driver started its queues (a guest reboot):
@@ -285,23 +230,18 @@ impl FsServer {
     }
 
     /// Serves a SETLKW (`header` is its header, `request` its local copy) up to its
-    /// answer, which it does not write: the wait may last any time, and the reply
-    /// must reach guest memory only when the queue can take it. Answers as
-    /// [`Self::handle_request`] would: EIO before INIT, EINVAL for a bad body.
-    pub fn wait_for_lock(&self, header: &InHeader, request: &mut [u8]) -> LockAnswer {
-        let error = if !self.initialized.load(Ordering::Acquire) {
-            -libc::EIO
-        } else {
-            let body = request.get_mut(size_of::<InHeader>()..).unwrap_or_default();
-            let mut reader = local_reader::<()>(body);
-            match extra_ops::setlkw(&*self.fs, header, &mut reader) {
-                Ok(()) => 0,
-                Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-            }
-        };
-        LockAnswer {
-            unique: header.unique,
-            error,
+    /// answer, 0 or a negative errno, which it does not write (see `request.rs`).
+    /// Answers as [`Self::handle_request`] would: EIO before INIT, EINVAL for a bad
+    /// body.
+    pub(super) fn wait_for_lock(&self, header: &InHeader, request: &mut [u8]) -> i32 {
+        if !self.initialized.load(Ordering::Acquire) {
+            return -libc::EIO;
+        }
+        let body = request.get_mut(size_of::<InHeader>()..).unwrap_or_default();
+        let mut reader = local_reader::<()>(body);
+        match extra_ops::setlkw(&*self.fs, header, &mut reader) {
+            Ok(()) => 0,
+            Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 

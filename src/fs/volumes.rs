@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
@@ -31,6 +31,7 @@ use super::share::Share;
 use super::share_root::{changed_since_checked, open_share_dir, open_share_root, private_mount};
 use super::sys::{self, errno};
 use super::{CopyRange, ExtraOps};
+use crate::qos::RateLimit;
 
 /// The errno of every mutation in a virtual directory.
 pub const VIRTUAL_DIR_ERRNO: libc::c_int = libc::EACCES;
@@ -333,9 +334,36 @@ pub struct Volumes {
     inner: Arc<PassthroughFs>,
     /// SharedDir, opened once: volumes are opened beneath it.
     shared_dir: Arc<File>,
+    /// Wakes the requests waiting for a volume's tokens (the transport's timers)
+    /// when a limit changes or a volume is detached: they go now, not when their
+    /// tokens would have come.
+    limits_changed: RwLock<Option<LimitsChanged>>,
 }
 
+/// What [`Volumes`] calls when a volume's limit changes or it is detached.
+pub type LimitsChanged = Box<dyn Fn() + Send + Sync>;
+
 impl Volumes {
+    /// Sets what a limit change or a detach wakes (the transport, once it runs).
+    pub fn on_limits_changed(&self, wake: LimitsChanged) {
+        *self.limits_changed.write().unwrap() = Some(wake);
+    }
+
+    fn wake_waiting(&self) {
+        if let Some(wake) = self.limits_changed.read().unwrap().as_ref() {
+            wake();
+        }
+    }
+
+    /// Sets (None: lifts) a volume's rate limit; its waiting requests are looked at
+    /// anew at once. None if unknown.
+    pub fn set_limit(&self, name: &str, limit: Option<RateLimit>) -> Option<ShareInfo> {
+        let info = self.get(name)?;
+        info.share.stats.qos.set(limit);
+        self.wake_waiting();
+        Some(info)
+    }
+
     /// The whole SharedDir at the mount root, as virtiofsd serves it.
     pub fn whole(
         inner: Arc<PassthroughFs>,
@@ -367,6 +395,7 @@ impl Volumes {
             registry: Arc::new(Registry::whole(share)),
             inner,
             shared_dir: dir,
+            limits_changed: RwLock::default(),
         })
     }
 
@@ -384,6 +413,7 @@ impl Volumes {
             registry: Arc::new(registry),
             inner,
             shared_dir: Arc::new(open_dir(shared_dir)?),
+            limits_changed: RwLock::default(),
         })
     }
 
@@ -451,9 +481,10 @@ impl Volumes {
     /// so that no fd into it is left when this returns. None if unknown.
     pub fn detach(&self, name: &str) -> Option<Arc<Share>> {
         let share = self.registry.remove(name)?.share;
-        // Its throttled requests are served now (and fail: the volume is gone), once
-        // the caller wakes the queues; the limit no longer counts as one.
+        // Its throttled requests are served now (and fail: the volume is gone); the
+        // limit no longer counts as one.
         share.stats.qos.set(None);
+        self.wake_waiting();
         let (nodes, handles) = self.inner.detach_share(&share);
         let deadline = Instant::now() + DETACH_DRAIN;
         while Arc::strong_count(&share) > 1 && Instant::now() < deadline {

@@ -2,7 +2,7 @@
 //! counting the bytes they read or write.
 //!
 //! The buckets decide only *when* a request runs; where it waits is the queue's
-//! business (`device/throttle.rs`): a throttled request leaves the virtqueue and
+//! business (`device/later/lines.rs`): a throttled request leaves the virtqueue and
 //! waits in its volume's own line, so the requests of other volumes on the same
 //! queue keep flowing.
 //!
@@ -282,7 +282,7 @@ impl VolumeQos {
     }
 
     /// Charges `cost` without waiting (a request too large to be held back, see
-    /// `device/throttle.rs`): the requests after it wait for it instead.
+    /// `device/later/`): the requests after it wait for it instead.
     pub fn charge(&self, cost: Cost) {
         if let Some(b) = self.buckets.lock().unwrap().as_mut() {
             b.take(cost);

@@ -4,7 +4,7 @@
 //! request's chain and its local copy here, and goes on popping: the requests of
 //! other volumes behind it on the same queue are served at once. Each volume's line
 //! is served in order when its buckets refill; the worker's [`WakeTimer`] fires at
-//! the earliest such moment.
+//! the earliest such moment (`timer.rs`).
 //!
 //! A waiting request is answered whatever happens to its volume: lifting or changing
 //! the limit, or detaching the volume, fires the timers at once (the control API
@@ -13,8 +13,6 @@
 //! reboot, a device reset) drops the lines unanswered: their ring is gone.
 
 use std::collections::VecDeque;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -24,7 +22,8 @@ use virtio_queue::DescriptorChain;
 use crate::fs::share::Share;
 use crate::qos::Cost;
 
-use super::queue::{Mem, RingId};
+use super::timer::WakeTimer;
+use crate::device::ring::{Mem, RingId};
 
 /// The largest local copy a waiting request may keep: a request larger than this (a
 /// SETXATTR value, a SYMLINK of a long target) is served at once and charged, so a
@@ -209,99 +208,6 @@ impl WaitRoom {
     }
 }
 
-/// A one-shot monotonic timer (a timerfd) a queue worker waits on beside its queues.
-pub struct WakeTimer(OwnedFd);
-
-impl WakeTimer {
-    pub fn new() -> io::Result<Self> {
-        // SAFETY: timerfd_create takes no pointers; the fd it returns is ours alone.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just created and is owned by nothing else.
-        Ok(WakeTimer(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// Fires once, `after` from now (at once for zero).
-    pub fn arm(&self, after: Duration) {
-        let after = after.max(Duration::from_nanos(1));
-        self.set(libc::timespec {
-            tv_sec: after.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: after.subsec_nanos() as libc::c_long,
-        });
-    }
-
-    pub fn disarm(&self) {
-        self.set(libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        });
-    }
-
-    fn set(&self, value: libc::timespec) {
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: value,
-        };
-        // SAFETY: spec is a valid itimerspec; the old value is not asked for. The
-        // call fails only for a bad fd or value, neither of which can happen here.
-        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
-    }
-
-    /// Reads the expirations, so the fd is quiet until the timer fires again.
-    pub fn consume(&self) {
-        let mut count = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into `count`. EAGAIN (nothing expired: a wake
-        // the worker already saw) is fine.
-        unsafe { libc::read(self.0.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
-    }
-}
-
-impl AsRawFd for WakeTimer {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-/// The wake timers of the request queues' workers (worker `t` serves request queue
-/// `t + 1`), shared with the control API, which fires them when a limit changes or a
-/// volume is detached.
-#[derive(Default)]
-pub struct WakeTimers(Vec<WakeTimer>);
-
-impl WakeTimers {
-    pub fn new(workers: usize) -> io::Result<Self> {
-        (0..workers)
-            .map(|_| WakeTimer::new())
-            .collect::<io::Result<Vec<_>>>()
-            .map(WakeTimers)
-    }
-
-    pub fn get(&self, worker: usize) -> Option<&WakeTimer> {
-        self.0.get(worker)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &WakeTimer> {
-        self.0.iter()
-    }
-
-    /// Every worker looks at its waiting requests now.
-    pub fn wake_all(&self) {
-        for t in &self.0 {
-            t.arm(Duration::ZERO);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,25 +372,5 @@ mod tests {
         assert!(!room.needs_look());
         room.push(&a, RING, pop(), b"2", ONE, now);
         assert!(!room.needs_look(), "behind the first of its line");
-    }
-
-    #[test]
-    fn a_wake_timer_fires_once_when_armed() {
-        let t = WakeTimer::new().unwrap();
-        let mut pfd = libc::pollfd {
-            fd: t.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let poll = |pfd: &mut libc::pollfd, ms| unsafe { libc::poll(pfd, 1, ms) };
-        assert_eq!(poll(&mut pfd, 0), 0, "unarmed");
-        t.arm(Duration::ZERO);
-        assert_eq!(poll(&mut pfd, 1000), 1, "fired");
-        t.consume();
-        assert_eq!(poll(&mut pfd, 0), 0, "quiet after consume");
-        t.arm(Duration::from_secs(60));
-        t.disarm();
-        assert_eq!(poll(&mut pfd, 50), 0, "disarmed");
     }
 }

@@ -20,10 +20,11 @@ use vm_memory::{
     GuestMemoryRegion, GuestRegionMmap, MmapRegion,
 };
 
-use super::queue::Mem;
-use super::throttle::WaitRoom;
-use super::{GuestMem, GuestMmap, MAX_QUEUE_SIZE};
-use crate::fs::server::{parse_header, MAX_REQUEST};
+use super::WaitRoom;
+use crate::device::memory::{GuestMem, GuestMmap};
+use crate::device::ring::Mem;
+use crate::device::ring::MAX_QUEUE_SIZE;
+use crate::fs::request::is_request;
 use crate::state::format::ParkedRequest;
 
 /// The requests a device holds unanswered, and those a loaded state handed it.
@@ -96,7 +97,7 @@ impl Parked {
             if usize::from(p.head) >= MAX_QUEUE_SIZE {
                 return Err(format!("an unanswered request at descriptor {}", p.head));
             }
-            if p.request.len() > MAX_REQUEST || parse_header(&p.request).is_none() {
+            if !is_request(&p.request) {
                 return Err(format!(
                     "an unanswered request of {} bytes",
                     p.request.len()
@@ -187,6 +188,7 @@ pub fn chain_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::request::MAX_REQUEST;
 
     /// A GETATTR request's bytes: a valid header, as a guest sends it.
     fn getattr() -> Vec<u8> {

@@ -1,0 +1,267 @@
+//! Serving one virtqueue: pop descriptor chains, run each FUSE request, return it.
+//!
+//! Everything here is reached by guest-controlled data, so nothing may panic, spin or
+//! log without bound:
+//! - each request is copied out of guest memory once, in one walk of its chain, and
+//!   served from that copy (a WRITE's data aside, see `request.rs`);
+//! - a queue whose frontend breaks the ring's rules (an avail index further ahead
+//!   than the queue is long, a chain that loops or points outside guest memory) is
+//!   stopped with one log line, and stays stopped until the frontend sets it up again.
+//!
+//! A ring the frontend stopped gets nothing more. vhost-user-backend answers
+//! GET_VRING_BASE (a paused VM, a live migration's switch-over) without telling the
+//! backend; the frontend then syncs the dirty-page log a last time and takes the
+//! returned index as the count of requests answered. A reply written after that is
+//! neither copied nor counted, and the guest waits for it for ever. So every write
+//! to a ring and its buffers happens under the vring's lock (GET_VRING_BASE takes it
+//! too, to mark the queue not ready), after checking that the queue is ready and is
+//! still the same ring:
+//! - a drain holds the lock from its first pop to its last completion, serving
+//!   under it: GET_VRING_BASE waits for the requests popped, and its index counts
+//!   them answered. One worker thread serves each queue, so nothing else waits;
+//! - the requests answered later (throttled lines, lock waits: `later/`) are
+//!   answered under the lock too, or kept until the ring runs again, or dropped if a
+//!   new driver set it up anew.
+//!
+//! What a request is, and its reply, are the file system's (`fs/request.rs`): this
+//! file knows rings.
+
+use std::io;
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use vhost_user_backend::VringState;
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::GuestAddressSpace;
+
+use super::later::{release_waiting, Held, Later, Wake};
+use super::memory::GuestMem;
+use super::request::{copy_request, serve, with_buffer};
+use super::ring::{queue_err, Broken, Completions, Locked, Mem, RingRef};
+use crate::fs::FsServer;
+
+/// One queue as its worker serves it: its ring, and what waits beside it.
+pub struct QueueRef<'a> {
+    pub ring: RingRef<'a>,
+    pub later: Later<'a>,
+}
+
+/// Drains the queue, re-checking after notifications are re-enabled (EVENT_IDX) so that
+/// a request published in between is not missed; then serves the waiting requests
+/// whose turn came. `state` is the queue's vring, locked by the caller (who looked
+/// at it with [`QueueHealth::check_restart`] under the same lock).
+pub fn process(
+    server: &Arc<FsServer>,
+    mem: &GuestMem,
+    queue: &QueueRef,
+    state: &mut Locked,
+) -> io::Result<()> {
+    let (health, index) = (queue.ring.health, queue.ring.index);
+    if health.is_stopped() {
+        return Ok(());
+    }
+    // Stopped by the frontend (GET_VRING_BASE, SET_VRING_ENABLE 0) before the lock
+    // was ours: nothing is popped from it. virtio-queue would pop nothing either, and
+    // the pending chains would read as a broken ring.
+    if !state.get_queue().ready() || !state.is_enabled() {
+        return Ok(());
+    }
+    let mem = mem.memory();
+    if let Err(Broken(why)) = check_layout(state) {
+        health.stop(state, index, &why);
+        return Ok(());
+    }
+    match drain(server, &mem, queue, state) {
+        Ok(()) => {
+            health.remember(state);
+            release_waiting(server, &queue.ring, &queue.later, state, Wake::Drain)
+        }
+        Err(DrainError::BrokenRing(Broken(why))) => {
+            health.stop(state, index, &why);
+            Ok(())
+        }
+        Err(DrainError::Broken(Broken(why))) => {
+            health.stop_after_chain(index, &why);
+            Ok(())
+        }
+        Err(DrainError::Io(e)) => Err(e),
+    }
+}
+
+/// What became of a popped request in the drain.
+enum Taken {
+    /// Answered now (served, or a wait refused): its reply's length.
+    Answered(u32),
+    /// A lock-wait thread took it.
+    OnThread,
+    /// It waits in its volume's line.
+    InLine,
+}
+
+/// Why a drain ended early.
+enum DrainError {
+    /// The ring itself (its avail index, its memory): nothing more can be popped.
+    BrokenRing(Broken),
+    /// One popped chain (its descriptors, its buffers).
+    Broken(Broken),
+    Io(io::Error),
+}
+
+impl From<io::Error> for DrainError {
+    fn from(e: io::Error) -> Self {
+        DrainError::Io(e)
+    }
+}
+
+/// Pops and serves until the ring is empty, under the vring's lock (`state`): the
+/// frontend can neither stop nor set up the ring anew meanwhile.
+fn drain(
+    server: &Arc<FsServer>,
+    mem: &Mem,
+    queue: &QueueRef,
+    state: &mut Locked,
+) -> Result<(), DrainError> {
+    let ring = &queue.ring;
+    let (index, event_idx) = (ring.index, ring.event_idx);
+    let counters = ring.counters;
+    let ring_id = ring.health.ring(state);
+    crate::metrics::start_batch();
+    loop {
+        if event_idx {
+            state.disable_notification().map_err(queue_err(index))?;
+        }
+        let mut done = Completions::new(ring);
+        loop {
+            let Some(chain) = pop_checked(mem, state).map_err(DrainError::BrokenRing)? else {
+                break;
+            };
+            let head = chain.head_index();
+            // One worker per queue: plain stores, no read-modify-write.
+            counters.in_flight.store(1, Ordering::Relaxed);
+            let taken = with_buffer(|buf| -> Result<Taken, Broken> {
+                copy_request(&chain, buf)?;
+                Ok(match queue.later.hold(server, ring, ring_id, chain, buf) {
+                    Held::No(chain) => Taken::Answered(serve(server, &chain, buf)?),
+                    Held::Answered(len) => Taken::Answered(len),
+                    Held::OnThread => Taken::OnThread,
+                    Held::InLine => Taken::InLine,
+                })
+            });
+            counters.in_flight.store(0, Ordering::Relaxed);
+            match taken.map_err(DrainError::Broken)? {
+                Taken::Answered(len) => {
+                    counters.served.fetch_add(1, Ordering::Relaxed);
+                    done.add(state, head, len)?;
+                }
+                // A lock-wait thread returns it itself.
+                Taken::OnThread => {
+                    counters.served.fetch_add(1, Ordering::Relaxed);
+                }
+                // Out of the ring, in its volume's line: counted when served.
+                Taken::InLine => {}
+            }
+        }
+        done.flush(state)?;
+        if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
+            return Ok(());
+        }
+    }
+}
+
+/// The three parts of a split ring must not overlap: a used ring laid over the avail
+/// ring would have every completion rewrite the avail index, and the worker would
+/// find one more request pending for ever (found by the `virtqueue` fuzz target).
+fn check_layout(state: &VringState<GuestMem>) -> Result<(), Broken> {
+    let q = state.get_queue();
+    let size = u64::from(q.size());
+    // Descriptor table, avail ring (flags, idx, ring, used_event), used ring (flags,
+    // idx, ring of 8-byte elements, avail_event).
+    let parts = [
+        ("descriptor table", q.desc_table(), 16 * size),
+        ("avail ring", q.avail_ring(), 6 + 2 * size),
+        ("used ring", q.used_ring(), 6 + 8 * size),
+    ];
+    for (i, (a, a_start, a_len)) in parts.iter().enumerate() {
+        let a_end = a_start.checked_add(*a_len).ok_or_else(|| {
+            Broken(format!(
+                "the {a} at {a_start:#x} runs past the address space"
+            ))
+        })?;
+        for (b, b_start, b_len) in &parts[i + 1..] {
+            let b_end = b_start.saturating_add(*b_len);
+            if *a_start < b_end && *b_start < a_end {
+                return Err(Broken(format!(
+                    "the {a} at {a_start:#x} overlaps the {b} at {b_start:#x}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pops the next chain after checking the avail index: one further ahead than the
+/// queue is long is a broken frontend (virtio-queue would log and return nothing,
+/// and with EVENT_IDX the worker would spin on it).
+fn pop_checked(mem: &Mem, state: &mut Locked) -> Result<Option<DescriptorChain<Mem>>, Broken> {
+    let q = state.get_queue_mut();
+    let next = Wrapping(q.next_avail());
+    let avail = q
+        .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
+        .map_err(|e| Broken(format!("unreadable avail ring: {e}")))?;
+    let pending = (avail - next).0;
+    if pending > q.size() {
+        return Err(Broken(format!(
+            "avail index {} is {pending} entries ahead of {} on a queue of {}",
+            avail.0,
+            next.0,
+            q.size()
+        )));
+    }
+    if pending == 0 {
+        return Ok(None);
+    }
+    match q.pop_descriptor_chain(mem.clone()) {
+        Some(chain) => Ok(Some(chain)),
+        // A chain is pending but virtio-queue will not pop it: the queue is not
+        // valid (its rings are not all in guest memory). With EVENT_IDX the worker
+        // would find it pending again for ever (found by the `virtqueue` target).
+        None => Err(Broken(format!(
+            "{pending} chains pending but the queue cannot be read (rings outside guest memory?)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{GuestMmap, Vring};
+    use vhost_user_backend::VringT;
+    use vm_memory::{GuestAddress, GuestMemoryAtomic};
+
+    fn memory() -> GuestMmap {
+        GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+    }
+
+    fn vring() -> Vring {
+        let vring = Vring::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
+        vring.set_queue_size(256);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        vring
+    }
+
+    #[test]
+    fn overlapping_rings_are_broken() {
+        // Descriptors at 0 (4 KiB), avail ring after them, used ring apart: fine.
+        let vring = vring();
+        assert!(check_layout(&vring.get_ref()).is_ok());
+        // The used ring laid over the avail ring: broken.
+        vring.set_queue_info(0, 0x1000, 0x1000).unwrap();
+        assert!(check_layout(&vring.get_ref()).is_err());
+        vring.set_queue_info(0, 0x800, 0x3000).unwrap();
+        assert!(
+            check_layout(&vring.get_ref()).is_err(),
+            "avail ring inside the table"
+        );
+    }
+}
