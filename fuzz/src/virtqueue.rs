@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
-use volfsd::device::parked::Parked;
-use volfsd::device::queue::{self, QueueHealth, QueueRef};
-use volfsd::device::throttle::{WaitRoom, WakeTimer};
+use volfsd::device::later::{Later, Parked, WaitRoom, WakeTimer};
+use volfsd::device::queue::{self, QueueRef};
+use volfsd::device::ring::{QueueCounters, QueueHealth, RingRef};
 use volfsd::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
 use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
@@ -128,7 +128,7 @@ pub fn run_virtqueue(data: &[u8]) {
     let server = Arc::new(FsServer::new(&stack));
     drop(stack);
     let health = Arc::new(QueueHealth::default());
-    let counters = queue::QueueCounters::default();
+    let counters = QueueCounters::default();
     let served = &counters.served;
 
     let vring = Vring::new(st.mem.clone(), MAX_QUEUE_SIZE as u16).unwrap();
@@ -151,14 +151,18 @@ pub fn run_virtqueue(data: &[u8]) {
     let timer = WakeTimer::new().expect("a timerfd");
     let parked = Arc::new(Parked::default());
     let queue_ref = QueueRef {
-        vring: &vring,
-        index,
-        event_idx,
-        counters: &counters,
-        room: (!hiprio).then_some(&room),
-        timer: (!hiprio).then_some(&timer),
-        health: &health,
-        parked: &parked,
+        ring: RingRef {
+            vring: &vring,
+            index,
+            event_idx,
+            counters: &counters,
+            health: &health,
+        },
+        later: Later {
+            room: (!hiprio).then_some(&room),
+            timer: (!hiprio).then_some(&timer),
+            parked: &parked,
+        },
     };
 
     for _ in 0..kicks {
