@@ -35,9 +35,9 @@ use vhost_user_backend::VringState;
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestAddressSpace;
 
-use super::later::{release_waiting, Held, Later, Wake};
+use super::later::{complete, release_waiting, Later, Taken, Wake};
 use super::memory::GuestMem;
-use super::request::{copy_request, serve, with_buffer};
+use super::request::{copy_request, with_buffer};
 use super::ring::{queue_err, Broken, Completions, Locked, Mem, RingRef};
 use crate::fs::FsServer;
 
@@ -89,16 +89,6 @@ pub fn process(
     }
 }
 
-/// What became of a popped request in the drain.
-enum Taken {
-    /// Answered now (served, or a wait refused): its reply's length.
-    Answered(u32),
-    /// A lock-wait thread took it.
-    OnThread,
-    /// It waits in its volume's line.
-    InLine,
-}
-
 /// Why a drain ended early.
 enum DrainError {
     /// The ring itself (its avail index, its memory): nothing more can be popped.
@@ -141,26 +131,16 @@ fn drain(
             counters.in_flight.store(1, Ordering::Relaxed);
             let taken = with_buffer(|buf| -> Result<Taken, Broken> {
                 copy_request(&chain, buf)?;
-                Ok(match queue.later.hold(server, ring, ring_id, chain, buf) {
-                    Held::No(chain) => Taken::Answered(serve(server, &chain, buf)?),
-                    Held::Answered(len) => Taken::Answered(len),
-                    Held::OnThread => Taken::OnThread,
-                    Held::InLine => Taken::InLine,
-                })
+                queue.later.take(server, ring, ring_id, chain, buf)
             });
             counters.in_flight.store(0, Ordering::Relaxed);
-            match taken.map_err(DrainError::Broken)? {
-                Taken::Answered(len) => {
-                    counters.served.fetch_add(1, Ordering::Relaxed);
-                    done.add(state, head, len)?;
-                }
-                // A lock-wait thread returns it itself.
-                Taken::OnThread => {
-                    counters.served.fetch_add(1, Ordering::Relaxed);
-                }
-                // Out of the ring, in its volume's line: counted when served.
-                Taken::InLine => {}
-            }
+            complete(
+                ring,
+                state,
+                &mut done,
+                head,
+                taken.map_err(DrainError::Broken)?,
+            )?;
         }
         done.flush(state)?;
         if !event_idx || !state.enable_notification().map_err(queue_err(index))? {

@@ -52,6 +52,12 @@ pub fn is_request(bytes: &[u8]) -> bool {
     bytes.len() <= MAX_REQUEST && parse_header(bytes).is_some()
 }
 
+/// Whether a request may wait for any time (SETLKW), as [`Admission::may_wait`]
+/// says, for a request whose volume was looked at already.
+pub fn may_wait(request: &[u8]) -> bool {
+    parse_header(request).is_some_and(|h| h.opcode == Opcode::Setlkw as u32)
+}
+
 /// Whether a WRITE's data follows its prefix in the chain (then the transport gives
 /// [`FsServer::serve`] a reader over it, from [`WRITE_PREFIX`] on).
 pub fn has_write_data(request: &[u8]) -> bool {
@@ -87,7 +93,7 @@ impl FsServer {
             None
         };
         Admission {
-            may_wait: header.opcode == Opcode::Setlkw as u32,
+            may_wait: may_wait(request),
             limited,
         }
     }

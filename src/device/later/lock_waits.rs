@@ -10,7 +10,7 @@ use log::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, QueueT};
 
-use super::{Held, Parked, PAUSED_POLL};
+use super::{Parked, Taken, PAUSED_POLL};
 use crate::device::memory::Vring;
 use crate::device::ring::{notify, Answer, Mem, QueueHealth, RingId, RingRef};
 use crate::fs::request::LateReply;
@@ -25,8 +25,8 @@ pub fn lock_waiters() -> usize {
     LOCK_WAITERS.load(Ordering::Relaxed)
 }
 
-/// Runs a request that may wait on a thread of its own. [`Held::OnThread`] when the
-/// thread took the chain, [`Held::Answered`] when it was answered here (ENOLCK, from
+/// Runs a request that may wait on a thread of its own. [`Taken::OnThread`] when the
+/// thread took the chain, [`Taken::Answered`] when it was answered here (ENOLCK, from
 /// the file system) because too many waits run or no thread could be started. It
 /// is never served inline: the worker holds the vring's lock while it serves, and a
 /// frontend stopping the ring would wait behind a wait that may never end.
@@ -40,12 +40,12 @@ pub(super) fn wait_off_thread(
     ring_id: RingId,
     chain: DescriptorChain<Mem>,
     request: &[u8],
-) -> Held {
+) -> Taken {
     let index = ring.index;
     let refuse = |chain: &DescriptorChain<Mem>| {
         let len = VirtioFsWriter::new(chain.memory(), chain.clone())
             .map_or(0, |w| LateReply::busy(request).write(w.into()));
-        Held::Answered(len)
+        Taken::Answered(len)
     };
     if LOCK_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
@@ -75,7 +75,7 @@ pub(super) fn wait_off_thread(
         warn!("queue {index}: cannot start a lock-wait thread ({e}), refusing a wait with ENOLCK");
         return refuse(&chain);
     }
-    Held::OnThread
+    Taken::OnThread
 }
 
 /// Writes a wait's answer and returns its chain to the used ring, under the

@@ -50,12 +50,9 @@ pub struct Later<'a> {
     pub parked: &'a Arc<Parked>,
 }
 
-/// What became of a popped request the drain offered to [`Later::hold`].
-pub(crate) enum Held {
-    /// Not held: the drain serves it now.
-    No(DescriptorChain<Mem>),
-    /// Answered at once (a wait that cannot be taken is refused): its reply's
-    /// length.
+/// What became of a popped request.
+pub(crate) enum Taken {
+    /// Answered now (served, or a wait refused): its reply's length.
     Answered(u32),
     /// A lock-wait thread took it and returns it itself.
     OnThread,
@@ -64,39 +61,108 @@ pub(crate) enum Held {
 }
 
 impl Later<'_> {
-    /// Takes a request (its local copy `request`, popped as `chain` from `ring_id`)
-    /// that must not be answered in the drain: a wait, or a request of a volume over
-    /// its limit or with requests waiting already.
-    pub(crate) fn hold(
+    /// Takes a request popped from `ring_id` as `chain` (its local copy `request`):
+    /// into its volume's line when the volume is over its limit or has requests
+    /// waiting already, to a thread of its own when it may wait, else served now.
+    pub(crate) fn take(
         &self,
         server: &Arc<FsServer>,
         ring: &RingRef,
         ring_id: RingId,
         chain: DescriptorChain<Mem>,
-        request: &[u8],
-    ) -> Held {
+        request: &mut [u8],
+    ) -> Result<Taken, Broken> {
         let admission = server.admit(request);
-        if admission.may_wait {
-            return lock_waits::wait_off_thread(server, ring, self.parked, ring_id, chain, request);
+        if let (Some(room), Some((share, cost))) = (self.room, admission.limited) {
+            // The clock read that ended the previous request, if metrics made one: a
+            // clock read costs ~65 ns under a TSC-trapping hypervisor.
+            let now = crate::metrics::recent_clock();
+            let mut room = room.lock().unwrap();
+            if room.has_line(&share) || share.stats.qos.admit(cost, now).is_err() {
+                if request.len() <= lines::MAX_WAITING_REQUEST {
+                    room.push(&share, ring_id, chain, request, cost, now);
+                    return Ok(Taken::InLine);
+                }
+                // Too large to keep a copy of: served now, and paid for by the
+                // requests after it.
+                share.stats.qos.charge(cost);
+            }
         }
-        let (Some(room), Some((share, cost))) = (self.room, admission.limited) else {
-            return Held::No(chain);
-        };
-        // The clock read that ended the previous request, if metrics made one: a
-        // clock read costs ~65 ns under a TSC-trapping hypervisor.
-        let now = crate::metrics::recent_clock();
-        let mut room = room.lock().unwrap();
-        if !room.has_line(&share) && share.stats.qos.admit(cost, now).is_ok() {
-            return Held::No(chain);
+        self.serve_now(server, ring, ring_id, chain, request, admission.may_wait)
+    }
+
+    /// Serves a request now, or on a thread of its own when it may wait (then it is
+    /// never served inline: the worker holds the vring's lock while it serves).
+    fn serve_now(
+        &self,
+        server: &Arc<FsServer>,
+        ring: &RingRef,
+        ring_id: RingId,
+        chain: DescriptorChain<Mem>,
+        request: &mut [u8],
+        may_wait: bool,
+    ) -> Result<Taken, Broken> {
+        if may_wait {
+            return Ok(lock_waits::wait_off_thread(
+                server,
+                ring,
+                self.parked,
+                ring_id,
+                chain,
+                request,
+            ));
         }
-        if request.len() <= lines::MAX_WAITING_REQUEST {
-            room.push(&share, ring_id, chain, request, cost, now);
-            return Held::InLine;
+        request::serve(server, &chain, request).map(Taken::Answered)
+    }
+
+    /// Serves one request answered late (throttled, or handed over by a loaded
+    /// state) on the ring `state`, which runs, and queues its completion. Err: the
+    /// ring could not be written.
+    fn serve_late(
+        &self,
+        server: &Arc<FsServer>,
+        ring: &RingRef,
+        state: &mut Locked,
+        done: &mut Completions,
+        chain: DescriptorChain<Mem>,
+        request: &mut [u8],
+    ) -> io::Result<()> {
+        let head = chain.head_index();
+        let ring_id = ring.health.ring(state);
+        let may_wait = crate::fs::request::may_wait(request);
+        ring.counters.in_flight.store(1, Ordering::Relaxed);
+        let taken = self.serve_now(server, ring, ring_id, chain, request, may_wait);
+        ring.counters.in_flight.store(0, Ordering::Relaxed);
+        match taken {
+            Ok(taken) => complete(ring, state, done, head, taken),
+            Err(Broken(why)) => {
+                ring.health.stop_after_chain(ring.index, &why);
+                Ok(())
+            }
         }
-        // Too large to keep a copy of: served now, and paid for by the requests
-        // after it.
-        share.stats.qos.charge(cost);
-        Held::No(chain)
+    }
+}
+
+/// Counts a request answered or handed to a thread, and queues the completion of
+/// an answer.
+pub(crate) fn complete(
+    ring: &RingRef,
+    state: &mut Locked,
+    done: &mut Completions,
+    head: u16,
+    taken: Taken,
+) -> io::Result<()> {
+    match taken {
+        Taken::Answered(len) => {
+            ring.counters.served.fetch_add(1, Ordering::Relaxed);
+            done.add(state, head, len)
+        }
+        Taken::OnThread => {
+            ring.counters.served.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        // Counted when its turn comes.
+        Taken::InLine => Ok(()),
     }
 }
 
@@ -112,7 +178,6 @@ pub fn answer_parked(
     state: &mut Locked,
     requests: Vec<ParkedRequest>,
 ) -> io::Result<()> {
-    let ring_id = ring.health.ring(state);
     let mut done = Completions::new(ring);
     crate::metrics::start_batch();
     for p in requests {
@@ -125,64 +190,9 @@ pub fn answer_parked(
             continue;
         };
         let mut request = p.request;
-        let chain = if server.admit(&request).may_wait {
-            match lock_waits::wait_off_thread(server, ring, later.parked, ring_id, chain, &request)
-            {
-                Held::No(chain) => chain,
-                Held::Answered(len) => {
-                    finish(ring, state, &mut done, p.head, Some(len))?;
-                    continue;
-                }
-                Held::OnThread | Held::InLine => {
-                    finish(ring, state, &mut done, p.head, None)?;
-                    continue;
-                }
-            }
-        } else {
-            chain
-        };
-        serve_late(ring, state, &mut done, server, chain, &mut request)?;
+        later.serve_late(server, ring, state, &mut done, chain, &mut request)?;
     }
     done.flush(state)
-}
-
-/// Serves one request answered late (throttled, or handed over by a loaded state)
-/// and queues its completion. Err: the ring could not be written.
-fn serve_late(
-    ring: &RingRef,
-    state: &mut Locked,
-    done: &mut Completions,
-    server: &FsServer,
-    chain: DescriptorChain<Mem>,
-    request: &mut [u8],
-) -> io::Result<()> {
-    let head = chain.head_index();
-    ring.counters.in_flight.store(1, Ordering::Relaxed);
-    let served = request::serve(server, &chain, request);
-    ring.counters.in_flight.store(0, Ordering::Relaxed);
-    match served {
-        Ok(len) => finish(ring, state, done, head, Some(len)),
-        Err(Broken(why)) => {
-            ring.health.stop_after_chain(ring.index, &why);
-            Ok(())
-        }
-    }
-}
-
-/// Counts a request served (or handed to a thread) and queues the completion of
-/// its reply of `reply` bytes (None: a thread returns it).
-fn finish(
-    ring: &RingRef,
-    state: &mut Locked,
-    done: &mut Completions,
-    head: u16,
-    reply: Option<u32>,
-) -> io::Result<()> {
-    ring.counters.served.fetch_add(1, Ordering::Relaxed);
-    match reply {
-        Some(len) => done.add(state, head, len),
-        None => Ok(()),
-    }
 }
 
 /// How often a stopped queue's waiting requests are looked at again.
@@ -249,11 +259,11 @@ pub fn release_waiting(
     crate::metrics::start_batch();
     let mut done = Completions::new(ring);
     for mut waiting in ready {
-        serve_late(
+        later.serve_late(
+            server,
             ring,
             state,
             &mut done,
-            server,
             waiting.chain,
             &mut waiting.request,
         )?;
