@@ -201,7 +201,7 @@ impl Args {
             v.iter()
                 .map(|m| IdRange::parse(flag, m))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(ConfigError)
+                .map_err(|e| ConfigError(e.to_string()))
         };
         let id_maps = IdMaps {
             uids: parse_maps("--uid-map", &self.uid_map)?,
