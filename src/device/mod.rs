@@ -279,9 +279,15 @@ impl FsBackend {
         let deliver = {
             let me = Arc::downgrade(self);
             Box::new(move |requests: Vec<crate::state::format::ParkedRequest>| {
-                let me = me.upgrade().ok_or("the device is gone")?;
+                // parked.rs refuses with a String; here it becomes the load's error.
+                let invalid = |why: String| crate::state::LoadError::Invalid(why);
+                let me = me
+                    .upgrade()
+                    .ok_or_else(|| invalid("the device is gone".into()))?;
                 let any = !requests.is_empty();
-                me.parked.deliver(requests, me.num_request_queues + 1)?;
+                me.parked
+                    .deliver(requests, me.num_request_queues + 1)
+                    .map_err(invalid)?;
                 if any {
                     me.poll_for_incoming();
                 }
