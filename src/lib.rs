@@ -4,6 +4,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod device;
+pub mod error;
 pub mod fs;
 pub mod logging;
 pub mod metrics;

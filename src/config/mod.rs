@@ -132,6 +132,17 @@ pub enum ParseError {
     Config(ConfigError),
 }
 
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParseError::Clap(e) => write!(f, "{e}"),
+            ParseError::Config(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
 impl Args {
     pub fn into_config(self) -> Result<Config, ConfigError> {
         let socket = match (self.socket_path, self.fd) {
@@ -201,7 +212,7 @@ impl Args {
             v.iter()
                 .map(|m| IdRange::parse(flag, m))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(ConfigError)
+                .map_err(|e| ConfigError(e.to_string()))
         };
         let id_maps = IdMaps {
             uids: parse_maps("--uid-map", &self.uid_map)?,
@@ -317,7 +328,7 @@ fn resolve_group(group: &str) -> Result<u32, ConfigError> {
 /// Splits the rate-limit options off `PATH[:ro|:rw][,KEY=N...]`: the trailing
 /// comma-separated items that are all `KEY=N` with a key of [`qos::OPTIONS`], so a
 /// path with a comma of its own is left whole.
-pub fn split_rate_limit(arg: &str) -> Result<(&str, Option<RateLimit>), String> {
+pub fn split_rate_limit(arg: &str) -> Result<(&str, Option<RateLimit>), qos::QosError> {
     let mut path = arg;
     let mut options = Vec::new();
     while let Some((head, tail)) = path.rsplit_once(',') {

@@ -2,13 +2,10 @@
 use super::*;
 use crate::state::OnError;
 
-fn parse(args: &[&str]) -> Result<Config, String> {
+fn parse(args: &[&str]) -> Result<Config, ParseError> {
     let mut full = vec!["volfsd".to_string()];
     full.extend(args.iter().map(|s| s.to_string()));
-    super::parse(&full).map_err(|e| match e {
-        ParseError::Clap(e) => e.to_string(),
-        ParseError::Config(e) => e.0,
-    })
+    super::parse(&full)
 }
 
 #[test]
@@ -22,11 +19,15 @@ fn allowed_dir_rate_limits_follow_the_access_and_a_comma_in_a_path_stays() {
     assert_eq!(l.bandwidth.unwrap().refill_time_ms, 10);
     assert_eq!(split_rate_limit("a,b:rw").unwrap(), ("a,b:rw", None));
     assert_eq!(split_rate_limit("a,b").unwrap(), ("a,b", None));
-    let e = split_rate_limit("data,ops_size=0").unwrap_err();
+    let e = split_rate_limit("data,ops_size=0").unwrap_err().to_string();
     assert!(e.contains("size must be above 0"), "{e}");
-    let e = split_rate_limit("data,ops_refill_time_ms=100").unwrap_err();
+    let e = split_rate_limit("data,ops_refill_time_ms=100")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("ops: size"), "{e}");
-    let e = split_rate_limit("data,ops_size=ten").unwrap_err();
+    let e = split_rate_limit("data,ops_size=ten")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("ops_size"), "{e}");
 
     let dir = std::env::temp_dir().join(format!("volfsd-cfg-qos-{}", std::process::id()));
@@ -53,7 +54,8 @@ fn allowed_dir_rate_limits_follow_the_access_and_a_comma_in_a_path_stays() {
         "--allowed-dir",
         "a,ops_size=x",
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("--allowed-dir a,ops_size=x"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -77,17 +79,23 @@ fn never_is_none() {
 
 #[test]
 fn socket_required_exactly_once() {
-    let e = parse(&["--shared-dir", "/tmp"]).unwrap_err();
+    let e = parse(&["--shared-dir", "/tmp"]).unwrap_err().to_string();
     assert!(e.contains("--socket-path"), "{e}");
-    let e = parse(&["--socket-path", "/a", "--fd", "3", "--shared-dir", "/tmp"]).unwrap_err();
+    let e = parse(&["--socket-path", "/a", "--fd", "3", "--shared-dir", "/tmp"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--fd") || e.contains("cannot be used"), "{e}");
 }
 
 #[test]
 fn shared_dir_must_be_a_directory() {
-    let e = parse(&["--socket-path", "/a", "--shared-dir", "/nonexistent/x"]).unwrap_err();
+    let e = parse(&["--socket-path", "/a", "--shared-dir", "/nonexistent/x"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--shared-dir /nonexistent/x"), "{e}");
-    let e = parse(&["--socket-path", "/a", "--shared-dir", "/etc/hostname"]).unwrap_err();
+    let e = parse(&["--socket-path", "/a", "--shared-dir", "/etc/hostname"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not a directory"), "{e}");
 }
 
@@ -100,9 +108,12 @@ fn unsupported_virtiofsd_options_are_named() {
         "/tmp",
         "--xattrmap=:map::user.virtiofs.:",
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("'--xattrmap'"), "{e}");
-    let e = parse(&["--socket-path", "/a", "-o", "writeback"]).unwrap_err();
+    let e = parse(&["--socket-path", "/a", "-o", "writeback"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("'-o writeback'"), "{e}");
 }
 
@@ -218,7 +229,10 @@ fn migration_flags_have_virtiofsd_meaning() {
     ])
     .unwrap();
     assert!(c.migration.save.verify_handles && c.migration.save.confirm_paths);
-    let err = |v: &[&str]| parse(v).err().unwrap_or_else(|| panic!("accepted: {v:?}"));
+    let err = |v: &[&str]| match parse(v) {
+        Ok(_) => panic!("accepted: {v:?}"),
+        Err(e) => e.to_string(),
+    };
     let e = err(&[
         "--socket-path=/tmp/s",
         "--shared-dir=/tmp",
@@ -262,25 +276,32 @@ fn sandbox_and_seccomp_default_to_the_strictest() {
         "--sandbox",
         "jail",
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("--sandbox") && e.contains("namespace"), "{e}");
 }
 
 #[test]
 fn unknown_options_are_named() {
-    let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--bogus"]).unwrap_err();
+    let e = parse(&["--socket-path", "/a", "--shared-dir", "/tmp", "--bogus"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--bogus"), "{e}");
 }
 
 #[test]
 fn socket_paths_are_checked() {
     let long = format!("/tmp/{}", "x".repeat(120));
-    let e = parse(&["--socket-path", &long, "--shared-dir", "/tmp"]).unwrap_err();
+    let e = parse(&["--socket-path", &long, "--shared-dir", "/tmp"])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with("--socket-path /tmp/xxx") && e.contains("107"),
         "{e}"
     );
-    let e = parse(&["--socket-path", "/nonexistent/s", "--shared-dir", "/tmp"]).unwrap_err();
+    let e = parse(&["--socket-path", "/nonexistent/s", "--shared-dir", "/tmp"])
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("--socket-path /nonexistent/s: directory /nonexistent"),
         "{e}"
@@ -293,7 +314,8 @@ fn socket_paths_are_checked() {
         "--control-socket",
         "/etc/hostname/c",
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("--control-socket /etc/hostname/c: /etc/hostname is not a directory"),
         "{e}"
@@ -325,12 +347,15 @@ fn socket_group_by_name_or_gid() {
         "--shared-dir=/tmp",
         "--socket-group=no-such-grp",
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("--socket-group no-such-grp: no such group"),
         "{e}"
     );
-    let e = parse(&["--fd=3", "--shared-dir=/tmp", "--socket-group=root"]).unwrap_err();
+    let e = parse(&["--fd=3", "--shared-dir=/tmp", "--socket-group=root"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--socket-group"), "{e}");
 }
 

@@ -156,10 +156,10 @@ pub fn wants_capabilities(argv: &[String]) -> bool {
 mod tests {
     use super::*;
 
-    fn rw(args: &[&str]) -> Result<Rewritten, String> {
+    fn rw(args: &[&str]) -> Result<Rewritten, ConfigError> {
         let mut argv = vec!["volfsd".to_string()];
         argv.extend(args.iter().map(|s| s.to_string()));
-        rewrite(&argv).map_err(|e| e.0)
+        rewrite(&argv)
     }
 
     fn argv(args: &[&str]) -> Vec<String> {
@@ -210,15 +210,15 @@ mod tests {
 
     #[test]
     fn unsupported_options_are_named_in_either_form() {
-        let e = rw(&["--xattrmap=:map::user.virtiofs.:"]).unwrap_err();
+        let e = rw(&["--xattrmap=:map::user.virtiofs.:"]).unwrap_err().0;
         assert!(e.contains("'--xattrmap'"), "{e}");
-        let e = rw(&["-o", "xattr,writeback"]).unwrap_err();
+        let e = rw(&["-o", "xattr,writeback"]).unwrap_err().0;
         assert!(e.contains("'-o writeback'"), "{e}");
-        let e = rw(&["-o", "cache=sometimes"]).unwrap_err();
+        let e = rw(&["-o", "cache=sometimes"]).unwrap_err().0;
         assert!(e.contains("-o cache=sometimes"), "{e}");
-        let e = rw(&["-o", "bogus"]).unwrap_err();
+        let e = rw(&["-o", "bogus"]).unwrap_err().0;
         assert!(e.contains("-o bogus"), "{e}");
-        let e = rw(&["-o"]).unwrap_err();
+        let e = rw(&["-o"]).unwrap_err().0;
         assert!(e.contains("-o"), "{e}");
     }
 

@@ -183,23 +183,18 @@ impl Api {
 
     /// Whether the directory at `rel` (under SharedDir, as the daemon sees it) is the
     /// one the caller expects.
-    fn check_expected(&self, rel: &[String], expected: ExpectedDir) -> Result<(), String> {
+    fn check_expected(&self, rel: &[String], expected: ExpectedDir) -> Result<(), NotExpected> {
         use std::os::unix::fs::MetadataExt;
         let local = rel.iter().fold(self.local_root.clone(), |p, c| p.join(c));
-        let m = std::fs::metadata(&local).map_err(|e| e.to_string())?;
+        let m = std::fs::metadata(&local).map_err(NotExpected::Stat)?;
         if (m.dev(), m.ino()) == (expected.dev, expected.ino) {
             return Ok(());
         }
-        Err(format!(
-            "the daemon sees another directory there (dev {} ino {}) than the expected one \
-             (dev {} ino {}): a mount made under SharedDir after the daemon started reaches \
-             its mount namespace only if SharedDir is a shared mount (mount --bind DIR DIR; \
-             mount --make-shared DIR, before starting the daemon)",
-            m.dev(),
-            m.ino(),
-            expected.dev,
-            expected.ino
-        ))
+        Err(NotExpected::Other {
+            dev: m.dev(),
+            ino: m.ino(),
+            expected,
+        })
     }
 
     fn health(&self) -> Reply {
@@ -417,3 +412,35 @@ fn info(s: &ShareInfo) -> VolumeInfo {
         },
     }
 }
+
+/// Why an attach's path is not the directory the caller expected (`expect`): the
+/// request's path is named by the reply.
+#[derive(Debug)]
+enum NotExpected {
+    /// The daemon cannot stat the path.
+    Stat(std::io::Error),
+    /// The daemon sees another directory there.
+    Other {
+        dev: u64,
+        ino: u64,
+        expected: ExpectedDir,
+    },
+}
+
+impl std::fmt::Display for NotExpected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotExpected::Stat(e) => write!(f, "{e}"),
+            NotExpected::Other { dev, ino, expected } => write!(
+                f,
+                "the daemon sees another directory there (dev {dev} ino {ino}) than the \
+                 expected one (dev {} ino {}): a mount made under SharedDir after the daemon \
+                 started reaches its mount namespace only if SharedDir is a shared mount \
+                 (mount --bind DIR DIR; mount --make-shared DIR, before starting the daemon)",
+                expected.dev, expected.ino
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotExpected {}

@@ -80,14 +80,67 @@ pub fn socket_acl(uids: &[u32]) -> Vec<u8> {
     out
 }
 
+/// What binding the control socket failed at: the socket's path and the step.
+#[derive(Debug)]
+pub enum ControlError {
+    Socket {
+        path: PathBuf,
+        problem: SocketProblem,
+    },
+}
+
+/// What went wrong with the control socket's file.
+#[derive(Debug)]
+pub enum SocketProblem {
+    /// A host call failed; `step` names it (None: the stat or the bind itself).
+    Host {
+        step: Option<&'static str>,
+        source: io::Error,
+    },
+    /// Another kind of file is in the way (never removed).
+    NotASocket,
+    /// The path holds a NUL byte.
+    NulInPath,
+}
+
+impl ControlError {
+    fn host(path: &Path, step: Option<&'static str>, source: io::Error) -> ControlError {
+        ControlError::Socket {
+            path: path.to_path_buf(),
+            problem: SocketProblem::Host { step, source },
+        }
+    }
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ControlError::Socket { path, problem } = self;
+        write!(f, "--control-socket {}: ", path.display())?;
+        match problem {
+            SocketProblem::Host {
+                step: Some(step),
+                source,
+            } => write!(f, "{step}: {source}"),
+            SocketProblem::Host { step: None, source } => write!(f, "{source}"),
+            SocketProblem::NotASocket => write!(f, "exists and is not a socket"),
+            SocketProblem::NulInPath => write!(f, "NUL in path"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
 /// Lets exactly `uids` (besides the owner) connect to the socket at `path`: a POSIX
 /// access ACL entry per uid. Where the file system has no ACLs, the socket is made
 /// 0666 instead, with a warning: then only the SO_PEERCRED check refuses other uids.
-fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
+fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), ControlError> {
     use std::os::unix::ffi::OsStrExt;
     let acl = socket_acl(uids);
-    let cpath = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| format!("--control-socket {}: NUL in path", path.display()))?;
+    let cpath =
+        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| ControlError::Socket {
+            path: path.to_path_buf(),
+            problem: SocketProblem::NulInPath,
+        })?;
     // SAFETY: both strings are NUL-terminated and `acl` is valid for its length; the
     // result is checked. lsetxattr does not follow a symlink put in the socket's place.
     let r = unsafe {
@@ -110,9 +163,10 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
     }
     let e = io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-        return Err(format!(
-            "--control-socket {}: setting the ACL for --control-allow-uid: {e}",
-            path.display()
+        return Err(ControlError::host(
+            path,
+            Some("setting the ACL for --control-allow-uid"),
+            e,
         ));
     }
     warn!(
@@ -123,7 +177,7 @@ fn grant_uids(path: &Path, uids: &[u32]) -> Result<(), String> {
         path.display()
     );
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
-        .map_err(|e| format!("--control-socket {}: chmod: {e}", path.display()))
+        .map_err(|e| ControlError::host(path, Some("chmod"), e))
 }
 
 impl ControlServer {
@@ -138,22 +192,18 @@ impl ControlServer {
 
     /// Creates the socket with mode 0600. A stale socket file is replaced; any other
     /// file at `path` is an error.
-    pub fn bind(path: &Path, extra_uids: &[u32]) -> Result<Self, String> {
+    pub fn bind(path: &Path, extra_uids: &[u32]) -> Result<Self, ControlError> {
         match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
-                format!(
-                    "--control-socket {}: removing stale socket: {e}",
-                    path.display()
-                )
-            })?,
+            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+                .map_err(|e| ControlError::host(path, Some("removing stale socket"), e))?,
             Ok(_) => {
-                return Err(format!(
-                    "--control-socket {}: exists and is not a socket",
-                    path.display()
-                ))
+                return Err(ControlError::Socket {
+                    path: path.to_path_buf(),
+                    problem: SocketProblem::NotASocket,
+                })
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("--control-socket {}: {e}", path.display())),
+            Err(e) => return Err(ControlError::host(path, None, e)),
         }
         // Create it private from the start: bind under a 0177 umask, then chmod to be
         // explicit about the mode whatever the umask was.
@@ -162,9 +212,9 @@ impl ControlServer {
         let bound = UnixListener::bind(path);
         // SAFETY: as above.
         unsafe { libc::umask(old) };
-        let listener = bound.map_err(|e| format!("--control-socket {}: {e}", path.display()))?;
+        let listener = bound.map_err(|e| ControlError::host(path, None, e))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("--control-socket {}: chmod: {e}", path.display()))?;
+            .map_err(|e| ControlError::host(path, Some("chmod"), e))?;
         // SAFETY: geteuid cannot fail.
         let own = unsafe { libc::geteuid() };
         let mut allowed_uids = vec![0, own];

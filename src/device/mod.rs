@@ -288,9 +288,15 @@ impl FsBackend {
         let deliver = {
             let me = Arc::downgrade(self);
             Box::new(move |requests: Vec<crate::state::format::ParkedRequest>| {
-                let me = me.upgrade().ok_or("the device is gone")?;
+                // What parked.rs refuses makes the state invalid.
+                let invalid = |why: String| crate::state::LoadError::Invalid(why);
+                let me = me
+                    .upgrade()
+                    .ok_or_else(|| invalid("the device is gone".into()))?;
                 let any = !requests.is_empty();
-                me.parked.deliver(requests, me.num_request_queues + 1)?;
+                me.parked
+                    .deliver(requests, me.num_request_queues + 1)
+                    .map_err(|e| invalid(e.to_string()))?;
                 if any {
                     me.poll_for_incoming();
                 }

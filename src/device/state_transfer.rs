@@ -44,14 +44,44 @@ enum Job {
     Load(File),
 }
 
+/// Why a save or a load failed; CHECK_DEVICE_STATE answers it to the VMM as an
+/// `io::Error`, and the state thread logs it.
+#[derive(Debug)]
+pub enum TransferError {
+    /// Writing the saved state (`bytes` long) into the VMM's channel failed.
+    Write { bytes: usize, source: io::Error },
+    /// The state was not loaded (nothing of it is kept).
+    Load(LoadError),
+}
+
+impl std::fmt::Display for TransferError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransferError::Write { bytes, source } => {
+                write!(f, "writing {bytes} bytes of state: {source}")
+            }
+            TransferError::Load(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for TransferError {}
+
+impl From<LoadError> for TransferError {
+    fn from(e: LoadError) -> Self {
+        TransferError::Load(e)
+    }
+}
+
 /// A job and where its outcome goes.
-type Queued = (Job, Sender<Result<(), String>>);
+type Queued = (Job, Sender<Result<(), TransferError>>);
 
 /// What the state needs from the device beside the file system: its unanswered
-/// requests at a save, and where those of a loaded state go.
+/// requests at a save, and where those of a loaded state go (a refusal is a
+/// [`LoadError::Invalid`]: the state's requests are not what a ring can take).
 pub struct DeviceSide {
     pub collect: Box<dyn Fn() -> Vec<format::ParkedRequest> + Send>,
-    pub deliver: Box<dyn Fn(Vec<format::ParkedRequest>) -> Result<(), String> + Send>,
+    pub deliver: Box<dyn Fn(Vec<format::ParkedRequest>) -> Result<(), LoadError> + Send>,
 }
 
 /// The device's side of the transfer: hands jobs to the state thread, and waits for
@@ -59,7 +89,7 @@ pub struct DeviceSide {
 #[derive(Default)]
 pub struct StateTransfer {
     jobs: Mutex<Option<Sender<Queued>>>,
-    outcome: Mutex<Option<Receiver<Result<(), String>>>>,
+    outcome: Mutex<Option<Receiver<Result<(), TransferError>>>>,
     /// Set once with the state thread.
     handoff: OnceLock<Arc<Handoff>>,
 }
@@ -159,7 +189,7 @@ fn save(
     cfg: &StateConfig,
     device: &DeviceSide,
     mut file: File,
-) -> Result<(), String> {
+) -> Result<(), TransferError> {
     let start = Instant::now();
     let (mut state, files) = server.save_session(cfg.view.clone(), &cfg.save);
     state.parked = (device.collect)();
@@ -191,7 +221,10 @@ fn save(
     let bytes = format::encode(&state);
     let took = start.elapsed();
     file.write_all(&bytes)
-        .map_err(|e| format!("writing {} bytes of state: {e}", bytes.len()))?;
+        .map_err(|source| TransferError::Write {
+            bytes: bytes.len(),
+            source,
+        })?;
     // Closing the channel is the end of the data for the VMM.
     drop(file);
     info!(
@@ -214,10 +247,10 @@ fn load(
     cfg: &StateConfig,
     device: &DeviceSide,
     file: File,
-) -> Result<(), String> {
+) -> Result<(), TransferError> {
     let start = Instant::now();
-    let bytes = read_bounded(file).map_err(|e| e.to_string())?;
-    let state = format::decode(&bytes).map_err(|e| LoadError::from(e).to_string())?;
+    let bytes = read_bounded(file)?;
+    let state = format::decode(&bytes).map_err(LoadError::from)?;
     let read = start.elapsed();
     let handed = match (&state.handoff, &cfg.handoff) {
         (Some(offer), Some(handoff)) => match handoff.fetch(offer) {
@@ -229,13 +262,11 @@ fn load(
         },
         _ => HandedFiles::default(),
     };
-    let report = server
-        .load_session(&state, &cfg.view, &cfg.load, handed)
-        .map_err(|e| e.to_string())?;
-    if let Err(why) = (device.deliver)(state.parked.clone()) {
+    let report = server.load_session(&state, &cfg.view, &cfg.load, handed)?;
+    if let Err(e) = (device.deliver)(state.parked.clone()) {
         // Nothing of a refused state is kept.
         server.start_over();
-        return Err(format!("invalid device state: {why}"));
+        return Err(e.into());
     }
     info!(
         "device state loaded ({}): {} nodes, {} handles, {} locks ({} waited for, {} handed \

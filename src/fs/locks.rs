@@ -32,7 +32,7 @@ pub const FUSE_LK_FLOCK: u32 = 1;
 /// The kernel's OFFSET_MAX, "to the end of the file" in a FUSE lock.
 const LOCK_TO_EOF: u64 = i64::MAX as u64;
 /// Interrupts a blocked `F_OFD_SETLKW`/`flock` on a lock-wait thread. Blocked in every
-/// other thread (see `daemon.rs`); its handler does nothing, so the wait returns EINTR.
+/// other thread (see `daemon/mod.rs`); its handler does nothing, so the wait returns EINTR.
 pub const WAKE_SIGNAL: libc::c_int = libc::SIGUSR1;
 /// How long a detach or reset keeps waking a lock wait before giving up on it.
 const WAKE_DEADLINE: Duration = Duration::from_secs(2);

@@ -53,7 +53,7 @@ pub use readonly::ReadOnlyGuard;
 pub use registry::{AttachError, ShareSpec};
 pub use server::{FsServer, RequestError};
 pub use session::Limits;
-pub use share_root::{resolve_share_path, resolve_share_path_in, SharePath};
+pub use share_root::{resolve_share_path, resolve_share_path_in, SharePath, SharePathError};
 pub use volumes::{ShareInfo, VolumeFs, Volumes};
 
 /// The guest cache policy (`--cache`).

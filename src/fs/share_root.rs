@@ -64,10 +64,60 @@ impl SharePath {
     }
 }
 
+/// Why a share's path was refused; the caller names the path and the flag or request
+/// (`--allowed-dir PATH: ...`, `path PATH: ...`).
+#[derive(Debug)]
+pub enum SharePathError {
+    Empty,
+    DotDot,
+    NotInside {
+        shared_dir: PathBuf,
+    },
+    NotUtf8,
+    NotPlain,
+    IsSharedDir,
+    Missing,
+    /// stat or canonicalize failed otherwise.
+    Host(io::Error),
+    Symlink,
+    NotADirectory,
+    /// It resolves elsewhere than written, through a symlink on the way.
+    ResolvesTo(PathBuf),
+}
+
+impl std::fmt::Display for SharePathError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SharePathError::Empty => write!(f, "empty path"),
+            SharePathError::DotDot => write!(f, "names '..'"),
+            SharePathError::NotInside { shared_dir } => {
+                write!(f, "is not inside SharedDir {}", shared_dir.display())
+            }
+            SharePathError::NotUtf8 => write!(f, "is not valid UTF-8"),
+            SharePathError::NotPlain => write!(f, "is not a plain path inside SharedDir"),
+            SharePathError::IsSharedDir => write!(
+                f,
+                "is SharedDir itself (use --readonly for a read-only whole share)"
+            ),
+            SharePathError::Missing => write!(f, "does not exist"),
+            SharePathError::Host(e) => write!(f, "{e}"),
+            SharePathError::Symlink => write!(f, "is a symlink"),
+            SharePathError::NotADirectory => write!(f, "is not a directory"),
+            SharePathError::ResolvesTo(to) => write!(
+                f,
+                "resolves through a symlink to {} (must resolve inside SharedDir as written)",
+                to.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SharePathError {}
+
 /// Validates `path` (absolute, or relative to `shared_dir`, which must be canonical):
 /// it names no `..`, contains no symlink between SharedDir and its end, lies strictly
 /// inside SharedDir, exists, and is a directory. Errors name the reason.
-pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, String> {
+pub fn resolve_share_path(shared_dir: &Path, path: &Path) -> Result<SharePath, SharePathError> {
     resolve_share_path_in(shared_dir, shared_dir, path)
 }
 
@@ -78,18 +128,19 @@ pub fn resolve_share_path_in(
     shared_dir: &Path,
     local_root: &Path,
     path: &Path,
-) -> Result<SharePath, String> {
+) -> Result<SharePath, SharePathError> {
     if path.as_os_str().is_empty() {
-        return Err("empty path".to_string());
+        return Err(SharePathError::Empty);
     }
     if path.components().any(|c| c == Component::ParentDir) {
-        return Err("names '..'".to_string());
+        return Err(SharePathError::DotDot);
     }
     let rel_path = if path.is_absolute() {
         match path.strip_prefix(shared_dir) {
             Ok(r) => r.to_path_buf(),
             Err(_) => {
-                return Err(format!("is not inside SharedDir {}", shared_dir.display()));
+                let shared_dir = shared_dir.to_path_buf();
+                return Err(SharePathError::NotInside { shared_dir });
             }
         }
     } else {
@@ -98,36 +149,31 @@ pub fn resolve_share_path_in(
     let mut rel = Vec::new();
     for c in rel_path.components() {
         match c {
-            Component::Normal(s) => rel.push(
-                s.to_str()
-                    .ok_or_else(|| "is not valid UTF-8".to_string())?
-                    .to_string(),
-            ),
+            Component::Normal(s) => {
+                rel.push(s.to_str().ok_or(SharePathError::NotUtf8)?.to_string())
+            }
             Component::CurDir => {}
-            _ => return Err("is not a plain path inside SharedDir".to_string()),
+            _ => return Err(SharePathError::NotPlain),
         }
     }
     if rel.is_empty() {
-        return Err("is SharedDir itself (use --readonly for a read-only whole share)".into());
+        return Err(SharePathError::IsSharedDir);
     }
     let host = rel.iter().fold(shared_dir.to_path_buf(), |p, c| p.join(c));
     let local = rel.iter().fold(local_root.to_path_buf(), |p, c| p.join(c));
     let meta = std::fs::symlink_metadata(&local).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => "does not exist".to_string(),
-        _ => e.to_string(),
+        io::ErrorKind::NotFound => SharePathError::Missing,
+        _ => SharePathError::Host(e),
     })?;
     if meta.file_type().is_symlink() {
-        return Err("is a symlink".to_string());
+        return Err(SharePathError::Symlink);
     }
     if !meta.is_dir() {
-        return Err("is not a directory".to_string());
+        return Err(SharePathError::NotADirectory);
     }
-    let canonical = local.canonicalize().map_err(|e| e.to_string())?;
+    let canonical = local.canonicalize().map_err(SharePathError::Host)?;
     if canonical != local {
-        return Err(format!(
-            "resolves through a symlink to {} (must resolve inside SharedDir as written)",
-            canonical.display()
-        ));
+        return Err(SharePathError::ResolvesTo(canonical));
     }
     Ok(SharePath { rel, host })
 }
@@ -294,7 +340,11 @@ mod tests {
         std::fs::write(sd.join("f"), b"").unwrap();
         std::os::unix::fs::symlink("d", sd.join("l")).unwrap();
         std::os::unix::fs::symlink("/etc", sd.join("d/etc")).unwrap();
-        let err = |p: &str| resolve_share_path(&sd, Path::new(p)).unwrap_err();
+        let err = |p: &str| {
+            resolve_share_path(&sd, Path::new(p))
+                .unwrap_err()
+                .to_string()
+        };
         assert!(err("missing").contains("does not exist"));
         assert!(err("f").contains("not a directory"));
         assert!(err("l").contains("symlink"));

@@ -17,7 +17,7 @@ use super::passthrough::state::{HandedFiles, SavedTables};
 use super::registry::VIRTUAL_BIT;
 use super::share::Share;
 use super::{init, FsServer};
-use crate::qos::{BucketConfig, RateLimit};
+use crate::qos::{BucketConfig, QosError, RateLimit};
 use crate::state::format::{self, GuestView, SessionState};
 use crate::state::{LoadError, LoadOptions, LoadReport, SaveOptions};
 
@@ -45,7 +45,7 @@ fn to_format(limit: Option<RateLimit>) -> Option<format::RateLimit> {
     })
 }
 
-fn from_format(limit: &Option<format::RateLimit>) -> Result<Option<RateLimit>, String> {
+fn from_format(limit: &Option<format::RateLimit>) -> Result<Option<RateLimit>, QosError> {
     let bucket = |b: Option<format::Bucket>| {
         b.map(|b| BucketConfig {
             size: b.size,

@@ -123,7 +123,7 @@ const _: () =
 /// At most one "suppressed N log lines" summary of the budget per this interval.
 pub const BUDGET_REPORT: Duration = Duration::from_secs(1);
 /// The target of the daemon's lifecycle lines, exempt from the budget: those of
-/// `daemon.rs` (their default target), and the few once-per-process lines elsewhere
+/// `daemon/mod.rs` (their default target), and the few once-per-process lines elsewhere
 /// (the control socket's start, a fatal error at exit) that name it explicitly.
 /// Nothing a guest, the frontend or a control client can repeat may use it.
 pub const LIFECYCLE: &str = "volfsd::daemon";
@@ -167,7 +167,7 @@ pub const SYSLOG_SOCKET: &str = "/dev/log";
 /// Sets the process logger. With `--syslog` and no syslog daemon listening on
 /// [`SYSLOG_SOCKET`] (a container or a minimal host), logs go to stderr after one
 /// warning, as virtiofsd does: Kata always passes `--syslog`.
-pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), String> {
+pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), LogError> {
     let (sink, fallback) = if syslog {
         match connect_syslog() {
             Ok(sock) => (
@@ -183,7 +183,7 @@ pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), S
         (stderr_sink(format), None)
     };
     let logger = Arc::new(GuardLogger::new(level, sink).with_format(format));
-    log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(|e| e.to_string())?;
+    log::set_boxed_logger(Box::new(SharedLogger(logger.clone()))).map_err(LogError::SetLogger)?;
     log::set_max_level(level);
     if let Some(e) = fallback {
         log::warn!(
@@ -194,6 +194,38 @@ pub fn init(level: LevelFilter, syslog: bool, format: LogFormat) -> Result<(), S
     let _ = LOGGER.set(logger);
     Ok(())
 }
+
+/// What setting up the log failed at.
+#[derive(Debug)]
+pub enum LogError {
+    /// A logger was set already (only in a process that sets up logging twice).
+    SetLogger(log::SetLoggerError),
+    /// A step of starting the summary thread failed.
+    Host {
+        step: &'static str,
+        source: crate::error::HostError,
+    },
+}
+
+impl LogError {
+    fn host(step: &'static str, source: impl Into<crate::error::HostError>) -> LogError {
+        LogError::Host {
+            step,
+            source: source.into(),
+        }
+    }
+}
+
+impl fmt::Display for LogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LogError::SetLogger(e) => write!(f, "{e}"),
+            LogError::Host { step, source } => write!(f, "{step}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
 
 /// Now, as RFC 3339 UTC with milliseconds (`2026-12-02T04:05:06.789Z`).
 fn rfc3339_now() -> String {
@@ -208,7 +240,7 @@ static LOGGER: std::sync::OnceLock<Arc<GuardLogger>> = std::sync::OnceLock::new(
 /// /dev/log), threads only after it. The thread starts with every signal blocked (it
 /// inherits the mask), so that SIGTERM/SIGINT reach the daemon's signal thread, never
 /// this one.
-pub fn spawn_summary_thread() -> Result<(), String> {
+pub fn spawn_summary_thread() -> Result<(), LogError> {
     let Some(logger) = LOGGER.get().cloned() else {
         return Ok(());
     };
@@ -219,7 +251,7 @@ pub fn spawn_summary_thread() -> Result<(), String> {
         Some(&all),
         Some(&mut old),
     )
-    .map_err(|e| format!("blocking signals: {e}"))?;
+    .map_err(|e| LogError::host("blocking signals", e))?;
     let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
         .spawn(move || {
@@ -230,8 +262,8 @@ pub fn spawn_summary_thread() -> Result<(), String> {
             }
         });
     nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
-        .map_err(|e| format!("restoring the signal mask: {e}"))?;
-    spawned.map_err(|e| format!("starting the log thread: {e}"))?;
+        .map_err(|e| LogError::host("restoring the signal mask", e))?;
+    spawned.map_err(|e| LogError::host("starting the log thread", e))?;
     Ok(())
 }
 

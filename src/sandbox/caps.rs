@@ -9,7 +9,7 @@
 
 use std::io;
 
-use super::ThreadRole;
+use super::{SandboxError, ThreadRole};
 
 /// Capability numbers (linux/capability.h).
 pub const CAP_CHOWN: u32 = 0;
@@ -198,7 +198,7 @@ impl Drop for EffectiveLowered {
 /// Process-wide lock-down, done in the main thread before it spawns any other (every
 /// thread inherits these): clears the ambient set and the bounding set (so no execve
 /// could ever regain a capability), and sets `no_new_privs`.
-pub fn lock_down_process() -> Result<(), String> {
+pub fn lock_down_process() -> Result<(), SandboxError> {
     // SAFETY: prctl with integer arguments only.
     unsafe {
         if libc::prctl(
@@ -212,7 +212,7 @@ pub fn lock_down_process() -> Result<(), String> {
             let e = io::Error::last_os_error();
             // Kernels before 4.3 have no ambient set: nothing to clear.
             if e.raw_os_error() != Some(libc::EINVAL) {
-                return Err(format!("clearing the ambient capability set: {e}"));
+                return Err(SandboxError::host("clearing the ambient capability set", e));
             }
         }
         let last = last_cap();
@@ -221,16 +221,17 @@ pub fn lock_down_process() -> Result<(), String> {
                 let e = io::Error::last_os_error();
                 // EINVAL: a capability this kernel does not know.
                 if e.raw_os_error() != Some(libc::EINVAL) {
-                    return Err(format!(
-                        "dropping capability {cap} from the bounding set: {e}"
+                    return Err(SandboxError::host(
+                        format!("dropping capability {cap} from the bounding set"),
+                        e,
                     ));
                 }
             }
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-            return Err(format!(
-                "prctl(PR_SET_NO_NEW_PRIVS): {}",
-                io::Error::last_os_error()
+            return Err(SandboxError::host(
+                "prctl(PR_SET_NO_NEW_PRIVS)",
+                io::Error::last_os_error(),
             ));
         }
     }

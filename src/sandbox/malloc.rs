@@ -8,9 +8,11 @@
 //! takes the limit from it and never asks. The same goes for the first trim of a
 //! thread arena's heap (see [`settle_heap_trim`]).
 
+use super::SandboxError;
+
 /// Sets glibc's arena limit to its own default for this machine (8 per CPU on
 /// 64-bit), computed now, before any filter. Call before the first thread starts.
-pub fn fix_arena_limit() -> Result<(), String> {
+pub fn fix_arena_limit() -> Result<(), SandboxError> {
     // glibc's own count (`__get_nprocs`, the online CPUs): one read of
     // /sys/devices/system/cpu/online, where available_parallelism also reads the
     // cgroup's CPU quota, a dozen system calls on the way to the socket.
@@ -21,7 +23,7 @@ pub fn fix_arena_limit() -> Result<(), String> {
     // SAFETY: mallopt only changes malloc's tunables; no thread allocates concurrently
     // (the caller runs before any thread starts).
     if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } != 1 {
-        return Err(format!("mallopt(M_ARENA_MAX, {arenas}) failed"));
+        return Err(SandboxError::Mallopt { arenas });
     }
     Ok(())
 }
@@ -35,7 +37,7 @@ pub fn fix_arena_limit() -> Result<(), String> {
 /// 0. Any thread that frees what another allocated could meet it. This makes glibc
 /// ask once now, in a thread of its own (so in an arena of its own), before any
 /// filter; the answer is cached for the process and the children it forks.
-pub fn settle_heap_trim() -> Result<(), String> {
+pub fn settle_heap_trim() -> Result<(), SandboxError> {
     std::thread::Builder::new()
         .name("volfsd-malloc".into())
         .spawn(|| {
@@ -48,9 +50,11 @@ pub fn settle_heap_trim() -> Result<(), String> {
             let blocks: Vec<Vec<u8>> = (0..4).map(|_| Vec::with_capacity(100 << 10)).collect();
             drop(std::hint::black_box(blocks));
         })
-        .map_err(|e| format!("starting the malloc set-up thread: {e}"))?
+        .map_err(|e| SandboxError::host("starting the malloc set-up thread", e))?
         .join()
-        .map_err(|_| "the malloc set-up thread panicked".to_string())
+        .map_err(|_| SandboxError::Panicked {
+            thread: "malloc set-up thread",
+        })
 }
 
 /// glibc's default: `NARENAS_FROM_NCORES(n)` is 8 × n on 64-bit targets.

@@ -14,9 +14,11 @@
 //! 5. each thread confines itself for its role when it starts ([`confine_thread`]):
 //!    capabilities, then seccomp (`seccomp/`).
 //!
-//! A step that fails is an error naming it; the daemon never carries on unconfined.
+//! A step that fails is an error naming it ([`SandboxError`], `error.rs`); the daemon
+//! never carries on unconfined.
 
 pub mod caps;
+mod error;
 pub mod malloc;
 pub mod mounts;
 pub mod namespaces;
@@ -26,6 +28,7 @@ pub mod seccomp;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+pub use error::{FilterError, SandboxError};
 pub use mounts::Outside;
 pub use namespaces::{IdMaps, IdRange, Ids};
 
@@ -115,15 +118,19 @@ pub fn set_policy(p: Policy) {
 
 /// Confines the calling thread for `role`. Without a policy set (the file system
 /// stack used in-process by tests), it does nothing.
-pub fn confine_thread(role: ThreadRole) -> Result<(), String> {
+pub fn confine_thread(role: ThreadRole) -> Result<(), SandboxError> {
     let Some(p) = POLICY.get() else {
         return Ok(());
     };
+    let in_thread = |e| SandboxError::Thread {
+        role,
+        source: Box::new(e),
+    };
     if p.drop_caps {
         caps::restrict_thread(caps::kept(role, p.privileged_xattrs, p.file_handles))
-            .map_err(|e| format!("{role:?} thread: dropping capabilities: {e}"))?;
+            .map_err(|e| in_thread(SandboxError::host("dropping capabilities", e)))?;
     }
-    seccomp::apply(role, p.seccomp).map_err(|e| format!("{role:?} thread: {e}"))
+    seccomp::apply(role, p.seccomp).map_err(in_thread)
 }
 
 /// For threads started late (per client, per lock wait): a thread that cannot be
@@ -146,27 +153,22 @@ pub fn enter(
     seccomp_mode: SeccompMode,
     sockets: Vec<PathBuf>,
     listening: &[std::os::fd::RawFd],
-) -> Result<(), String> {
+) -> Result<(), SandboxError> {
     let ids = Ids::current();
     if mode != SandboxMode::Namespace && !maps.is_empty() {
-        return Err(format!(
-            "--uid-map/--gid-map need --sandbox namespace (they map ids into its user \
-             namespace), not --sandbox {mode:?}"
-        ));
+        return Err(SandboxError::MapsNeedNamespace { mode });
     }
     match mode {
         SandboxMode::Namespace => namespaces::enter(ids, maps, seccomp_mode, sockets, listening),
-        SandboxMode::Chroot if !ids.is_root() => Err(format!(
-            "--sandbox chroot needs root (running as uid {}); use --sandbox namespace, which \
-             works unprivileged in a user namespace",
-            ids.uid
-        )),
+        SandboxMode::Chroot if !ids.is_root() => {
+            Err(SandboxError::ChrootNeedsRoot { uid: ids.uid })
+        }
         SandboxMode::Chroot | SandboxMode::None => Ok(()),
     }
 }
 
 /// Step 3, once the daemon has bound its sockets: SharedDir becomes the root.
-pub fn change_root(mode: SandboxMode, shared_dir: &Path) -> Result<PathBuf, String> {
+pub fn change_root(mode: SandboxMode, shared_dir: &Path) -> Result<PathBuf, SandboxError> {
     match mode {
         SandboxMode::Namespace => mounts::pivot_into(shared_dir).map(|()| PathBuf::from("/")),
         SandboxMode::Chroot => mounts::chroot_into(shared_dir).map(|()| PathBuf::from("/")),

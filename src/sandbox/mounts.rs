@@ -16,6 +16,8 @@ use std::path::Path;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
+use super::SandboxError;
+
 /// What the daemon needs from outside SharedDir, opened before the root changes.
 pub struct Outside {
     /// `/proc/self/fd`, for reopening `O_PATH` fds (fs/passthrough).
@@ -23,14 +25,16 @@ pub struct Outside {
 }
 
 /// Opens what the daemon keeps from outside SharedDir.
-pub fn open_outside() -> Result<Outside, String> {
-    let proc_self_fd = File::open("/proc/self/fd")
-        .map_err(|e| format!("sandbox: opening /proc/self/fd before the root changes: {e}"))?;
+pub fn open_outside() -> Result<Outside, SandboxError> {
+    let proc_self_fd = File::open("/proc/self/fd").map_err(|e| {
+        SandboxError::host("sandbox: opening /proc/self/fd before the root changes", e)
+    })?;
     Ok(Outside { proc_self_fd })
 }
 
 /// Steps 1 to 3 above.
-pub fn pivot_into(shared_dir: &Path) -> Result<(), String> {
+pub fn pivot_into(shared_dir: &Path) -> Result<(), SandboxError> {
+    let dir = shared_dir.display();
     mount(
         None::<&str>,
         "/",
@@ -38,7 +42,12 @@ pub fn pivot_into(shared_dir: &Path) -> Result<(), String> {
         MsFlags::MS_SLAVE | MsFlags::MS_REC,
         None::<&str>,
     )
-    .map_err(|e| format!("sandbox: making every mount a slave (mount / MS_SLAVE|MS_REC): {e}"))?;
+    .map_err(|e| {
+        SandboxError::host(
+            "sandbox: making every mount a slave (mount / MS_SLAVE|MS_REC)",
+            e,
+        )
+    })?;
     mount(
         Some(shared_dir),
         shared_dir,
@@ -47,32 +56,29 @@ pub fn pivot_into(shared_dir: &Path) -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| {
-        format!(
-            "sandbox: bind-mounting SharedDir {} on itself: {e}",
-            shared_dir.display()
+        SandboxError::host(
+            format!("sandbox: bind-mounting SharedDir {dir} on itself"),
+            e,
         )
     })?;
     nix::unistd::chdir(shared_dir)
-        .map_err(|e| format!("sandbox: chdir {}: {e}", shared_dir.display()))?;
+        .map_err(|e| SandboxError::host(format!("sandbox: chdir {dir}"), e))?;
     // pivot_root(".", "."): the old root ends up stacked under the new one, where the
     // detach below removes it (the idiom of pivot_root(2) and virtiofsd).
-    nix::unistd::pivot_root(".", ".").map_err(|e| {
-        format!(
-            "sandbox: pivot_root into SharedDir {}: {e}",
-            shared_dir.display()
-        )
-    })?;
+    nix::unistd::pivot_root(".", ".")
+        .map_err(|e| SandboxError::host(format!("sandbox: pivot_root into SharedDir {dir}"), e))?;
     umount2(".", MntFlags::MNT_DETACH)
-        .map_err(|e| format!("sandbox: detaching the old root: {e}"))?;
-    nix::unistd::chdir("/").map_err(|e| format!("sandbox: chdir / after pivot_root: {e}"))?;
+        .map_err(|e| SandboxError::host("sandbox: detaching the old root", e))?;
+    nix::unistd::chdir("/")
+        .map_err(|e| SandboxError::host("sandbox: chdir / after pivot_root", e))?;
     Ok(())
 }
 
 /// chroot mode.
-pub fn chroot_into(shared_dir: &Path) -> Result<(), String> {
+pub fn chroot_into(shared_dir: &Path) -> Result<(), SandboxError> {
     nix::unistd::chroot(shared_dir)
-        .map_err(|e| format!("sandbox: chroot {}: {e}", shared_dir.display()))?;
-    nix::unistd::chdir("/").map_err(|e| format!("sandbox: chdir / after chroot: {e}"))?;
+        .map_err(|e| SandboxError::host(format!("sandbox: chroot {}", shared_dir.display()), e))?;
+    nix::unistd::chdir("/").map_err(|e| SandboxError::host("sandbox: chdir / after chroot", e))?;
     Ok(())
 }
 

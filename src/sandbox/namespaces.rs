@@ -23,7 +23,7 @@ use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::{caps, seccomp, SeccompMode, ThreadRole};
+use super::{caps, seccomp, SandboxError, SeccompMode, ThreadRole};
 
 /// Signals the supervisor passes on to the daemon.
 const FORWARDED: [Signal; 4] = [
@@ -44,23 +44,27 @@ pub struct IdRange {
 
 impl IdRange {
     /// virtiofsd's `--uid-map`/`--gid-map` form: `:INSIDE:OUTSIDE:COUNT:`.
-    pub fn parse(flag: &str, s: &str) -> Result<IdRange, String> {
+    pub fn parse(flag: &str, s: &str) -> Result<IdRange, SandboxError> {
         let fields: Vec<&str> = s.split(':').collect();
-        let bad = || format!("{flag} {s}: expected :NAMESPACE_ID:HOST_ID:COUNT:");
+        let bad = |zero_count| SandboxError::BadIdRange {
+            flag: flag.to_string(),
+            value: s.to_string(),
+            zero_count,
+        };
         match fields[..] {
             ["", inside, outside, count, ""] => {
-                let n = |v: &str| v.parse::<u32>().map_err(|_| bad());
+                let n = |v: &str| v.parse::<u32>().map_err(|_| bad(false));
                 let r = IdRange {
                     inside: n(inside)?,
                     outside: n(outside)?,
                     count: n(count)?,
                 };
                 if r.count == 0 {
-                    return Err(format!("{flag} {s}: a count of 0 maps nothing"));
+                    return Err(bad(true));
                 }
                 Ok(r)
             }
-            _ => Err(bad()),
+            _ => Err(bad(false)),
         }
     }
 
@@ -142,17 +146,13 @@ pub fn enter(
     seccomp_mode: SeccompMode,
     sockets: Vec<PathBuf>,
     listening: &[RawFd],
-) -> Result<(), String> {
+) -> Result<(), SandboxError> {
     let mut flags = CloneFlags::CLONE_NEWPID;
     if !ids.is_root() {
         flags |= CloneFlags::CLONE_NEWUSER;
     }
     if ids.is_root() && !maps.is_empty() {
-        return Err(
-            "--uid-map/--gid-map map ids into the user namespace of an unprivileged daemon; \
-             running as root, volfsd makes none"
-                .to_string(),
-        );
+        return Err(SandboxError::MapsAsRoot);
     }
     let plan = if ids.is_root() {
         None
@@ -167,13 +167,10 @@ pub fn enter(
         Some(m) if !m.own_ids_only(ids) => Some(MapHelper::fork(m)?),
         _ => None,
     };
-    unshare(flags).map_err(|e| {
-        let hint = if ids.is_root() {
-            ""
-        } else {
-            " (unprivileged user namespaces may be disabled: kernel.unprivileged_userns_clone, user.max_user_namespaces)"
-        };
-        format!("sandbox: unshare({flags:?}): {e}{hint}")
+    unshare(flags).map_err(|errno| SandboxError::Unshare {
+        flags,
+        errno,
+        unprivileged: !ids.is_root(),
     })?;
     match (mapper, &plan) {
         (Some(m), _) => m.map()?,
@@ -201,10 +198,10 @@ pub fn enter(
     forwarded.add(Signal::SIGCHLD);
     let mut old = SigSet::empty();
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&forwarded), Some(&mut old))
-        .map_err(|e| format!("sandbox: blocking signals: {e}"))?;
+        .map_err(|e| SandboxError::host("sandbox: blocking signals", e))?;
     // SAFETY: no other thread exists yet (the sandbox is entered first thing), so the
     // child may run any code.
-    match unsafe { fork() }.map_err(|e| format!("sandbox: fork: {e}"))? {
+    match unsafe { fork() }.map_err(|e| SandboxError::host("sandbox: fork", e))? {
         ForkResult::Parent { child } => {
             for &fd in listening {
                 // SAFETY: the parent never uses these fds again: it only supervises.
@@ -215,22 +212,26 @@ pub fn enter(
         ForkResult::Child => {
             // SAFETY: prctl with integer arguments.
             if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } < 0 {
-                return Err(format!(
-                    "sandbox: prctl(PR_SET_PDEATHSIG): {}",
-                    io::Error::last_os_error()
+                return Err(SandboxError::host(
+                    "sandbox: prctl(PR_SET_PDEATHSIG)",
+                    io::Error::last_os_error(),
                 ));
             }
             // The parent is outside the pid namespace: 0 while it lives.
             if nix::unistd::getppid().as_raw() != 0 {
-                return Err("sandbox: the supervisor exited during setup".to_string());
+                return Err(SandboxError::SupervisorGone);
             }
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
-                .map_err(|e| format!("sandbox: restoring the signal mask: {e}"))?;
+                .map_err(|e| SandboxError::host("sandbox: restoring the signal mask", e))?;
             let flags = CloneFlags::CLONE_NEWNS
                 | CloneFlags::CLONE_NEWNET
                 | CloneFlags::CLONE_NEWIPC
                 | CloneFlags::CLONE_NEWUTS;
-            unshare(flags).map_err(|e| format!("sandbox: unshare({flags:?}): {e}"))?;
+            unshare(flags).map_err(|errno| SandboxError::Unshare {
+                flags,
+                errno,
+                unprivileged: false,
+            })?;
             Ok(())
         }
     }
@@ -243,8 +244,8 @@ pub struct SubordinateIds {
     pub gids: (u32, u32),
 }
 
-const NEWUIDMAP: &str = "/usr/bin/newuidmap";
-const NEWGIDMAP: &str = "/usr/bin/newgidmap";
+pub(super) const NEWUIDMAP: &str = "/usr/bin/newuidmap";
+pub(super) const NEWGIDMAP: &str = "/usr/bin/newgidmap";
 
 impl SubordinateIds {
     fn of(ids: Ids) -> Option<SubordinateIds> {
@@ -291,21 +292,18 @@ struct MapHelper {
 }
 
 impl MapHelper {
-    fn fork(maps: &IdMaps) -> Result<MapHelper, String> {
+    fn fork(maps: &IdMaps) -> Result<MapHelper, SandboxError> {
         if !Path::new(NEWUIDMAP).exists() || !Path::new(NEWGIDMAP).exists() {
-            return Err(format!(
-                "sandbox: mapping more than the own ids needs {NEWUIDMAP} and {NEWGIDMAP} \
-                 (Debian package uidmap)"
-            ));
+            return Err(SandboxError::NoMapTools);
         }
-        let (wait, go) = nix::unistd::pipe().map_err(|e| format!("sandbox: pipe: {e}"))?;
+        let (wait, go) = nix::unistd::pipe().map_err(|e| SandboxError::host("sandbox: pipe", e))?;
         let parent = std::process::id().to_string();
         let mut uid_args = vec![parent.clone()];
         uid_args.extend(IdRange::args(&maps.uids));
         let mut gid_args = vec![parent];
         gid_args.extend(IdRange::args(&maps.gids));
         // SAFETY: single-threaded here (the sandbox is entered first thing).
-        match unsafe { fork() }.map_err(|e| format!("sandbox: fork: {e}"))? {
+        match unsafe { fork() }.map_err(|e| SandboxError::host("sandbox: fork", e))? {
             ForkResult::Child => {
                 drop(go);
                 let mut byte = [0u8; 1];
@@ -333,28 +331,25 @@ impl MapHelper {
     }
 
     /// Lets the helper map the ids and waits for it.
-    fn map(self) -> Result<(), String> {
+    fn map(self) -> Result<(), SandboxError> {
         nix::unistd::write(&self.go, &[1u8])
-            .map_err(|e| format!("sandbox: waking the id-map helper: {e}"))?;
+            .map_err(|e| SandboxError::host("sandbox: waking the id-map helper", e))?;
         match waitpid(self.pid, None) {
             Ok(WaitStatus::Exited(_, 0)) => Ok(()),
-            other => Err(format!(
-                "sandbox: mapping subordinate ids with newuidmap/newgidmap failed ({other:?}); \
-                 see the message above"
-            )),
+            other => Err(SandboxError::MapToolsFailed {
+                status: format!("{other:?}"),
+            }),
         }
     }
 }
 
 /// Maps the kernel lets a process write for itself: its own uid and gid (each a
 /// single range of one id), with setgroups denied as it requires.
-fn write_own_maps(maps: &IdMaps) -> Result<(), String> {
+fn write_own_maps(maps: &IdMaps) -> Result<(), SandboxError> {
     let write = |file: &str, what: String| {
         std::fs::write(format!("/proc/self/{file}"), &what).map_err(|e| {
-            format!(
-                "sandbox: writing '{}' to /proc/self/{file}: {e}",
-                what.trim()
-            )
+            let step = format!("sandbox: writing '{}' to /proc/self/{file}", what.trim());
+            SandboxError::host(step, e)
         })
     };
     let lines = |r: &[IdRange]| {
@@ -376,13 +371,13 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
     // SAFETY: pidfd_open of our own child; the fd is owned below.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
     let confined = if pidfd < 0 {
-        Err(format!("pidfd_open: {}", io::Error::last_os_error()))
+        Err(SandboxError::host("pidfd_open", io::Error::last_os_error()))
     } else {
         caps::lock_down_process()
     }
     .and_then(|()| {
         caps::restrict_thread(caps::CapSet::EMPTY)
-            .map_err(|e| format!("dropping capabilities: {e}"))
+            .map_err(|e| SandboxError::host("dropping capabilities", e))
     })
     .and_then(|()| seccomp::apply(ThreadRole::Supervisor, seccomp_mode));
     if let Err(e) = confined {
@@ -454,7 +449,7 @@ mod tests {
             }
         );
         for bad in ["1:2:3", ":1:2:", ":a:2:3:", ":1:2:0:", ":1:2:3:4:"] {
-            let e = IdRange::parse("--uid-map", bad).unwrap_err();
+            let e = IdRange::parse("--uid-map", bad).unwrap_err().to_string();
             assert!(e.starts_with(&format!("--uid-map {bad}")), "{e}");
         }
         let ids = Ids {

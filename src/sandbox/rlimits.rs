@@ -8,18 +8,21 @@
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
+use super::SandboxError;
+
 /// RLIMIT_CORE 0, soft and hard.
-pub fn no_core_dumps() -> Result<(), String> {
-    setrlimit(Resource::RLIMIT_CORE, 0, 0).map_err(|e| format!("setrlimit(RLIMIT_CORE, 0): {e}"))
+pub fn no_core_dumps() -> Result<(), SandboxError> {
+    setrlimit(Resource::RLIMIT_CORE, 0, 0)
+        .map_err(|e| SandboxError::host("setrlimit(RLIMIT_CORE, 0)", e))
 }
 
 /// `--rlimit-nofile`: 0 leaves the limit alone, N sets it, and by default it is
 /// raised to fs.nr_open where the daemon may (as virtiofsd does): each guest node id
 /// holds one fd. The guest's share is bounded by the per-volume limits and the fd
 /// budget (fs/session.rs), which reads the limit this sets.
-pub fn set_nofile(requested: Option<u64>) -> Result<(), String> {
-    let (soft, hard) =
-        getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+pub fn set_nofile(requested: Option<u64>) -> Result<(), SandboxError> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
+        .map_err(|e| SandboxError::host("getrlimit(RLIMIT_NOFILE)", e))?;
     let (new_soft, new_hard) = match requested {
         Some(0) => return Ok(()),
         Some(n) => (n, n.max(hard)),
@@ -40,5 +43,5 @@ pub fn set_nofile(requested: Option<u64>) -> Result<(), String> {
         return Ok(());
     }
     setrlimit(Resource::RLIMIT_NOFILE, new_soft, new_hard)
-        .map_err(|e| format!("--rlimit-nofile {new_soft}: {e}"))
+        .map_err(|e| SandboxError::host(format!("--rlimit-nofile {new_soft}"), e))
 }

@@ -37,6 +37,72 @@ use nix::sys::socket::{
 };
 
 use super::format;
+use crate::error::HostError;
+
+/// Why the open files were not handed over: the step of the exchange that failed, or
+/// what the peer or the offer got wrong. Logged, never fatal: the locks are then
+/// taken again.
+#[derive(Debug)]
+pub enum HandoffError {
+    /// A call on the hand-over socket failed (`step`: "reading the token",
+    /// "sendmsg", ...).
+    Host {
+        step: &'static str,
+        source: HostError,
+    },
+    /// The peer runs as another user than this daemon.
+    WrongUid {
+        peer: u32,
+        own: u32,
+    },
+    NothingOffered,
+    WrongToken,
+    /// The offer names a source on another host (or boot).
+    OtherHost,
+    MalformedOffer,
+    /// The destination's socket was used by an earlier load.
+    SocketUsed,
+    /// A batch the source sent breaks the protocol (`why` says how).
+    BadBatch(String),
+    /// sendmsg took fewer bytes than the batch.
+    ShortSend {
+        sent: usize,
+        len: usize,
+    },
+    ClosedEarly,
+}
+
+impl HandoffError {
+    fn host(step: &'static str, source: impl Into<HostError>) -> HandoffError {
+        HandoffError::Host {
+            step,
+            source: source.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for HandoffError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandoffError::Host { step, source } => write!(f, "{step}: {source}"),
+            HandoffError::WrongUid { peer, own } => {
+                write!(f, "a peer with uid {peer} (this daemon runs as {own})")
+            }
+            HandoffError::NothingOffered => write!(f, "nothing is offered"),
+            HandoffError::WrongToken => write!(f, "a wrong token"),
+            HandoffError::OtherHost => write!(f, "the source ran on another host (or boot)"),
+            HandoffError::MalformedOffer => write!(f, "a malformed hand-over offer"),
+            HandoffError::SocketUsed => {
+                write!(f, "this daemon already used its hand-over socket")
+            }
+            HandoffError::BadBatch(why) => write!(f, "{why}"),
+            HandoffError::ShortSend { sent, len } => write!(f, "sent {sent} of {len} bytes"),
+            HandoffError::ClosedEarly => write!(f, "the source closed the hand-over early"),
+        }
+    }
+}
+
+impl std::error::Error for HandoffError {}
 
 /// The token's length.
 const TOKEN_LEN: usize = 32;
@@ -208,26 +274,25 @@ impl Handoff {
         }
     }
 
-    fn answer(&self, mut s: UnixStream) -> Result<(), String> {
-        let peer = getsockopt(&s, PeerCredentials).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+    fn answer(&self, mut s: UnixStream) -> Result<(), HandoffError> {
+        let peer =
+            getsockopt(&s, PeerCredentials).map_err(|e| HandoffError::host("SO_PEERCRED", e))?;
         // SAFETY: geteuid cannot fail.
         let own = unsafe { libc::geteuid() };
         if peer.uid() != own {
-            return Err(format!(
-                "a peer with uid {} (this daemon runs as {own})",
-                peer.uid()
-            ));
+            let peer = peer.uid();
+            return Err(HandoffError::WrongUid { peer, own });
         }
         s.set_read_timeout(Some(TIMEOUT))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| HandoffError::host("setting the read timeout", e))?;
         s.set_write_timeout(Some(TIMEOUT))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| HandoffError::host("setting the write timeout", e))?;
         let mut token = [0u8; TOKEN_LEN];
         s.read_exact(&mut token)
-            .map_err(|e| format!("reading the token: {e}"))?;
+            .map_err(|e| HandoffError::host("reading the token", e))?;
         let offer = self.offer.lock().unwrap();
         let Some(offer) = offer.as_ref() else {
-            return Err("nothing is offered".into());
+            return Err(HandoffError::NothingOffered);
         };
         // Constant time: the comparison tells nothing of the token.
         if token
@@ -236,7 +301,7 @@ impl Handoff {
             .fold(0u8, |d, (a, b)| d | (a ^ b))
             != 0
         {
-            return Err("a wrong token".into());
+            return Err(HandoffError::WrongToken);
         }
         for batch in offer.files.chunks(BATCH) {
             let mut payload = (batch.len() as u32).to_le_bytes().to_vec();
@@ -247,7 +312,8 @@ impl Handoff {
             send_with_fds(&s, &payload, &fds)?;
         }
         send_with_fds(&s, &0u32.to_le_bytes(), &[])?;
-        s.flush().map_err(|e| e.to_string())?;
+        s.flush()
+            .map_err(|e| HandoffError::host("flushing the hand-over", e))?;
         info!(
             "handed {} open files (locks) to a destination on this host",
             offer.files.len()
@@ -256,48 +322,49 @@ impl Handoff {
     }
 
     /// Fetches what the source named in `h` offers, if it runs on this host.
-    pub fn fetch(&self, h: &format::Handoff) -> Result<Vec<(Entry, OwnedFd)>, String> {
+    pub fn fetch(&self, h: &format::Handoff) -> Result<Vec<(Entry, OwnedFd)>, HandoffError> {
         if h.boot_id != self.boot_id {
-            return Err("the source ran on another host (or boot)".into());
+            return Err(HandoffError::OtherHost);
         }
         if h.token.len() != TOKEN_LEN || h.socket.is_empty() || h.socket.len() > 100 {
-            return Err("a malformed hand-over offer".into());
+            return Err(HandoffError::MalformedOffer);
         }
         let Some(fd) = self.client.lock().unwrap().take() else {
-            return Err("this daemon already used its hand-over socket".into());
+            return Err(HandoffError::SocketUsed);
         };
-        let addr =
-            SocketAddr::from_abstract_name(h.socket.as_bytes()).map_err(|e| e.to_string())?;
-        connect(&fd, &addr).map_err(|e| format!("connecting to the source: {e}"))?;
+        let addr = SocketAddr::from_abstract_name(h.socket.as_bytes())
+            .map_err(|e| HandoffError::host("naming the source's socket", e))?;
+        connect(&fd, &addr).map_err(|e| HandoffError::host("connecting to the source", e))?;
         let mut s = UnixStream::from(fd);
         s.set_read_timeout(Some(TIMEOUT))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| HandoffError::host("setting the read timeout", e))?;
         s.write_all(&h.token)
-            .map_err(|e| format!("sending the token: {e}"))?;
+            .map_err(|e| HandoffError::host("sending the token", e))?;
         let mut files = Vec::new();
         loop {
             let (payload, fds) = recv_with_fds(&s)?;
             let count = payload
                 .get(..4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-                .ok_or("a short batch")?;
+                .ok_or_else(|| HandoffError::BadBatch("a short batch".into()))?;
             if count == 0 {
                 return Ok(files);
             }
             if payload.len() != 4 + count * ENTRY_LEN || fds.len() != count {
-                return Err(format!(
+                return Err(HandoffError::BadBatch(format!(
                     "a batch of {count} entries with {} bytes and {} fds",
                     payload.len(),
                     fds.len()
-                ));
+                )));
             }
             if files.len() + count > MAX_ENTRIES {
-                return Err("more open files than a state can hold".into());
+                let why = "more open files than a state can hold";
+                return Err(HandoffError::BadBatch(why.into()));
             }
             for (i, fd) in fds.into_iter().enumerate() {
                 let at = 4 + i * ENTRY_LEN;
-                let entry =
-                    Entry::decode(&payload[at..at + ENTRY_LEN]).ok_or("an unknown entry")?;
+                let entry = Entry::decode(&payload[at..at + ENTRY_LEN])
+                    .ok_or_else(|| HandoffError::BadBatch("an unknown entry".into()))?;
                 files.push((entry, fd));
             }
         }
@@ -350,7 +417,7 @@ fn connect(fd: &OwnedFd, addr: &SocketAddr) -> io::Result<()> {
     Ok(())
 }
 
-fn send_with_fds(s: &UnixStream, payload: &[u8], fds: &[RawFd]) -> Result<(), String> {
+fn send_with_fds(s: &UnixStream, payload: &[u8], fds: &[RawFd]) -> Result<(), HandoffError> {
     let iov = [IoSlice::new(payload)];
     let cmsgs = if fds.is_empty() {
         Vec::new()
@@ -360,14 +427,15 @@ fn send_with_fds(s: &UnixStream, payload: &[u8], fds: &[RawFd]) -> Result<(), St
     // One message per batch: the receiver reads it whole (a stream socket keeps the
     // fds with the first byte of their message).
     let sent = sendmsg::<()>(s.as_raw_fd(), &iov, &cmsgs, MsgFlags::empty(), None)
-        .map_err(|e| format!("sendmsg: {e}"))?;
+        .map_err(|e| HandoffError::host("sendmsg", e))?;
     if sent != payload.len() {
-        return Err(format!("sent {sent} of {} bytes", payload.len()));
+        let len = payload.len();
+        return Err(HandoffError::ShortSend { sent, len });
     }
     Ok(())
 }
 
-fn recv_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
+fn recv_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), HandoffError> {
     let mut buf = vec![0u8; 4 + BATCH * ENTRY_LEN];
     let mut cmsg = nix::cmsg_space!([RawFd; BATCH]);
     let (n, fds) = {
@@ -378,9 +446,12 @@ fn recv_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
             Some(&mut cmsg),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(|e| format!("recvmsg: {e}"))?;
+        .map_err(|e| HandoffError::host("recvmsg", e))?;
         let mut fds = Vec::new();
-        for c in msg.cmsgs().map_err(|e| format!("control messages: {e}"))? {
+        for c in msg
+            .cmsgs()
+            .map_err(|e| HandoffError::host("control messages", e))?
+        {
             if let ControlMessageOwned::ScmRights(received) = c {
                 // SAFETY: the kernel just installed these fds in this process.
                 fds.extend(
@@ -391,12 +462,14 @@ fn recv_with_fds(s: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err("more fds than a batch may carry".into());
+            return Err(HandoffError::BadBatch(
+                "more fds than a batch may carry".into(),
+            ));
         }
         (msg.bytes, fds)
     };
     if n == 0 {
-        return Err("the source closed the hand-over early".into());
+        return Err(HandoffError::ClosedEarly);
     }
     buf.truncate(n);
     Ok((buf, fds))

@@ -4,11 +4,15 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::qos::QosError;
+
 /// An error of `volfsd ctl`.
 #[derive(Debug)]
 pub enum CtlError {
     /// The command line asks for something that cannot be sent.
     Usage(String),
+    /// The command line's rate-limit options are no valid limit.
+    Limit(QosError),
     /// The control socket could not be reached, written or read (`op`: what was
     /// being done, the request included).
     Socket { op: String, source: io::Error },
@@ -36,6 +40,7 @@ impl fmt::Display for CtlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CtlError::Usage(why) => write!(f, "{why}"),
+            CtlError::Limit(e) => write!(f, "{e}"),
             CtlError::Socket { op, source } => write!(f, "{op}: {source}"),
             CtlError::BadReply { request, why } => write!(f, "bad reply to {request}: {why}"),
             CtlError::Refused { op, status, error } => write!(f, "{op}: HTTP {status}: {error}"),
@@ -51,6 +56,12 @@ impl fmt::Display for CtlError {
 }
 
 impl std::error::Error for CtlError {}
+
+impl From<QosError> for CtlError {
+    fn from(e: QosError) -> Self {
+        CtlError::Limit(e)
+    }
+}
 
 impl From<String> for CtlError {
     fn from(why: String) -> Self {

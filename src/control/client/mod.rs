@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use super::api::{Health, VolumeInfo};
-use crate::qos::RateLimit;
+use crate::qos::{QosError, RateLimit};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -180,7 +180,7 @@ pub fn run(args: CtlArgs) -> Result<String, CtlError> {
 }
 
 /// `KEY=N` options as one limit (None for no options).
-fn parse_limit(options: &[String]) -> Result<Option<RateLimit>, String> {
+fn parse_limit(options: &[String]) -> Result<Option<RateLimit>, QosError> {
     if options.is_empty() {
         return Ok(None);
     }

@@ -82,26 +82,20 @@ impl Parked {
     /// Takes the requests of a loaded state, to answer once their queues run.
     /// Refuses what cannot be one (a queue this device has not, a head past the
     /// largest ring, a request that is not one, more than the rings hold).
-    pub fn deliver(&self, requests: Vec<ParkedRequest>, queues: usize) -> Result<(), String> {
+    pub fn deliver(&self, requests: Vec<ParkedRequest>, queues: usize) -> Result<(), Refused> {
         if requests.len() > queues * MAX_QUEUE_SIZE {
-            return Err(format!(
-                "{} unanswered requests: more than the rings hold",
-                requests.len()
-            ));
+            return Err(Refused::TooMany(requests.len()));
         }
         let mut incoming: HashMap<u16, Vec<ParkedRequest>> = HashMap::new();
         for p in requests {
             if p.queue == 0 || usize::from(p.queue) >= queues {
-                return Err(format!("an unanswered request on queue {}", p.queue));
+                return Err(Refused::Queue(p.queue));
             }
             if usize::from(p.head) >= MAX_QUEUE_SIZE {
-                return Err(format!("an unanswered request at descriptor {}", p.head));
+                return Err(Refused::Head(p.head));
             }
             if !is_request(&p.request) {
-                return Err(format!(
-                    "an unanswered request of {} bytes",
-                    p.request.len()
-                ));
+                return Err(Refused::NotARequest(p.request.len()));
             }
             incoming.entry(p.queue).or_default().push(p);
         }
@@ -131,6 +125,32 @@ impl Parked {
         self.any_incoming.store(false, Ordering::Release);
     }
 }
+
+/// Why a loaded state's unanswered requests were refused, whole.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// More than the rings can hold.
+    TooMany(usize),
+    /// On a queue this device has not, or the hiprio queue (which never parks).
+    Queue(u16),
+    /// At a descriptor past the largest ring.
+    Head(u16),
+    /// Bytes that cannot be a request, by their length.
+    NotARequest(usize),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::TooMany(n) => write!(f, "{n} unanswered requests: more than the rings hold"),
+            Refused::Queue(q) => write!(f, "an unanswered request on queue {q}"),
+            Refused::Head(h) => write!(f, "an unanswered request at descriptor {h}"),
+            Refused::NotARequest(n) => write!(f, "an unanswered request of {n} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// Where the one-entry avail ring that finds a chain again is put: above any guest
 /// physical address a VMM gives (x86-64 guests have at most 52 bits).
@@ -230,7 +250,7 @@ mod tests {
         let refused = |requests: Vec<ParkedRequest>| {
             let e = p.deliver(requests, 3).unwrap_err();
             assert!(!p.has_incoming(), "nothing kept after: {e}");
-            e
+            e.to_string()
         };
         // The hiprio queue never parks; a queue the device has not.
         assert!(refused(vec![at(0, 0, getattr())]).contains("queue 0"));

@@ -19,11 +19,11 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BackendError, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
 };
 
-use super::{SeccompMode, ThreadRole};
+use super::{FilterError, SandboxError, SeccompMode, ThreadRole};
 
 mod docs_table;
 mod table;
@@ -36,7 +36,7 @@ use table::*;
 
 /// Installs `role`'s filter on the calling thread (and on the threads it creates
 /// afterwards). `SeccompMode::None` installs nothing.
-pub fn apply(role: ThreadRole, mode: SeccompMode) -> Result<(), String> {
+pub fn apply(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxError> {
     let action = match mode {
         SeccompMode::None => return Ok(()),
         SeccompMode::Kill => Mismatch::Kill,
@@ -75,13 +75,14 @@ impl Mismatch {
 
 /// Installs the compiled programs of `role`: first the clone3 one (it allows the
 /// `seccomp` call that installs the next), then the allow-list.
-fn install(role: ThreadRole, mismatch: Mismatch) -> Result<(), String> {
+fn install(role: ThreadRole, mismatch: Mismatch) -> Result<(), SandboxError> {
     let programs = programs(mismatch)?;
     let p = &programs[role_index(role)];
+    let installing = |step| move |source| SandboxError::Seccomp { step, source };
     if let Some(clone3) = &p.clone3 {
-        seccompiler::apply_filter(clone3).map_err(|e| format!("seccomp (clone3 filter): {e}"))?;
+        seccompiler::apply_filter(clone3).map_err(installing("seccomp (clone3 filter)"))?;
     }
-    seccompiler::apply_filter(&p.list).map_err(|e| format!("seccomp: {e}"))
+    seccompiler::apply_filter(&p.list).map_err(installing("seccomp"))
 }
 
 /// One role's compiled filters.
@@ -92,10 +93,10 @@ struct Programs {
     clone3: Option<BpfProgram>,
 }
 
-type Compiled = Result<Vec<Programs>, String>;
+type Compiled = Result<Vec<Programs>, FilterError>;
 
 /// The programs of every role for `mismatch`, compiled at the first call.
-fn programs(mismatch: Mismatch) -> Result<&'static [Programs], String> {
+fn programs(mismatch: Mismatch) -> Result<&'static [Programs], FilterError> {
     static KILL: OnceLock<Compiled> = OnceLock::new();
     static TRAP: OnceLock<Compiled> = OnceLock::new();
     static LOG: OnceLock<Compiled> = OnceLock::new();
@@ -155,12 +156,12 @@ const ARCH: TargetArch = TargetArch::x86_64;
 compile_error!("the seccomp allow-lists are only written for x86_64");
 
 /// The arguments of `args` as seccompiler rules; empty: any arguments.
-fn rules(args: Args) -> Result<Vec<SeccompRule>, String> {
+fn rules(args: Args) -> Result<Vec<SeccompRule>, BackendError> {
     let cond = |arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(arg, len, op, value).map_err(|e| e.to_string())
+        SeccompCondition::new(arg, len, op, value)
     };
-    let rule = |conds: Vec<SeccompCondition>| SeccompRule::new(conds).map_err(|e| e.to_string());
-    let one_of = |arg: u8, values: &[i32]| -> Result<Vec<SeccompRule>, String> {
+    let rule = SeccompRule::new;
+    let one_of = |arg: u8, values: &[i32]| -> Result<Vec<SeccompRule>, BackendError> {
         values
             .iter()
             .map(|&v| {
@@ -221,8 +222,13 @@ fn rules(args: Args) -> Result<Vec<SeccompRule>, String> {
 fn role_rules(
     role: ThreadRole,
     mismatch: Mismatch,
-) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError> {
     let bit = role_bit(role);
+    let filter_error = |why: String| FilterError {
+        filter: format!("{role:?} filter"),
+        why,
+    };
+    let rules = |args| rules(args).map_err(|e| filter_error(e.to_string()));
     let mut map = BTreeMap::new();
     for a in ALLOWED.iter().filter(|a| a.roles & bit != 0) {
         let mut r = rules(a.args)?;
@@ -238,7 +244,7 @@ fn role_rules(
             // either matches. An unconditional entry cannot be combined.
             std::collections::btree_map::Entry::Occupied(mut e) => {
                 if e.get().is_empty() || r.is_empty() {
-                    return Err(format!("{} is listed twice for {role:?}", a.name));
+                    return Err(filter_error(format!("{} is listed twice", a.name)));
                 }
                 e.get_mut().extend(r);
             }
@@ -251,22 +257,19 @@ fn role_rules(
     Ok(map)
 }
 
-fn compile(role: ThreadRole, mismatch: Mismatch) -> Result<BpfProgram, String> {
-    let filter = SeccompFilter::new(
-        role_rules(role, mismatch)?,
-        mismatch.action(),
-        SeccompAction::Allow,
-        ARCH,
-    )
-    .map_err(|e| format!("{role:?} filter: {e}"))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("{role:?} filter: {e}"))
+fn compile(role: ThreadRole, mismatch: Mismatch) -> Result<BpfProgram, FilterError> {
+    let rules = role_rules(role, mismatch)?;
+    SeccompFilter::new(rules, mismatch.action(), SeccompAction::Allow, ARCH)
+        .and_then(|f| f.try_into())
+        .map_err(|e: BackendError| FilterError {
+            filter: format!("{role:?} filter"),
+            why: e.to_string(),
+        })
 }
 
 /// The second filter of the thread-creating roles: clone3 gets ENOSYS (its flags
 /// cannot be inspected), everything else is left to the allow-list.
-fn clone3_enosys() -> Result<BpfProgram, String> {
+fn clone3_enosys() -> Result<BpfProgram, FilterError> {
     let mut map = BTreeMap::new();
     map.insert(libc::SYS_clone3, Vec::new());
     SeccompFilter::new(
@@ -276,5 +279,8 @@ fn clone3_enosys() -> Result<BpfProgram, String> {
         ARCH,
     )
     .and_then(|f| f.try_into())
-    .map_err(|e| format!("clone3 filter: {e}"))
+    .map_err(|e| FilterError {
+        filter: "clone3 filter".to_string(),
+        why: e.to_string(),
+    })
 }

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use super::ThreadRole;
+use super::{SandboxError, ThreadRole};
 
 thread_local! {
     /// The role of this thread, set when it installed its filter (threads that
@@ -18,8 +18,9 @@ pub(super) fn name_thread(role: ThreadRole) {
 
 /// Installs the handler (once per process) and unblocks SIGSYS in the calling
 /// thread: a blocked SIGSYS from seccomp kills the process without a word.
-pub(super) fn install() -> Result<(), String> {
-    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+pub(super) fn install() -> Result<(), SandboxError> {
+    // The errno of a failed sigaction, kept for every thread that asks after.
+    static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
     INSTALLED
         .get_or_init(|| {
             // SAFETY: a handler that only calls async-signal-safe functions.
@@ -31,15 +32,15 @@ pub(super) fn install() -> Result<(), String> {
                 sa.sa_flags = libc::SA_SIGINFO;
                 libc::sigfillset(&mut sa.sa_mask);
                 if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) < 0 {
-                    return Err(format!(
-                        "installing the SIGSYS handler: {}",
-                        std::io::Error::last_os_error()
-                    ));
+                    return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
                 }
             }
             Ok(())
         })
-        .clone()?;
+        .map_err(|errno| {
+            let e = std::io::Error::from_raw_os_error(errno);
+            SandboxError::host("installing the SIGSYS handler", e)
+        })?;
     // SAFETY: an empty signal set with SIGSYS added, then unblocked.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

@@ -193,7 +193,7 @@ impl PassthroughFs {
             match file.and_then(|f| {
                 self.handles
                     .insert_restored(h.id, node.data.clone(), f)
-                    .map_err(|e| format!("registering it: {e}"))
+                    .map_err(at("registering it"))
             }) {
                 Ok(data) => {
                     report.handles += 1;
@@ -271,7 +271,7 @@ impl PassthroughFs {
                 self.locks
                     .insert_restored(node.data.clone(), owner, f, &ranges)
                     .map(|_| handed_over)
-                    .map_err(|e| format!("registering it: {e}"))
+                    .map_err(at("registering it"))
             });
             match done {
                 Ok(handed_over) => {
@@ -338,7 +338,7 @@ impl PassthroughFs {
                                 .get(&h.inode.nodeid)
                                 .map(|r| display(&r.path))
                                 .unwrap_or_default(),
-                            why: format!("flock: {e}"),
+                            why: at("flock")(e),
                         },
                         &mut report,
                     )?;

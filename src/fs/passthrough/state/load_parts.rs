@@ -18,38 +18,39 @@ impl PassthroughFs {
         parent: Option<&InodeData>,
         components: &[CString],
         node: &format::Node,
-    ) -> Result<File, String> {
-        let root = root.ok_or("its volume has no root here")?;
+    ) -> Result<File, RestoreError> {
+        let root = root.ok_or(RestoreError::Refused("its volume has no root here"))?;
         let file = if !components.is_empty() {
             let from = match parent {
-                Some(p) => p.fd().map_err(|e| format!("its directory: {e}"))?,
-                None => root.fd().map_err(|e| format!("the volume's root: {e}"))?,
+                Some(p) => p.fd().map_err(at("its directory"))?,
+                None => root.fd().map_err(at("the volume's root"))?,
             };
-            self.walk(&from, components).map_err(|e| e.to_string())?
+            self.walk(&from, components)?
         } else if let Some(h) = &node.file_handle {
             self.open_contained_handle(root, h)?
         } else {
-            return Err("the source could not say where it is (unlinked while held?)".into());
+            return Err(RestoreError::Refused(
+                "the source could not say where it is (unlinked while held?)",
+            ));
         };
-        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let st = sys::stat_fd(&file)?;
         let found = st.st_mode & libc::S_IFMT;
         if found != node.file_type {
-            return Err(format!(
-                "it is now a {}; the guest held a {}",
-                type_name(found),
-                type_name(node.file_type)
-            ));
+            return Err(RestoreError::TypeChanged {
+                now: found,
+                held: node.file_type,
+            });
         }
         if let (Some(h), false) = (&node.file_handle, components.is_empty()) {
             // --migration-verify-handles at the source: the very inode, or none.
             match raw_handle_of(&file) {
                 Ok((t, bytes)) if t == h.handle_type && bytes == h.bytes => {}
                 Ok(_) => {
-                    return Err(
-                        "another inode than the guest held (its file handle differs)".into(),
-                    )
+                    return Err(RestoreError::Refused(
+                        "another inode than the guest held (its file handle differs)",
+                    ))
                 }
-                Err(e) => return Err(format!("its file handle: {e}")),
+                Err(e) => return Err(at("its file handle")(e)),
             }
         }
         Ok(file)
@@ -62,27 +63,24 @@ impl PassthroughFs {
         &self,
         root: &InodeData,
         h: &FileHandle,
-    ) -> Result<File, String> {
-        let root_fd = root.fd().map_err(|e| e.to_string())?;
-        let mount = self
-            .mount_fd(&root_fd)
-            .map_err(|e| format!("the volume's mount: {e}"))?;
+    ) -> Result<File, RestoreError> {
+        let root_fd = root.fd()?;
+        let mount = self.mount_fd(&root_fd).map_err(at("the volume's mount"))?;
         let file = open_raw_handle(&mount, h.handle_type, &h.bytes, libc::O_PATH)
-            .map_err(|e| format!("open_by_handle_at: {e}"))?;
+            .map_err(at("open_by_handle_at"))?;
         let root_key = root.key();
-        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+        let st = sys::stat_fd(&file)?;
         let inside = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            let mut cur = file.try_clone().map_err(|e| e.to_string())?;
+            let mut cur = file.try_clone()?;
             let mut ok = false;
             for _ in 0..MAX_DEPTH {
-                let s = sys::stat_fd(&cur).map_err(|e| e.to_string())?;
+                let s = sys::stat_fd(&cur)?;
                 if (s.st_dev, s.st_ino) == (root_key.dev, root_key.ino) {
                     ok = true;
                     break;
                 }
-                let up = sys::openat(&cur, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)
-                    .map_err(|e| e.to_string())?;
-                let u = sys::stat_fd(&up).map_err(|e| e.to_string())?;
+                let up = sys::openat(&cur, c"..", libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+                let u = sys::stat_fd(&up)?;
                 if (u.st_dev, u.st_ino) == (s.st_dev, s.st_ino) {
                     break; // the file system's root: the volume was not on the way
                 }
@@ -90,7 +88,7 @@ impl PassthroughFs {
             }
             ok
         } else {
-            let root_link = self.fd_link(&*root_fd).map_err(|e| e.to_string())?;
+            let root_link = self.fd_link(&*root_fd)?;
             self.path_below(&root_link, &file)
                 .and_then(|p| check_path(&p).ok())
                 .and_then(|c| self.walk(&root_fd, &c).ok())
@@ -98,7 +96,9 @@ impl PassthroughFs {
                 .is_some_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino))
         };
         if !inside {
-            return Err("its file handle leads outside the volume".into());
+            return Err(RestoreError::Refused(
+                "its file handle leads outside the volume",
+            ));
         }
         Ok(file)
     }
@@ -109,20 +109,18 @@ impl PassthroughFs {
         share: &Arc<Share>,
         file: File,
         node: &format::Node,
-    ) -> Result<Arc<InodeData>, String> {
-        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+    ) -> Result<Arc<InodeData>, RestoreError> {
+        let st = sys::stat_fd(&file)?;
         let key = InodeKey {
             dev: st.st_dev,
             ino: st.st_ino,
             mnt_id: sys::mount_id(&file),
         };
         let file_type = st.st_mode & libc::S_IFMT;
-        let inode = self
-            .inode_ref_for(share, file, file_type, key.mnt_id)
-            .map_err(|e| e.to_string())?;
+        let inode = self.inode_ref_for(share, file, file_type, key.mnt_id)?;
         self.inodes
             .insert_restored(node.id, inode, key, file_type, share.clone(), node.lookups)
-            .map_err(|e| format!("registering it: {e}"))
+            .map_err(at("registering it"))
     }
 
     /// Opens a handle of the state again, with its flags as far as this daemon's
@@ -131,7 +129,7 @@ impl PassthroughFs {
         &self,
         node: &InodeData,
         h: &format::Handle,
-    ) -> Result<File, String> {
+    ) -> Result<File, RestoreError> {
         let keep = libc::O_ACCMODE
             | libc::O_APPEND
             | libc::O_NONBLOCK
@@ -143,13 +141,15 @@ impl PassthroughFs {
         if node.is_dir() {
             flags = (flags & !libc::O_ACCMODE) | libc::O_RDONLY | libc::O_DIRECTORY;
         } else if node.share.read_only && flags & libc::O_ACCMODE != libc::O_RDONLY {
-            return Err("open for writing on a read-only volume".into());
+            return Err(RestoreError::Refused(
+                "open for writing on a read-only volume",
+            ));
         }
-        let file = self.reopen(node, flags).map_err(|e| e.to_string())?;
+        let file = self.reopen(node, flags)?;
         if let Some(off) = h.dir_offset {
             // SAFETY: lseek on an fd we own.
             cvt64(unsafe { libc::lseek64(file.as_raw_fd(), off as i64, libc::SEEK_SET) })
-                .map_err(|e| format!("its directory position: {e}"))?;
+                .map_err(at("its directory position"))?;
         }
         Ok(file)
     }
@@ -161,20 +161,25 @@ impl PassthroughFs {
         node: &InodeData,
         file: File,
         flags: i32,
-    ) -> Result<File, String> {
-        let st = sys::stat_fd(&file).map_err(|e| e.to_string())?;
+    ) -> Result<File, RestoreError> {
+        let st = sys::stat_fd(&file)?;
         let key = node.key();
         if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
-            return Err("the file the source handed over is another inode".into());
+            return Err(RestoreError::Refused(
+                "the file the source handed over is another inode",
+            ));
         }
         // SAFETY: F_GETFL on an fd we own.
-        let fl = cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })
-            .map_err(|e| e.to_string())?;
+        let fl = cvt(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) })?;
         if node.share.read_only && fl & libc::O_ACCMODE != libc::O_RDONLY {
-            return Err("a writable file handed over on a read-only volume".into());
+            return Err(RestoreError::Refused(
+                "a writable file handed over on a read-only volume",
+            ));
         }
         if fl & libc::O_ACCMODE != flags & libc::O_ACCMODE {
-            return Err("the file the source handed over has another access mode".into());
+            return Err(RestoreError::Refused(
+                "the file the source handed over has another access mode",
+            ));
         }
         Ok(file)
     }
@@ -188,16 +193,16 @@ impl PassthroughFs {
         access: i32,
         ranges: &[HeldRange],
         pending: &mut Vec<PendingLock>,
-    ) -> Result<File, String> {
+    ) -> Result<File, RestoreError> {
         if node.file_type() != libc::S_IFREG && node.file_type() != libc::S_IFDIR {
-            return Err("locks on a special file".into());
+            return Err(RestoreError::Refused("locks on a special file"));
         }
         if node.share.read_only && access != libc::O_RDONLY {
-            return Err("a writable lock file on a read-only volume".into());
+            return Err(RestoreError::Refused(
+                "a writable lock file on a read-only volume",
+            ));
         }
-        let file = self
-            .reopen(node, access | libc::O_NONBLOCK)
-            .map_err(|e| e.to_string())?;
+        let file = self.reopen(node, access | libc::O_NONBLOCK)?;
         let file = Arc::new(file);
         for r in ranges {
             let lock = FileLock {
@@ -206,7 +211,7 @@ impl PassthroughFs {
                 lock_type: r.kind as u32,
                 pid: 0,
             };
-            let fl = locks::to_flock(&lock).map_err(|e| e.to_string())?;
+            let fl = locks::to_flock(&lock)?;
             let mut try_fl = fl;
             // SAFETY: fcntl with a valid flock struct on an fd we own.
             match cvt(unsafe {
@@ -224,11 +229,11 @@ impl PassthroughFs {
                         fl,
                     })
                 }
-                Err(e) => return Err(format!("F_OFD_SETLK: {e}")),
+                Err(e) => return Err(at("F_OFD_SETLK")(e)),
             }
         }
         // The table keeps its own handle of the open file description.
-        let owned = file.try_clone().map_err(|e| e.to_string())?;
+        let owned = file.try_clone()?;
         Ok(owned)
     }
 

@@ -7,7 +7,9 @@
 //! its file handle. Loading treats the state as hostile: every name is one valid
 //! component, every walk starts at a volume's root and follows no symlink, every id
 //! is new and in range, every handle is checked to lead inside its volume, and a
-//! node must still be the kind of file the guest held.
+//! node must still be the kind of file the guest held. What is refused says why: a
+//! [`NameError`] for a name or path of the state, a [`RestoreError`] for one node,
+//! handle or lock not found again (the `why` of the load's error or log line).
 
 use std::collections::HashMap;
 
@@ -46,12 +48,97 @@ pub struct HandedFiles {
     pub flock_handles: HashMap<u64, File>,
 }
 
+/// A name or path of the state that the guest could not have looked up.
+#[derive(Debug)]
+pub(super) enum NameError {
+    /// A name (`path`: false) or path of `len` bytes: empty or too long.
+    Length {
+        path: bool,
+        len: usize,
+    },
+    /// `.` or `..` as a name.
+    Dot(String),
+    Slash(String),
+    Nul(String),
+    Absolute(String),
+}
+
+impl std::fmt::Display for NameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NameError::Length { path, len } => {
+                write!(
+                    f,
+                    "a {} of {len} bytes",
+                    if *path { "path" } else { "name" }
+                )
+            }
+            NameError::Dot(name) => write!(f, "the name {name:?}"),
+            NameError::Slash(name) => write!(f, "the name {name:?} has a '/'"),
+            NameError::Nul(name) => write!(f, "the name {name:?} has a NUL"),
+            NameError::Absolute(path) => write!(f, "the absolute path {path:?}"),
+        }
+    }
+}
+
+impl std::error::Error for NameError {}
+
+/// Why one node, handle or lock of the state was not found again.
+#[derive(Debug)]
+pub(super) enum RestoreError {
+    /// A host call failed; `step` names what it reached ("its directory",
+    /// "open_by_handle_at", "F_OFD_SETLK", ...), None: the node or file itself.
+    Host {
+        step: Option<&'static str>,
+        source: io::Error,
+    },
+    /// The node is now another kind of file than the guest held (`S_IFMT` values).
+    TypeChanged { now: u32, held: u32 },
+    /// What the state asks for is not what this daemon finds or allows.
+    Refused(&'static str),
+}
+
+/// A host error at `step`, for `map_err`.
+fn at(step: &'static str) -> impl Fn(io::Error) -> RestoreError {
+    move |source| RestoreError::Host {
+        step: Some(step),
+        source,
+    }
+}
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Host {
+                step: Some(step),
+                source,
+            } => write!(f, "{step}: {source}"),
+            RestoreError::Host { step: None, source } => write!(f, "{source}"),
+            RestoreError::TypeChanged { now, held } => write!(
+                f,
+                "it is now a {}; the guest held a {}",
+                type_name(*now),
+                type_name(*held)
+            ),
+            RestoreError::Refused(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for RestoreError {}
+
+impl From<io::Error> for RestoreError {
+    fn from(source: io::Error) -> Self {
+        RestoreError::Host { step: None, source }
+    }
+}
+
 /// What went wrong with one thing of the state, for `--migration-on-error`.
 struct Lost {
     what: LostKind,
     volume: String,
     path: String,
-    why: String,
+    why: RestoreError,
 }
 
 enum LostKind {
@@ -62,7 +149,7 @@ enum LostKind {
 
 impl Lost {
     fn into_error(self) -> LoadError {
-        let (volume, path, why) = (self.volume, self.path, self.why);
+        let (volume, path, why) = (self.volume, self.path, self.why.to_string());
         match self.what {
             LostKind::Node => LoadError::Node { volume, path, why },
             LostKind::Handle => LoadError::Handle { volume, path, why },
@@ -80,26 +167,28 @@ fn display(path: &[u8]) -> String {
 }
 
 /// A name from the state: one path component, as the guest could have looked it up.
-fn check_component(name: &[u8]) -> Result<CString, String> {
+fn check_component(name: &[u8]) -> Result<CString, NameError> {
     if name.is_empty() || name.len() > libc::NAME_MAX as usize {
-        return Err(format!("a name of {} bytes", name.len()));
+        let len = name.len();
+        return Err(NameError::Length { path: false, len });
     }
     if name == b"." || name == b".." {
-        return Err(format!("the name {:?}", display(name)));
+        return Err(NameError::Dot(display(name)));
     }
     if name.contains(&b'/') {
-        return Err(format!("the name {:?} has a '/'", display(name)));
+        return Err(NameError::Slash(display(name)));
     }
-    CString::new(name).map_err(|_| format!("the name {:?} has a NUL", display(name)))
+    CString::new(name).map_err(|_| NameError::Nul(display(name)))
 }
 
 /// A relative path from the state, as its components.
-fn check_path(path: &[u8]) -> Result<Vec<CString>, String> {
+fn check_path(path: &[u8]) -> Result<Vec<CString>, NameError> {
     if path.is_empty() || path.len() > MAX_PATH {
-        return Err(format!("a path of {} bytes", path.len()));
+        let len = path.len();
+        return Err(NameError::Length { path: true, len });
     }
     if path[0] == b'/' {
-        return Err(format!("the absolute path {:?}", display(path)));
+        return Err(NameError::Absolute(display(path)));
     }
     path.split(|&b| b == b'/').map(check_component).collect()
 }

@@ -1,5 +1,8 @@
 //! The daemon's lifecycle: set up the process, build the file system stack, serve one
 //! frontend, and exit 0 when it disconnects or on SIGTERM/SIGINT, removing the socket.
+//! What fails ends the daemon as a [`DaemonError`] (`error.rs`).
+
+mod error;
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
@@ -21,7 +24,9 @@ use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
 use crate::state::handoff::Handoff;
 
-pub fn run(config: Config) -> Result<(), String> {
+pub use error::DaemonError;
+
+pub fn run(config: Config) -> Result<(), DaemonError> {
     let socket_paths: Vec<PathBuf> = match &config.socket {
         SocketSource::Path(p) => vec![p.clone()],
         SocketSource::Fd(_) => Vec::new(),
@@ -43,13 +48,13 @@ pub fn run(config: Config) -> Result<(), String> {
     term.add(Signal::SIGTERM);
     term.add(Signal::SIGINT);
     term.thread_block()
-        .map_err(|e| format!("blocking SIGTERM/SIGINT: {e}"))?;
+        .map_err(|e| DaemonError::host("blocking SIGTERM/SIGINT", e))?;
     // The lock-wait wake-up signal only ever interrupts a lock wait: blocked in every
     // thread but the one waiting (see fs/locks.rs).
     let mut wake = SigSet::empty();
     wake.add(Signal::SIGUSR1);
     wake.thread_block()
-        .map_err(|e| format!("blocking SIGUSR1: {e}"))?;
+        .map_err(|e| DaemonError::host("blocking SIGUSR1", e))?;
     // Both sockets are bound under umask 077, whatever umask we were started with: no
     // other user may connect to them before their final modes are set. Only once they
     // exist, and before any guest request runs, is the umask cleared for the guest's
@@ -105,7 +110,7 @@ fn serve(
     socket_paths: &[PathBuf],
     socket_files: Arc<Vec<SocketFile>>,
     term: SigSet,
-) -> Result<(), String> {
+) -> Result<(), DaemonError> {
     // The sockets a migration's source and destination on this host hand the guest's
     // locks over with: made before the sandbox's network namespace, in the host's.
     let handoff = match Handoff::prepare() {
@@ -146,7 +151,7 @@ fn serve(
     let process_files = match &control {
         Some(_) => Some(
             crate::metrics::process::ProcessFiles::open()
-                .map_err(|e| format!("sandbox: opening /proc/self/status and stat: {e}"))?,
+                .map_err(|e| DaemonError::host("sandbox: opening /proc/self/status and stat", e))?,
         ),
         None => None,
     };
@@ -172,7 +177,10 @@ fn serve(
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
-    .map_err(|e| format!("--shared-dir {}: {e}", config.shared_dir.display()))?;
+    .map_err(|source| DaemonError::SharedDir {
+        path: config.shared_dir.clone(),
+        source,
+    })?;
 
     // Setup is done: from here each thread keeps only what its role needs.
     sandbox::caps::lock_down_process()?;
@@ -187,7 +195,7 @@ fn serve(
 
     let backend = Arc::new(
         FsBackend::new(&stack, config.num_request_queues)
-            .map_err(|e| format!("creating the queue workers' wake timers: {e}"))?,
+            .map_err(|e| DaemonError::host("creating the queue workers' wake timers", e))?,
     );
     let stats = backend.stats();
 
@@ -205,7 +213,7 @@ fn serve(
         }
         server
             .spawn(api)
-            .map_err(|e| format!("starting the control thread: {e}"))?;
+            .map_err(|e| DaemonError::host("starting the control thread", e))?;
     }
 
     // The queue workers are started by VhostUserDaemon::new; they inherit the
@@ -226,7 +234,7 @@ fn serve(
         move || {
             backend
                 .start_state_thread(state_cfg)
-                .map_err(|e| format!("starting the state thread: {e}"))
+                .map_err(|e| DaemonError::host("starting the state thread", e))
         }
     })?;
     // The main thread, and the vhost-user thread `start` creates, from here on.
@@ -256,10 +264,13 @@ fn serve(
         let mut daemon = daemons.next()?;
         backend
             .register_wake_timers(&daemon.get_epoll_handlers())
-            .map_err(|e| format!("adding the wake timers to the queue workers: {e}"))?;
+            .map_err(|e| DaemonError::host("adding the wake timers to the queue workers", e))?;
         daemon
             .start(&mut listener)
-            .map_err(|e| format!("accepting the frontend: {e}"))?;
+            .map_err(|source| DaemonError::Vhost {
+                step: "accepting the frontend",
+                source,
+            })?;
         info!("frontend connected");
         let result = daemon.wait();
         stats.connected.store(false, Ordering::Relaxed);
@@ -300,15 +311,15 @@ fn serve(
 /// for the worker role: the workers inherit that confinement, which the main thread,
 /// confined for its own role, could no longer give them.
 struct DaemonFactory {
-    ask: std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, String>>>,
+    ask: std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>,
 }
 
 type Daemon = VhostUserDaemon<Arc<FsBackend>>;
 
 impl DaemonFactory {
-    fn start(backend: Arc<FsBackend>) -> Result<DaemonFactory, String> {
+    fn start(backend: Arc<FsBackend>) -> Result<DaemonFactory, DaemonError> {
         let (ask, asks) =
-            std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, String>>>();
+            std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>();
         run_confined(ThreadRole::Worker, move || {
             std::thread::Builder::new()
                 .name("volfsd-workers".into())
@@ -319,23 +330,25 @@ impl DaemonFactory {
                             backend.clone(),
                             GuestMemoryAtomic::new(GuestMmap::default()),
                         )
-                        .map_err(|e| format!("creating the vhost-user daemon: {e}"));
+                        .map_err(|source| DaemonError::Vhost {
+                            step: "creating the vhost-user daemon",
+                            source,
+                        });
                         let _ = reply.send(daemon);
                     }
                 })
                 .map(|_| ())
-                .map_err(|e| format!("starting the thread that starts queue workers: {e}"))
+                .map_err(|e| DaemonError::host("starting the thread that starts queue workers", e))
         })?;
         Ok(DaemonFactory { ask })
     }
 
-    fn next(&self) -> Result<Daemon, String> {
+    fn next(&self) -> Result<Daemon, DaemonError> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.ask
             .send(tx)
-            .map_err(|_| "the thread that starts queue workers is gone".to_string())?;
-        rx.recv()
-            .map_err(|_| "the thread that starts queue workers is gone".to_string())?
+            .map_err(|_| DaemonError::WorkerStarterGone)?;
+        rx.recv().map_err(|_| DaemonError::WorkerStarterGone)?
     }
 }
 
@@ -343,17 +356,17 @@ impl DaemonFactory {
 /// `f` creates inherit that confinement.
 fn run_confined<T: Send + 'static>(
     role: ThreadRole,
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
+) -> Result<T, DaemonError> {
     std::thread::Builder::new()
         .name(format!("volfsd-{role:?}-start").to_lowercase())
         .spawn(move || {
             sandbox::confine_thread(role)?;
             f()
         })
-        .map_err(|e| format!("starting a {role:?} thread: {e}"))?
+        .map_err(|e| DaemonError::host(format!("starting a {role:?} thread"), e))?
         .join()
-        .map_err(|_| format!("the {role:?} start thread panicked"))?
+        .map_err(|_| DaemonError::Panicked { role })?
 }
 
 /// Runtime attach relies on mount propagation: a volume the node agent bind-mounts
@@ -378,19 +391,24 @@ struct SocketFile {
 }
 
 impl SocketFile {
-    fn open(path: &Path) -> Result<SocketFile, String> {
+    fn open(path: &Path) -> Result<SocketFile, DaemonError> {
         use std::os::unix::ffi::OsStrExt;
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        let name = path
-            .file_name()
-            .ok_or_else(|| format!("{}: no file name", path.display()))?;
-        let dir = std::fs::File::open(dir)
-            .map_err(|e| format!("{}: opening its directory: {e}", path.display()))?;
-        let name = std::ffi::CString::new(name.as_bytes())
-            .map_err(|_| format!("{}: NUL in name", path.display()))?;
+        let socket = || path.display().to_string();
+        let bad = |why| DaemonError::BadSocket {
+            socket: socket(),
+            why,
+        };
+        let name = path.file_name().ok_or_else(|| bad("no file name"))?;
+        let dir = std::fs::File::open(dir).map_err(|e| DaemonError::Socket {
+            socket: socket(),
+            step: Some("opening its directory".to_string()),
+            source: e.into(),
+        })?;
+        let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| bad("NUL in name"))?;
         Ok(SocketFile { dir, name })
     }
 
@@ -412,13 +430,15 @@ impl SocketFile {
     }
 }
 
-fn make_listener(socket: &SocketSource, group: Option<u32>) -> Result<Listener, String> {
+fn make_listener(socket: &SocketSource, group: Option<u32>) -> Result<Listener, DaemonError> {
     match socket {
         SocketSource::Path(path) => {
             remove_stale_socket(path)?;
             // Bound under umask 077 (set by `run`): 0700 from the start.
-            let listener = Listener::new(path, false)
-                .map_err(|e| format!("--socket-path {}: {e}", path.display()))?;
+            let listener = Listener::new(path, false).map_err(|source| DaemonError::Listen {
+                path: path.clone(),
+                source,
+            })?;
             set_socket_mode(path, group)?;
             Ok(listener)
         }
@@ -435,10 +455,12 @@ fn make_listener(socket: &SocketSource, group: Option<u32>) -> Result<Listener, 
 /// virtiofsd). With `--socket-group`: the group is set first, then the mode becomes
 /// 0770, the mode virtiofsd gives it (it binds under umask 007 and then chowns; here
 /// the group never has access before it is the right group).
-fn set_socket_mode(path: &Path, group: Option<u32>) -> Result<(), String> {
+fn set_socket_mode(path: &Path, group: Option<u32>) -> Result<(), DaemonError> {
     use std::os::unix::fs::PermissionsExt;
-    let err = |what: &str, e: &dyn std::fmt::Display| {
-        format!("--socket-path {}: {what}: {e}", path.display())
+    let err = |what: String, e: crate::error::HostError| DaemonError::Socket {
+        socket: format!("--socket-path {}", path.display()),
+        step: Some(what),
+        source: e,
     };
     let mode = match group {
         Some(gid) => {
@@ -449,44 +471,58 @@ fn set_socket_mode(path: &Path, group: Option<u32>) -> Result<(), String> {
                 Some(nix::unistd::Gid::from_raw(gid)),
                 nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             )
-            .map_err(|e| err(&format!("--socket-group {gid}: chown"), &e))?;
+            .map_err(|e| err(format!("--socket-group {gid}: chown"), e.into()))?;
             0o770
         }
         None => 0o700,
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| err("chmod", &e))
+        .map_err(|e| err("chmod".to_string(), e.into()))
 }
 
 /// A socket file left by an earlier run is replaced; any other file is an error, so
 /// a typo in --socket-path cannot delete someone's data.
-fn remove_stale_socket(path: &Path) -> Result<(), String> {
+fn remove_stale_socket(path: &Path) -> Result<(), DaemonError> {
+    let socket = format!("--socket-path {}", path.display());
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| {
-            format!(
-                "--socket-path {}: removing stale socket: {e}",
-                path.display()
-            )
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(|e| DaemonError::Socket {
+                socket,
+                step: Some("removing stale socket".to_string()),
+                source: e.into(),
+            })
+        }
+        Ok(_) => Err(DaemonError::BadSocket {
+            socket,
+            why: "exists and is not a socket",
         }),
-        Ok(_) => Err(format!(
-            "--socket-path {}: exists and is not a socket",
-            path.display()
-        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("--socket-path {}: {e}", path.display())),
+        Err(e) => Err(DaemonError::Socket {
+            socket,
+            step: None,
+            source: e.into(),
+        }),
     }
 }
 
-fn check_listening_socket(fd: RawFd) -> Result<(), String> {
+fn check_listening_socket(fd: RawFd) -> Result<(), DaemonError> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    let socket = format!("--fd {fd}");
     // SAFETY: fstat fills `st`; the result is checked.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
-        return Err(format!("--fd {fd}: {}", std::io::Error::last_os_error()));
+        return Err(DaemonError::Socket {
+            socket,
+            step: None,
+            source: crate::error::HostError::last(),
+        });
     }
     // SAFETY: fstat succeeded.
     let st = unsafe { st.assume_init() };
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err(format!("--fd {fd}: not a socket"));
+        return Err(DaemonError::BadSocket {
+            socket,
+            why: "not a socket",
+        });
     }
     Ok(())
 }
