@@ -191,7 +191,9 @@ fn serve(
         file_handles: config.file_handles != crate::fs::file_handle::FileHandleMode::Never,
     });
     spawn_signal_thread(term, socket_files.clone());
-    crate::logging::spawn_summary_thread()?;
+    crate::logging::spawn_summary_thread(|| {
+        sandbox::confine_thread_or_exit(sandbox::ThreadRole::Logger)
+    })?;
 
     let backend = Arc::new(
         FsBackend::new(&stack, config.num_request_queues)

@@ -239,8 +239,9 @@ static LOGGER: std::sync::OnceLock<Arc<GuardLogger>> = std::sync::OnceLock::new(
 /// Separate from [`init`]: logging starts before the sandbox (it may connect to
 /// /dev/log), threads only after it. The thread starts with every signal blocked (it
 /// inherits the mask), so that SIGTERM/SIGINT reach the daemon's signal thread, never
-/// this one.
-pub fn spawn_summary_thread() -> Result<(), LogError> {
+/// this one. `confine` runs first on the new thread: the caller's sandbox for it
+/// (logging knows no sandbox, which logs through it).
+pub fn spawn_summary_thread(confine: impl FnOnce() + Send + 'static) -> Result<(), LogError> {
     let Some(logger) = LOGGER.get().cloned() else {
         return Ok(());
     };
@@ -255,7 +256,7 @@ pub fn spawn_summary_thread() -> Result<(), LogError> {
     let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
         .spawn(move || {
-            crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Logger);
+            confine();
             loop {
                 std::thread::sleep(SUMMARY_PERIOD / 2);
                 logger.flush_suppressed(Instant::now());
