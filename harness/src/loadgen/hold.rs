@@ -9,9 +9,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::prepare::say;
-use super::run::lookup_work_dir;
 use super::session::Session;
-use super::volumes::Target;
+use super::volumes::{lookup_work_dir, Target};
 use super::{e, LgResult, Options};
 use crate::frontend::FuseOps;
 

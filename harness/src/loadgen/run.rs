@@ -11,13 +11,15 @@ use std::time::{Duration, Instant, SystemTime};
 use super::driver::{self, SlotQueue};
 use super::prepare::{prepare_dir, prepare_read_file, prepare_write_file, say, verify_write_file};
 use super::session::{forget_batch, Session};
-use super::volumes::{self, slot_volume, unix_ms, Series, Target, VolumeResult, SERIES_INTERVAL};
+use super::volumes::{
+    self, lookup_work_dir, slot_volume, unix_ms, Series, Target, VolumeResult, SERIES_INTERVAL,
+};
 use super::workloads::{
     entry_name, Ctx, DataJob, GetattrJob, Job, LookupJob, MetaJob, ReaddirJob, Step,
 };
 use super::{
     e, Latency, LgResult, Options, Report, Workload, WorkloadResult, DIR_10K, LARGE_BLOCK,
-    READ_FILE, WORK_DIR, WRITE_FILE,
+    READ_FILE, WRITE_FILE,
 };
 use super::{pattern, workloads};
 use crate::fixtures::host::{clock_ticks_per_second, tree_cpu_ticks};
@@ -181,30 +183,6 @@ fn latency(sorted: &[u64]) -> Latency {
         mean_us: mean,
         max_us: sorted.last().copied().unwrap_or(0) as f64 / 1000.0,
     }
-}
-
-/// Looks up the target's volume from the guest's root (each component of its
-/// name) and then its work dir; every lookup is counted in `forgets`. Returns the
-/// work dir's node id.
-pub(super) fn lookup_work_dir(
-    q: &mut SlotQueue,
-    t: &Target,
-    forgets: &mut HashMap<u64, u64>,
-) -> LgResult<u64> {
-    let mut node = 1;
-    for part in &t.guest_path {
-        node = q
-            .lookup(node, part)
-            .map_err(e(format!("LOOKUP volume /{}", t.name)))?
-            .nodeid;
-        *forgets.entry(node).or_default() += 1;
-    }
-    node = q
-        .lookup(node, WORK_DIR)
-        .map_err(e(format!("{}LOOKUP work dir", t.label())))?
-        .nodeid;
-    *forgets.entry(node).or_default() += 1;
-    Ok(node)
 }
 
 /// What one volume's jobs need, set up before the timed part.

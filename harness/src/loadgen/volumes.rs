@@ -10,12 +10,15 @@
 //! a script that changes a volume's limits while the load runs can see when the
 //! rate follows.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{Latency, LgResult, Options, WORK_DIR};
+use super::driver::SlotQueue;
+use super::{e, Latency, LgResult, Options, WORK_DIR};
+use crate::frontend::FuseOps;
 
 /// Width of the intervals of the per-volume time series.
 pub const SERIES_INTERVAL: Duration = Duration::from_millis(100);
@@ -193,6 +196,30 @@ pub struct VolumeResult {
     /// Completions per interval of the wall clock, from the workload's
     /// `start_unix_ms`; the last interval ends at `end_unix_ms` (partial).
     pub series: Vec<Interval>,
+}
+
+/// Looks up the target's volume from the guest's root (each component of its
+/// name) and then its work dir; every lookup is counted in `forgets`. Returns the
+/// work dir's node id.
+pub(super) fn lookup_work_dir(
+    q: &mut SlotQueue,
+    t: &Target,
+    forgets: &mut HashMap<u64, u64>,
+) -> LgResult<u64> {
+    let mut node = 1;
+    for part in &t.guest_path {
+        node = q
+            .lookup(node, part)
+            .map_err(e(format!("LOOKUP volume /{}", t.name)))?
+            .nodeid;
+        *forgets.entry(node).or_default() += 1;
+    }
+    node = q
+        .lookup(node, WORK_DIR)
+        .map_err(e(format!("{}LOOKUP work dir", t.label())))?
+        .nodeid;
+    *forgets.entry(node).or_default() += 1;
+    Ok(node)
 }
 
 #[cfg(test)]
