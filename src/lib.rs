@@ -1,13 +1,21 @@
 //! volfsd: a vhost-user virtio-fs backend for MicroVM sandbox platforms.
+//!
+//! Every module is crate-private: the binary runs [`main`], and the harness, the
+//! fuzz targets and the man page generator reach what they need through
+//! [`exports`], the one deliberate door, so the compiler reports dead code.
 
-pub mod config;
-pub mod control;
-pub mod daemon;
-pub mod device;
-pub mod error;
-pub mod fs;
-pub mod logging;
-pub mod metrics;
-pub mod qos;
-pub mod sandbox;
-pub mod state;
+mod cli;
+mod config;
+mod control;
+mod daemon;
+mod device;
+mod error;
+pub mod exports;
+mod fs;
+mod logging;
+mod metrics;
+mod qos;
+mod sandbox;
+mod state;
+
+pub use cli::main;

@@ -15,11 +15,11 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use volfsd::control::http::{read_request, reason, ReadError};
-use volfsd::control::Api;
-use volfsd::device::DeviceStats;
-use volfsd::fs::names::valid_volume_name;
-use volfsd::fs::{self, CacheMode, PassthroughConfig, Stack};
+use volfsd::exports::control::http::{read_request, reason, ReadError};
+use volfsd::exports::control::Api;
+use volfsd::exports::device::DeviceStats;
+use volfsd::exports::fs::names::valid_volume_name;
+use volfsd::exports::fs::{self, CacheMode, PassthroughConfig, Stack};
 
 use crate::common::{tree_checksum, Scratch};
 
@@ -47,7 +47,7 @@ fn state() -> &'static State {
         std::os::unix::fs::symlink("hidden", p.join("link")).unwrap();
         std::os::unix::fs::symlink("/etc", p.join("out")).unwrap();
         let specs =
-            volfsd::config::parse_allowed_dirs(&p, &["data".to_string(), "ro:ro".to_string()])
+            volfsd::exports::config::parse_allowed_dirs(&p, &["data".to_string(), "ro:ro".to_string()])
                 .unwrap();
         let stack = fs::build(
             &p,

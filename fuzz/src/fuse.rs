@@ -38,7 +38,7 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use fuse_backend_rs::transport::{FuseDevWriter, Writer};
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 use crate::common::{
     check_fds, limit_file_size, open_fds, tree_checksum, Cursor, Scratch, Watchdog,
@@ -196,7 +196,7 @@ fn state() -> &'static Mutex<State> {
         std::fs::create_dir_all(p.join("hidden")).unwrap();
         std::fs::write(p.join("hidden/secret"), b"SECRET").unwrap();
         let specs =
-            volfsd::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
+            volfsd::exports::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
                 .unwrap();
         // SAFETY: memfd_create with a valid name; the fd is owned by the File.
         let replies = unsafe {

@@ -15,10 +15,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::sync::OnceLock;
 
-use volfsd::config::{parse_allowed_dirs, split_access};
-use volfsd::fs::names::valid_volume_name;
-use volfsd::fs::resolve_share_path;
-use volfsd::fs::SharePath;
+use volfsd::exports::config::{parse_allowed_dirs, split_access};
+use volfsd::exports::fs::names::valid_volume_name;
+use volfsd::exports::fs::resolve_share_path;
+use volfsd::exports::fs::SharePath;
 
 use crate::common::Scratch;
 

@@ -21,10 +21,10 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use fuse_backend_rs::transport::{FuseDevWriter, Writer};
-use volfsd::fs::passthrough::state::HandedFiles;
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
-use volfsd::state::format::{self, GuestView};
-use volfsd::state::{LoadOptions, OnError};
+use volfsd::exports::fs::passthrough::state::HandedFiles;
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
+use volfsd::exports::state::format::{self, GuestView};
+use volfsd::exports::state::{LoadOptions, OnError};
 
 use crate::common::{check_fds, open_fds, tree_checksum, tree_inodes, Scratch, Watchdog};
 use crate::fuse::{init_body, op, request};
@@ -56,7 +56,7 @@ fn state() -> &'static Mutex<State> {
         let _ = std::os::unix::fs::symlink("/etc", p.join("rw/out"));
         let _ = std::os::unix::fs::symlink("../hidden", p.join("rw/up"));
         let specs =
-            volfsd::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
+            volfsd::exports::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
                 .unwrap();
         // SAFETY: memfd_create with a valid name; the fd is owned by the File.
         let replies = unsafe {

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
-use volfsd::device::later::{Later, Parked, WaitRoom, WakeTimer};
-use volfsd::device::queue::{self, QueueRef};
-use volfsd::device::ring::{QueueCounters, QueueHealth, RingRef};
-use volfsd::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
+use volfsd::exports::device::later::{Later, Parked, WaitRoom, WakeTimer};
+use volfsd::exports::device::queue::{self, QueueRef};
+use volfsd::exports::device::ring::{QueueCounters, QueueHealth, RingRef};
+use volfsd::exports::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 use crate::common::{limit_file_size, tree_checksum, Cursor, Scratch, Watchdog};
 
@@ -64,7 +64,7 @@ fn state() -> &'static Mutex<State> {
         let specs =
             // rw is rate-limited so that some requests wait out of the ring and are
             // served at a later kick (a bucket of 4 requests, refilled every 1 ms).
-            volfsd::config::parse_allowed_dirs(
+            volfsd::exports::config::parse_allowed_dirs(
                 &p,
                 &[
                     "rw,ops_size=4,ops_refill_time_ms=1".to_string(),

@@ -33,8 +33,8 @@ use vm_memory::{
     Address, ByteValued, Bytes, FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap,
     GuestMemoryRegion, GuestRegionMmap,
 };
-use volfsd::device::GuestMmap;
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig};
+use volfsd::exports::device::GuestMmap;
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig};
 
 /// The daemon's bitmap, named through its memory type.
 type Daemons = <<GuestMmap as GuestMemory>::R as GuestMemoryRegion>::B;

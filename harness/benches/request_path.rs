@@ -20,9 +20,9 @@ use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
-use volfsd::control::Api;
-use volfsd::device::{DeviceStats, GuestMmap};
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig};
+use volfsd::exports::control::Api;
+use volfsd::exports::device::{DeviceStats, GuestMmap};
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig};
 
 const VRING_DESC_F_NEXT: u16 = 1;
 const VRING_DESC_F_WRITE: u16 = 2;

@@ -11,7 +11,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-use volfsd::sandbox::{seccomp, SeccompMode, ThreadRole};
+use volfsd::exports::sandbox::{seccomp, SeccompMode, ThreadRole};
 
 const CALLS: u64 = 1_000_000;
 const ROUNDS: usize = 7;

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
-use volfsd::state::format::{self, Location, SessionState};
+use volfsd::exports::state::format::{self, Location, SessionState};
 use volfsd_harness::fixtures::host::{host_lock, host_sees_flock, host_sees_lock};
 use volfsd_harness::fixtures::requests::lock_request;
 use volfsd_harness::fixtures::{assert_errno, is_virtiofsd, Daemon, TestDir, RDONLY, RDWR, ROOT};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, ATTR_SUBMOUNT};
 use fuse_backend_rs::api::filesystem::{Context, Entry, FileSystem};
 use mounted::{Mounted, TempDir};
-use volfsd::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs};
+use volfsd::exports::fs::{self as vfs, CacheMode, ExtraOps, PassthroughConfig, VolFs};
 use volfsd_harness::fixtures;
 
 const ROOT: u64 = 1;
@@ -42,7 +42,7 @@ fn platform_layout() -> TempDir {
 fn stack(sd: &Path, allowed: &[&str]) -> Arc<VolFs> {
     let sd = sd.canonicalize().unwrap();
     let args: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
-    let specs = volfsd::config::parse_allowed_dirs(&sd, &args).unwrap();
+    let specs = volfsd::exports::config::parse_allowed_dirs(&sd, &args).unwrap();
     vfs::build(&sd, Some(&specs), false, cfg()).unwrap().fs
 }
 
@@ -81,7 +81,7 @@ fn allowed_dir_validation_names_path_and_reason() {
     std::os::unix::fs::symlink("hidden", root.join("link")).unwrap();
     let err = |args: &[&str]| {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        volfsd::config::parse_allowed_dirs(&root, &args)
+        volfsd::exports::config::parse_allowed_dirs(&root, &args)
             .unwrap_err()
             .to_string()
     };
@@ -474,7 +474,7 @@ fn read_only_share_refuses_writes_through_read_only_handles() {
     assert_eq!(
         err_of(fs.copy_file_range(
             &x,
-            volfsd::fs::CopyRange {
+            volfsd::exports::fs::CopyRange {
                 nodeid_in: af,
                 fh_in: afh.unwrap(),
                 off_in: 0,
@@ -508,7 +508,7 @@ fn read_only_share_refuses_writes_through_read_only_handles() {
 fn kernel_refuses_writes_to_a_read_only_share_without_the_daemon_check() {
     let sd = platform_layout();
     let root = sd.path().canonicalize().unwrap();
-    let specs = volfsd::config::parse_allowed_dirs(&root, &["b:ro".to_string()]).unwrap();
+    let specs = volfsd::exports::config::parse_allowed_dirs(&root, &["b:ro".to_string()]).unwrap();
     let stack = vfs::build(&root, Some(&specs), false, cfg()).unwrap();
     let unguarded = stack.fs.inner();
     let x = ctx();
@@ -611,7 +611,7 @@ fn daemon_wide_readonly_applies_to_volumes_attached_later() {
     let root = sd.path().canonicalize().unwrap();
     let stack = vfs::build(&root, Some(&[]), true, cfg()).unwrap();
     let fs = stack.fs.clone();
-    let specs = volfsd::config::parse_allowed_dirs(&root, &["a".to_string()]).unwrap();
+    let specs = volfsd::exports::config::parse_allowed_dirs(&root, &["a".to_string()]).unwrap();
     assert!(!specs[0].read_only);
     let share = stack.volumes.attach(&specs[0]).unwrap();
     assert!(share.read_only);

@@ -372,7 +372,7 @@ fn readonly_share_refuses_every_mutation() {
 #[test]
 fn readonly_statfs_reports_st_rdonly() {
     use fuse_backend_rs::api::filesystem::{Context, FileSystem};
-    use volfsd::fs::{build, CacheMode, PassthroughConfig};
+    use volfsd::exports::fs::{build, CacheMode, PassthroughConfig};
     let shared = TempDir::new("shared");
     let cfg = PassthroughConfig::new(CacheMode::None, false);
     let ro = build(shared.path(), None, true, cfg.clone()).unwrap().fs;

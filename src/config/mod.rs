@@ -21,7 +21,7 @@ mod args;
 mod tests;
 pub mod virtiofsd_compat;
 
-pub use args::{Args, CacheArg, FileHandlesArg, LogFormatArg, LogLevel, PosixAclArg};
+pub use args::{Args, PosixAclArg};
 
 /// Where the vhost-user socket comes from.
 #[derive(Clone, Debug, Eq, PartialEq)]

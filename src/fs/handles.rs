@@ -198,14 +198,6 @@ impl HandleStore {
     pub fn count_share(&self, share: &Share) -> usize {
         share.usage.handles.load(Ordering::Relaxed)
     }
-
-    pub fn len(&self) -> usize {
-        self.map.read().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

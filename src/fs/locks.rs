@@ -354,14 +354,6 @@ impl LockTable {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.files.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 extern "C" fn wake_handler(_: libc::c_int) {}

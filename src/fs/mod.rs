@@ -51,10 +51,10 @@ use fuse_backend_rs::api::filesystem::{Context, Entry};
 pub use passthrough::{PassthroughConfig, PassthroughFs};
 pub use readonly::ReadOnlyGuard;
 pub use registry::{AttachError, ShareSpec};
-pub use server::{FsServer, RequestError};
+pub use server::FsServer;
 pub use session::Limits;
-pub use share_root::{resolve_share_path, resolve_share_path_in, SharePath, SharePathError};
-pub use volumes::{ShareInfo, VolumeFs, Volumes};
+pub use share_root::{resolve_share_path, resolve_share_path_in, SharePath};
+pub use volumes::{ShareInfo, Volumes};
 
 /// The guest cache policy (`--cache`).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

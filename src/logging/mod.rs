@@ -287,6 +287,7 @@ pub enum Sink {
         pid: u32,
     },
     /// Collected lines (tests).
+    #[cfg(test)]
     Memory(Mutex<Vec<String>>),
 }
 
@@ -314,6 +315,7 @@ impl Sink {
                 let line = format!("<{}>volfsd[{pid}]: {msg}", 3 * 8 + severity);
                 let _ = sock.lock().unwrap().send(line.as_bytes());
             }
+            #[cfg(test)]
             Sink::Memory(lines) => lines.lock().unwrap().push(format!("{level} {msg}")),
         }
     }
@@ -352,6 +354,7 @@ impl GuardLogger {
     }
 
     /// With another budget (tests).
+    #[cfg(test)]
     pub fn with_budget(self, budget: Budget, now: Instant) -> Self {
         self.limits.lock().unwrap().budget = LogBudget::new(budget, now);
         self
@@ -380,6 +383,7 @@ impl GuardLogger {
     }
 
     /// The lines written so far, for a [`Sink::Memory`] logger.
+    #[cfg(test)]
     pub fn lines(&self) -> Vec<String> {
         match &self.sink {
             Sink::Memory(lines) => lines.lock().unwrap().clone(),

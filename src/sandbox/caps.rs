@@ -34,6 +34,7 @@ impl CapSet {
         CapSet(caps.iter().fold(0, |m, c| m | (1u64 << c)))
     }
 
+    #[cfg(test)]
     pub fn contains(self, cap: u32) -> bool {
         self.0 & (1u64 << cap) != 0
     }

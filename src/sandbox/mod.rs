@@ -29,7 +29,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use error::{FilterError, SandboxError};
-pub use mounts::Outside;
 pub use namespaces::{IdMaps, IdRange, Ids};
 
 /// `--sandbox`, as in virtiofsd.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 use serde_json::json;
-use volfsd::logging::{Budget, BUDGET, BUDGET_REPORT, DEBUG_BUDGET};
+use volfsd::exports::logging::{Budget, BUDGET, BUDGET_REPORT, DEBUG_BUDGET};
 use volfsd_harness::frontend::fuse::{FuseClient, FuseOps, InitParams, Request};
 use volfsd_harness::frontend::Error;
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use fuse_backend_rs::transport::FuseSession;
-use volfsd::fs::file_handle::FileHandleMode;
-use volfsd::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
+use volfsd::exports::fs::file_handle::FileHandleMode;
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -85,10 +85,9 @@ impl Mounted {
 
     pub fn with(shared: &Path, opts: MountOptions) -> Self {
         let shared = shared.canonicalize().unwrap();
-        let specs: Option<Vec<ShareSpec>> = opts
-            .allowed
-            .as_ref()
-            .map(|a| volfsd::config::parse_allowed_dirs(&shared, a).expect("valid --allowed-dir"));
+        let specs: Option<Vec<ShareSpec>> = opts.allowed.as_ref().map(|a| {
+            volfsd::exports::config::parse_allowed_dirs(&shared, a).expect("valid --allowed-dir")
+        });
         let fs = fs::build(
             &shared,
             specs.as_deref(),

@@ -1,8 +1,8 @@
 //! Writes volfsd's man page and shell completions from its clap definitions, so they
 //! never drift from the flags the daemon really takes:
 //!
-//! - `volfsd.1`: the daemon's options (`volfsd::config::Args`), with a CONTROL CLIENT
-//!   section for `volfsd ctl` (`volfsd::control::client::CtlArgs`, a second parser
+//! - `volfsd.1`: the daemon's options (`volfsd::exports::config::Args`), with a CONTROL CLIENT
+//!   section for `volfsd ctl` (`volfsd::exports::control::client::CtlArgs`, a second parser
 //!   that src/main.rs dispatches by hand);
 //! - `volfsd.bash`, `_volfsd` (zsh), `volfsd.fish`: completions of both, `ctl` as a
 //!   subcommand of `volfsd`.
@@ -19,8 +19,8 @@ use clap_complete::Shell;
 use clap_mangen::Man;
 use roff::{bold, italic, roman, Inline, Roff};
 
-use volfsd::config::Args;
-use volfsd::control::client::CtlArgs;
+use volfsd::exports::config::Args;
+use volfsd::exports::control::client::CtlArgs;
 
 const BIN: &str = "volfsd";
 

@@ -79,7 +79,7 @@ use bind::{attach, detach};
 use error::decode;
 pub use error::CtlError;
 use http::expect;
-pub use http::{request, Response};
+pub use http::request;
 
 /// Runs `volfsd ctl ...`; returns the text to print.
 pub fn run(args: CtlArgs) -> Result<String, CtlError> {

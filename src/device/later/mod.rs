@@ -35,7 +35,7 @@ use crate::state::format::ParkedRequest;
 
 pub use lines::WaitRoom;
 pub use lock_waits::lock_waiters;
-pub use parked::{chain_at, Parked, Refused};
+pub use parked::{chain_at, Parked};
 pub use timer::{WakeTimer, WakeTimers};
 
 /// What waits on one queue, beside its ring.

@@ -527,15 +527,6 @@ impl InodeStore {
     pub fn count_share(&self, share: &Share) -> usize {
         share.usage.nodes.load(Ordering::Relaxed)
     }
-
-    /// Number of live node ids (fixed ones included).
-    pub fn len(&self) -> usize {
-        self.maps.read().unwrap().by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

@@ -25,13 +25,13 @@ use seccompiler::{
 
 use super::{FilterError, SandboxError, SeccompMode, ThreadRole};
 
+#[cfg(test)]
 mod docs_table;
 mod table;
 #[cfg(test)]
 mod tests;
 mod trap;
 
-pub use docs_table::markdown_table;
 use table::*;
 
 /// Installs `role`'s filter on the calling thread (and on the threads it creates

@@ -234,7 +234,7 @@ fn trap_mode_names_the_call_and_the_thread_and_exits_1() {
 fn docs_table_is_current() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOC);
     let doc = std::fs::read_to_string(&path).unwrap_or_default();
-    let table = markdown_table();
+    let table = super::docs_table::markdown_table();
     let current = doc
         .split_once(BEGIN)
         .and_then(|(_, rest)| rest.split_once(END))

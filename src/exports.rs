@@ -1,0 +1,81 @@
+//! What the daemon's harness (integration tests, benches, the load generator), its
+//! fuzz targets and its man page generator reach: the one deliberate door into the
+//! crate, laid out as the modules it comes from. Everything else is crate-private,
+//! so the compiler reports what nothing uses.
+
+pub mod config {
+    pub use crate::config::{parse_allowed_dirs, split_access, Args};
+}
+
+pub mod control {
+    pub use crate::control::Api;
+
+    pub mod client {
+        pub use crate::control::client::CtlArgs;
+    }
+
+    pub mod http {
+        pub use crate::control::http::{read_request, reason, ReadError};
+    }
+}
+
+/// The device's queue serving, driven by the `virtqueue` fuzz target and benches.
+pub mod device {
+    pub use crate::device::{DeviceStats, GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
+
+    pub mod later {
+        pub use crate::device::later::{Later, Parked, WaitRoom, WakeTimer};
+    }
+
+    pub mod queue {
+        pub use crate::device::queue::{process, QueueRef};
+    }
+
+    pub mod ring {
+        pub use crate::device::ring::{QueueCounters, QueueHealth, RingRef};
+    }
+}
+
+/// The file system stack, driven in-process by tests, benches and fuzz targets.
+pub mod fs {
+    pub use crate::fs::{
+        build, resolve_share_path, CacheMode, CopyRange, ExtraOps, FsServer, PassthroughConfig,
+        SharePath, ShareSpec, Stack, VolFs,
+    };
+
+    pub mod file_handle {
+        pub use crate::fs::file_handle::FileHandleMode;
+    }
+
+    pub mod names {
+        pub use crate::fs::names::valid_volume_name;
+    }
+
+    pub mod passthrough {
+        pub mod state {
+            pub use crate::fs::passthrough::state::HandedFiles;
+        }
+    }
+}
+
+pub mod logging {
+    pub use crate::logging::{Budget, BUDGET, BUDGET_REPORT, DEBUG_BUDGET};
+}
+
+pub mod sandbox {
+    pub use crate::sandbox::{SeccompMode, ThreadRole};
+
+    pub mod seccomp {
+        pub use crate::sandbox::seccomp::apply;
+    }
+}
+
+pub mod state {
+    pub use crate::state::{LoadOptions, OnError};
+
+    pub mod format {
+        pub use crate::state::format::{
+            decode, encode, FileHandle, GuestView, Location, SessionState,
+        };
+    }
+}
