@@ -159,10 +159,10 @@ mod prelude {
     pub(super) use super::super::inodes::{InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
     pub(super) use super::super::names::{check_entry_name, check_name, is_dot_or_dotdot};
+    pub(super) use super::super::options::{AclMode, CacheMode};
     pub(super) use super::super::share::ShareStats;
     pub(super) use super::super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
     pub(super) use super::super::xattrs;
-    pub(super) use super::super::{AclMode, CacheMode};
     pub(super) use super::{borrow_file, PassthroughFs};
     pub(super) use std::sync::atomic::{AtomicBool, Ordering};
 
