@@ -14,8 +14,8 @@ use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
+use super::ops::{CopyRange, ExtraOps};
 use super::reply::reply;
-use super::{CopyRange, ExtraOps};
 
 /// Opcodes fuse-backend-rs 0.14's `Opcode` enum lacks.
 pub const OPCODE_SYNCFS: u32 = 50;

@@ -31,7 +31,9 @@ use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::{extra_ops, init, reply, Stack, VolFs, Volumes};
+use super::stack::{Stack, VolFs};
+use super::volumes::Volumes;
+use super::{extra_ops, init, reply};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.

@@ -13,10 +13,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::init;
 use super::passthrough::state::{HandedFiles, SavedTables};
 use super::registry::VIRTUAL_BIT;
+use super::server::FsServer;
 use super::share::Share;
-use super::{init, FsServer};
 use crate::qos::{BucketConfig, QosError, RateLimit};
 use crate::state::format::{self, GuestView, SessionState};
 use crate::state::{LoadError, LoadOptions, LoadReport, SaveOptions};

@@ -15,12 +15,8 @@ use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::SetattrValid;
-use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, CreateIn, FsOptions, OpenOptions};
-use fuse_backend_rs::api::filesystem::{
-    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
-    ZeroCopyWriter,
-};
+use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem};
 use log::{info, warn};
 
 use super::layer::fs_layer;
@@ -30,7 +26,6 @@ use super::registry::{AttachError, Child, Registry, ShareSpec, ROOT_ID};
 use super::share::Share;
 use super::share_root::{changed_since_checked, open_share_dir, open_share_root, private_mount};
 use super::sys::{self, errno};
-use super::{CopyRange, ExtraOps};
 use crate::qos::RateLimit;
 
 /// The errno of every mutation in a virtual directory.
@@ -205,127 +200,52 @@ impl VolumeFs {
     }
 }
 
+// What differs from the volume below: the virtual directories.
 fs_layer! {
     self: VolumeFs => inner;
-    fn init(capable: FsOptions) -> io::Result<FsOptions> = pass;
-    fn destroy() = pass;
-    fn lookup(ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry>
-        = own => self.lookup_routed(ctx, parent, name);
-    fn forget(ctx: &Context, inode: u64, count: u64) = pass;
-    fn batch_forget(ctx: &Context, requests: Vec<(u64, u64)>) = pass;
-    fn getattr(ctx: &Context, inode: u64, handle: Option<u64>)
-        -> io::Result<(stat64, Duration)>
-        = route(inode) => Ok((self.vdir_entry(inode).attr, self.timeout));
-    fn setattr(ctx: &Context, inode: u64, attr: stat64, handle: Option<u64>, valid: SetattrValid)
-        -> io::Result<(stat64, Duration)> = route(inode) => Err(refuse());
-    fn readlink(ctx: &Context, inode: u64) -> io::Result<Vec<u8>>
-        = route(inode) => Err(errno(libc::EINVAL));
-    fn symlink(ctx: &Context, linkname: &CStr, parent: u64, name: &CStr)
-        -> io::Result<Entry> = route(parent) => Err(refuse());
-    fn mknod(ctx: &Context, parent: u64, name: &CStr, mode: u32, rdev: u32, umask: u32)
-        -> io::Result<Entry> = route(parent) => Err(refuse());
-    fn mkdir(ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32)
-        -> io::Result<Entry> = route(parent) => Err(refuse());
-    fn unlink(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()>
-        = route(parent) => Err(refuse());
-    fn rmdir(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()>
-        = route(parent) => Err(refuse());
-    fn rename(ctx: &Context, olddir: u64, oldname: &CStr, newdir: u64, newname: &CStr, flags: u32)
-        -> io::Result<()> = own => self.two_nodes(olddir, newdir, || {
+    others = pass;
+    lookup(ctx, parent, name) = own => self.lookup_routed(ctx, parent, name);
+    getattr(_, inode, ..) = route => Ok((self.vdir_entry(inode).attr, self.timeout));
+    // Every mutation in a virtual directory.
+    setattr, symlink, mknod, mkdir, unlink, rmdir, create, setxattr, removexattr, tmpfile
+        = route => Err(refuse());
+    // An operation on two nodes: refused if either is a virtual directory.
+    rename(ctx, olddir, oldname, newdir, newname, flags) = own => {
+        self.two_nodes(olddir, newdir, || {
             self.inner.rename(ctx, olddir, oldname, newdir, newname, flags)
-        });
-    fn link(ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry>
-        = own => self.two_nodes(inode, newparent, || {
-            self.inner.link(ctx, inode, newparent, newname)
-        });
-    fn open(ctx: &Context, inode: u64, flags: u32, fuse_flags: u32)
-        -> io::Result<(Option<u64>, OpenOptions, Option<u32>)>
-        = route(inode) => Err(errno(libc::EISDIR));
-    fn create(ctx: &Context, parent: u64, name: &CStr, args: CreateIn)
-        -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)>
-        = route(parent) => Err(refuse());
-    fn read(ctx: &Context, inode: u64, handle: u64, w: &mut dyn ZeroCopyWriter, size: u32,
-        offset: u64, lock_owner: Option<u64>, flags: u32) -> io::Result<usize> = pass;
-    fn write(ctx: &Context, inode: u64, handle: u64, r: &mut dyn ZeroCopyReader, size: u32,
-        offset: u64, lock_owner: Option<u64>, delayed_write: bool, flags: u32, fuse_flags: u32)
-        -> io::Result<usize> = pass;
-    fn flush(ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> = pass;
-    fn fsync(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> = pass;
-    fn fallocate(ctx: &Context, inode: u64, handle: u64, mode: u32, offset: u64, length: u64)
-        -> io::Result<()> = pass;
-    fn release(ctx: &Context, inode: u64, flags: u32, handle: u64, flush: bool,
-        flock_release: bool, lock_owner: Option<u64>) -> io::Result<()> = pass;
-    fn statfs(ctx: &Context, inode: u64) -> io::Result<statvfs64>
-        = route(inode) => self.statfs_virtual();
-    fn setxattr(ctx: &Context, inode: u64, name: &CStr, value: &[u8], flags: u32)
-        -> io::Result<()> = route(inode) => Err(refuse());
-    fn getxattr(ctx: &Context, inode: u64, name: &CStr, size: u32)
-        -> io::Result<GetxattrReply> = route(inode) => Err(errno(libc::ENODATA));
-    fn listxattr(ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply>
-        = route(inode) => Ok(if size == 0 {
-            ListxattrReply::Count(0)
-        } else {
-            ListxattrReply::Names(Vec::new())
-        });
-    fn removexattr(ctx: &Context, inode: u64, name: &CStr) -> io::Result<()>
-        = route(inode) => Err(refuse());
+        })
+    };
+    link(ctx, inode, newparent, newname) = own => self.two_nodes(inode, newparent, || {
+        self.inner.link(ctx, inode, newparent, newname)
+    });
+    readlink = route => Err(errno(libc::EINVAL));
+    open = route => Err(errno(libc::EISDIR));
+    statfs = route => self.statfs_virtual();
+    getxattr = route => Err(errno(libc::ENODATA));
+    listxattr(_, _, size) = route => Ok(if size == 0 {
+        ListxattrReply::Count(0)
+    } else {
+        ListxattrReply::Names(Vec::new())
+    });
     // A virtual listing is computed from the registry on each READDIR: no handle.
-    fn opendir(ctx: &Context, inode: u64, flags: u32) -> io::Result<(Option<u64>, OpenOptions)>
-        = route(inode) => Ok((None, OpenOptions::empty()));
-    fn readdir(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>) -> io::Result<()>
-        = route(inode) => self.readdir_virtual(inode, offset, false, &mut |d, _| add_entry(d));
-    fn readdirplus(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>) -> io::Result<()>
-        = route(inode) => self.readdir_virtual(inode, offset, true, &mut |d, e| {
-            add_entry(d, e.unwrap_or_default())
-        });
+    opendir = route => Ok((None, OpenOptions::empty()));
+    readdir(_, inode, _, _, offset, add_entry)
+        = route => self.readdir_virtual(inode, offset, false, &mut |d, _| add_entry(d));
+    readdirplus(_, inode, _, _, offset, add_entry) = route => self.readdir_virtual(
+        inode, offset, true, &mut |d, e| add_entry(d, e.unwrap_or_default()),
+    );
     // No handle was ever given out for a virtual directory that does not exist:
     // EBADF, as the passthrough layer answers for a handle it never gave out.
-    fn fsyncdir(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
-        = route(inode, libc::EBADF) => Ok(());
-    fn releasedir(ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()>
-        = route(inode, libc::EBADF) => Ok(());
-    fn access(ctx: &Context, inode: u64, mask: u32) -> io::Result<()>
-        = route(inode) => if mask & libc::W_OK as u32 != 0 { Err(refuse()) } else { Ok(()) };
-    fn lseek(ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32)
-        -> io::Result<u64> = pass;
-    fn getlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<FileLock> = pass;
-    fn setlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<()> = pass;
-    fn setlkw(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<()> = pass;
-}
-
-impl ExtraOps for VolumeFs {
-    fn tmpfile(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        args: CreateIn,
-    ) -> io::Result<(Entry, u64, OpenOptions)> {
-        if self.owns(parent) {
-            self.own_exists(parent, libc::ENOENT)?;
-            return Err(refuse());
-        }
-        self.inner.tmpfile(ctx, parent, args)
-    }
-
-    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
-        self.inner.copy_file_range(ctx, range)
-    }
-
-    fn syncfs(&self, ctx: &Context, nodeid: u64) -> io::Result<()> {
-        if !self.owns(nodeid) {
-            return self.inner.syncfs(ctx, nodeid);
-        }
-        self.own_exists(nodeid, libc::ENOENT)?;
-        for (_, root) in self.registry.list() {
-            self.inner.syncfs(ctx, root)?;
-        }
+    fsyncdir, releasedir = route(libc::EBADF) => Ok(());
+    access(_, _, mask) = route => if mask & libc::W_OK as u32 != 0 {
+        Err(refuse())
+    } else {
         Ok(())
-    }
+    };
+    // A virtual directory holds every volume below it.
+    syncfs(ctx, _) = route => self.registry.list().into_iter().try_for_each(|(_, root)| {
+        self.inner.syncfs(ctx, root)
+    });
 }
 
 /// The control side of the volume layer.

@@ -57,8 +57,9 @@ pub fn request_done(start: Instant) -> Duration {
 macro_rules! ops {
     ($($op:ident),* $(,)?) => {
         /// The FUSE operations counted per volume, named as the `op` label shows them.
-        /// Variant names are the `FileSystem` method names, so that the `fs_layer!`
-        /// table of the read-only guard names each line's operation by its method.
+        /// Variant names are the `FileSystem` method names, so that the read-only
+        /// guard, generated from the one list of operations (`fs/ops.rs`), names each
+        /// operation by its method.
         #[allow(non_camel_case_types)]
         #[derive(Clone, Copy, Debug, Eq, PartialEq)]
         #[repr(usize)]

@@ -5,7 +5,6 @@
 #![allow(clippy::too_many_arguments)]
 
 use super::prelude::*;
-use crate::fs::{CopyRange, ExtraOps};
 
 impl PassthroughFs {
     /// CREATE: a new file (O_CREAT|O_EXCL, as the caller), or, where the name exists
@@ -264,10 +263,9 @@ impl PassthroughFs {
         })?;
         Ok(r as u64)
     }
-}
 
-impl ExtraOps for PassthroughFs {
-    fn tmpfile(
+    /// TMPFILE: an unnamed file in `parent`, created as the caller.
+    pub(super) fn tmpfile(
         &self,
         ctx: &Context,
         parent: u64,
@@ -285,7 +283,7 @@ impl ExtraOps for PassthroughFs {
         Ok((entry, fh, self.open_options(false)))
     }
 
-    fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
+    pub(super) fn copy_file_range(&self, ctx: &Context, range: CopyRange) -> io::Result<usize> {
         let hin = self.handle(range.fh_in, range.nodeid_in)?;
         let hout = self.handle(range.fh_out, range.nodeid_out)?;
         if range.flags != 0 {
@@ -312,7 +310,7 @@ impl ExtraOps for PassthroughFs {
         Ok(n)
     }
 
-    fn syncfs(&self, _ctx: &Context, nodeid: u64) -> io::Result<()> {
+    pub(super) fn syncfs(&self, _ctx: &Context, nodeid: u64) -> io::Result<()> {
         let inode = self.inode(nodeid)?;
         // EBADF on a FIFO, socket or device node: those are never opened.
         let f = self.reopen(&inode, libc::O_RDONLY | libc::O_NONBLOCK)?;

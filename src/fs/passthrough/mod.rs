@@ -159,10 +159,11 @@ mod prelude {
     pub(super) use super::super::inodes::{InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
     pub(super) use super::super::names::{check_entry_name, check_name, is_dot_or_dotdot};
+    pub(super) use super::super::ops::CopyRange;
+    pub(super) use super::super::options::{AclMode, CacheMode};
     pub(super) use super::super::share::ShareStats;
     pub(super) use super::super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
     pub(super) use super::super::xattrs;
-    pub(super) use super::super::{AclMode, CacheMode};
     pub(super) use super::{borrow_file, PassthroughFs};
     pub(super) use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -396,75 +397,8 @@ impl PassthroughFs {
     }
 }
 
+// Every operation is this layer's own inherent method, in the file of its topic.
 fs_layer! {
-    self: PassthroughFs => inodes;
-    fn init(capable: FsOptions) -> io::Result<FsOptions> = inherent;
-    fn forget(ctx: &Context, inode: u64, count: u64) = inherent;
-    fn batch_forget(ctx: &Context, requests: Vec<(u64, u64)>) = inherent;
-    fn lookup(ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> = inherent;
-    fn getattr(ctx: &Context, inode: u64, handle: Option<u64>)
-        -> io::Result<(stat64, Duration)> = inherent;
-    fn setattr(ctx: &Context, inode: u64, attr: stat64, handle: Option<u64>, valid: SetattrValid)
-        -> io::Result<(stat64, Duration)> = inherent;
-    fn readlink(ctx: &Context, inode: u64) -> io::Result<Vec<u8>> = inherent;
-    fn symlink(ctx: &Context, linkname: &CStr, parent: u64, name: &CStr)
-        -> io::Result<Entry> = inherent;
-    fn mknod(ctx: &Context, parent: u64, name: &CStr, mode: u32, rdev: u32, umask: u32)
-        -> io::Result<Entry> = inherent;
-    fn mkdir(ctx: &Context, parent: u64, name: &CStr, mode: u32, umask: u32)
-        -> io::Result<Entry> = inherent;
-    fn unlink(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> = inherent;
-    fn rmdir(ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> = inherent;
-    fn rename(ctx: &Context, olddir: u64, oldname: &CStr, newdir: u64, newname: &CStr, flags: u32)
-        -> io::Result<()> = inherent;
-    fn link(ctx: &Context, inode: u64, newparent: u64, newname: &CStr)
-        -> io::Result<Entry> = inherent;
-    fn open(ctx: &Context, inode: u64, flags: u32, fuse_flags: u32)
-        -> io::Result<(Option<u64>, OpenOptions, Option<u32>)>
-        = inherent;
-    fn create(ctx: &Context, parent: u64, name: &CStr, args: CreateIn)
-        -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> = inherent;
-    fn read(ctx: &Context, inode: u64, handle: u64, w: &mut dyn ZeroCopyWriter, size: u32,
-        offset: u64, lock_owner: Option<u64>, flags: u32) -> io::Result<usize> = inherent;
-    fn write(ctx: &Context, inode: u64, handle: u64, r: &mut dyn ZeroCopyReader, size: u32,
-        offset: u64, lock_owner: Option<u64>, delayed_write: bool, flags: u32, fuse_flags: u32)
-        -> io::Result<usize> = inherent;
-    fn flush(ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()>
-        = inherent;
-    fn fsync(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
-        = inherent;
-    fn fallocate(ctx: &Context, inode: u64, handle: u64, mode: u32, offset: u64, length: u64)
-        -> io::Result<()> = inherent;
-    fn release(ctx: &Context, inode: u64, flags: u32, handle: u64, flush: bool,
-        flock_release: bool, lock_owner: Option<u64>) -> io::Result<()> = inherent;
-    fn statfs(ctx: &Context, inode: u64) -> io::Result<statvfs64> = inherent;
-    fn setxattr(ctx: &Context, inode: u64, name: &CStr, value: &[u8], flags: u32)
-        -> io::Result<()> = inherent;
-    fn getxattr(ctx: &Context, inode: u64, name: &CStr, size: u32)
-        -> io::Result<GetxattrReply> = inherent;
-    fn listxattr(ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply>
-        = inherent;
-    fn removexattr(ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> = inherent;
-    fn opendir(ctx: &Context, inode: u64, flags: u32) -> io::Result<(Option<u64>, OpenOptions)>
-        = inherent;
-    fn readdir(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>) -> io::Result<()>
-        = inherent;
-    fn readdirplus(ctx: &Context, inode: u64, handle: u64, size: u32, offset: u64,
-        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>) -> io::Result<()>
-        = inherent;
-    fn fsyncdir(ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()>
-        = inherent;
-    fn releasedir(ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()>
-        = inherent;
-    fn access(ctx: &Context, inode: u64, mask: u32) -> io::Result<()>
-        = inherent;
-    fn lseek(ctx: &Context, inode: u64, handle: u64, offset: u64, whence: u32)
-        -> io::Result<u64> = inherent;
-    fn getlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<FileLock> = inherent;
-    fn setlk(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<()> = inherent;
-    fn setlkw(ctx: &Context, inode: u64, handle: u64, owner: u64, lock: FileLock, flags: u32)
-        -> io::Result<()> = inherent;
+    self: PassthroughFs;
+    others = inherent;
 }

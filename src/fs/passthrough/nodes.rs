@@ -5,6 +5,10 @@ use super::files::kill_suidgid_fd;
 use super::prelude::*;
 
 impl PassthroughFs {
+    /// DESTROY: nothing here; the server starts the next session over
+    /// (`reset_session`) when the guest comes back.
+    pub(super) fn destroy(&self) {}
+
     pub(super) fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
         let mut want = FsOptions::ASYNC_READ
             | FsOptions::PARALLEL_DIROPS
