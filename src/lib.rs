@@ -5,6 +5,7 @@ pub mod control;
 pub mod daemon;
 pub mod device;
 pub mod fs;
+pub mod keeper;
 pub mod logging;
 pub mod metrics;
 pub mod qos;
