@@ -71,6 +71,22 @@ pub fn run(config: Config) -> Result<(), String> {
         let files = socket_paths.iter().map(|p| SocketFile::open(p));
         Ok((listener, files.collect::<Result<Vec<_>, _>>()?))
     });
+    // --upgradable: the keeper forks off here, keeps the frontend's socket and
+    // relays it; only the serving child goes on (src/keeper/process.rs).
+    let bound = bound.and_then(|(listener, files)| {
+        if !config.upgradable {
+            return Ok((listener, files));
+        }
+        let close: Vec<RawFd> = control.iter().flat_map(ControlServer::fds).collect();
+        let keep = crate::keeper::process::Keep {
+            close: &close,
+            sockets: &socket_paths,
+            keep_serving: config.keep_serving,
+        };
+        let serving = crate::keeper::process::split(listener, keep)
+            .map_err(|e| format!("--upgradable: starting the keeper: {e}"))?;
+        Ok((serving, files))
+    });
     let (listener, socket_files) = match bound {
         Ok((listener, files)) => (listener, Arc::new(files)),
         Err(e) => {

@@ -353,6 +353,12 @@ pub struct Args {
     #[arg(long)]
     pub keep_serving: bool,
 
+    /// Run a connection keeper above the serving process: it holds the frontend's
+    /// connection and relays it, so that the serving process can be replaced under a
+    /// running VM (docs/UPGRADE.md). Off by default.
+    #[arg(long)]
+    pub upgradable: bool,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -72,6 +72,8 @@ pub struct Config {
     pub migration: MigrationOptions,
     /// `--keep-serving`.
     pub keep_serving: bool,
+    /// `--upgradable`: a connection keeper above the serving process (src/keeper/).
+    pub upgradable: bool,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -263,6 +265,7 @@ impl Args {
             file_handles: self.inode_file_handles.into(),
             migration,
             keep_serving: self.keep_serving,
+            upgradable: self.upgradable,
             translate_rules,
         })
     }

@@ -6,8 +6,10 @@
 //! - `wire.rs`: vhost-user message framing with fds;
 //! - `session.rs`: what the frontend set up, recorded as it is relayed;
 //! - `replay.rs`: that setup replayed into a new serving process;
-//! - `relay.rs`: the relay between the two streams.
+//! - `relay.rs`: the relay between the two streams;
+//! - `process.rs`: where the keeper runs (the serving process's parent).
 
+pub mod process;
 pub mod relay;
 pub mod replay;
 pub mod session;

@@ -1,0 +1,253 @@
+//! Where the keeper runs: with `--upgradable`, the daemon forks right after it bound
+//! its sockets, before the sandbox (in every `--sandbox` mode). The parent is the
+//! keeper: it keeps the vhost-user listening socket, accepts the frontend and relays
+//! to the child, which serves as it always did, but on a private listening socket
+//! whose only client is the keeper. The keeper stays outside the sandbox (a new
+//! serving process must be started from there) and lives as long as the daemon: it
+//! forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to the serving process and exits with its
+//! status, as the namespace mode's supervisor does (which, in that mode, runs below
+//! it, around the serving process).
+//!
+//! The private socket is bound in a new 0700 directory (`mkdtemp`) under the
+//! daemon's temp directory: only the daemon's own user (or root) can reach it, who
+//! can already trace the daemon. The keeper removes it when it exits.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use log::{info, warn};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use vhost::vhost_user::Listener;
+
+use super::relay::{Flow, Relay};
+use super::Error;
+
+/// Signals the keeper passes on to the serving process.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// What the keeper needs besides the frontend's listener.
+pub struct Keep<'a> {
+    /// Fds the keeper closes at once: the child's alone (the control socket).
+    pub close: &'a [RawFd],
+    /// Socket files removed if the serving process is killed before it could.
+    pub sockets: &'a [PathBuf],
+    /// `--keep-serving`: after a frontend leaves, wait for the next.
+    pub keep_serving: bool,
+}
+
+/// Forks the keeper off. Returns in the child only, with the listener it serves
+/// on; the keeper never returns. Call while the process has one thread.
+pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
+    let private = Private::bind()?;
+    // Blocked before the fork so that none is lost; the child restores its mask.
+    let mut signals = SigSet::empty();
+    FORWARDED.iter().for_each(|&s| signals.add(s));
+    signals.add(Signal::SIGCHLD);
+    let mut old = SigSet::empty();
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut old))
+        .map_err(|e| Error::io("blocking signals", e.into()))?;
+    let keeper = nix::unistd::getpid();
+    // SAFETY: the caller guarantees one thread, so the child may run any code.
+    match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
+        ForkResult::Child => {
+            // SAFETY: prctl with integer arguments. If the keeper dies, the
+            // frontend's connection is gone with it: nothing left to serve.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            if nix::unistd::getppid() != keeper {
+                std::process::exit(1);
+            }
+            nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
+                .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
+            // Only the keeper accepts the frontend. Not dropped: the Listener would
+            // remove the socket file.
+            let fd = frontend.as_raw_fd();
+            std::mem::forget(frontend);
+            // SAFETY: the fd was the listener's, forgotten above; closed once.
+            unsafe { libc::close(fd) };
+            Ok(Listener::from(private.listener))
+        }
+        ForkResult::Parent { child } => {
+            for &fd in keep.close {
+                // SAFETY: the keeper never uses these fds: they are the child's.
+                unsafe { libc::close(fd) };
+            }
+            let sigfd = SignalFd::with_flags(&signals, SfdFlags::SFD_CLOEXEC);
+            match sigfd {
+                Ok(sigfd) => Keeper {
+                    child,
+                    frontend,
+                    private: private.path.clone(),
+                    keep,
+                }
+                .run(sigfd, private),
+                Err(e) => {
+                    eprintln!("volfsd: keeper: signalfd: {e}");
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+}
+
+/// The private listening socket the serving process accepts the keeper on.
+struct Private {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Private {
+    fn bind() -> Result<Private, Error> {
+        let template = std::env::temp_dir().join("volfsd-keeper.XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template)
+            .map_err(|e| Error::io("making the keeper's directory", e.into()))?;
+        let path = dir.join("serve.sock");
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            Error::io("binding the keeper's socket", e)
+        })?;
+        Ok(Private { listener, path })
+    }
+
+    fn remove(path: &Path) {
+        let _ = std::fs::remove_file(path);
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The keeper's state.
+struct Keeper<'a> {
+    child: Pid,
+    frontend: Listener,
+    private: PathBuf,
+    keep: Keep<'a>,
+}
+
+impl Keeper<'_> {
+    fn run(self, mut sigfd: SignalFd, private: Private) -> ! {
+        // The keeper connects; the child accepts.
+        drop(private.listener);
+        let mut relay: Option<Relay> = None;
+        let mut accepting = true;
+        loop {
+            let mut fds = vec![sigfd.as_raw_fd()];
+            match &relay {
+                Some(r) => fds.extend([r.frontend().as_raw_fd(), r.backend().as_raw_fd()]),
+                None if accepting => fds.push(self.frontend.as_raw_fd()),
+                None => {}
+            }
+            let ready = match poll(&fds) {
+                Ok(r) => r,
+                Err(e) => self.fail(&format!("poll: {e}")),
+            };
+            if ready[0] {
+                self.on_signal(&mut sigfd);
+            }
+            let flow = match (&mut relay, ready.get(1), ready.get(2)) {
+                (Some(r), Some(true), _) => r.from_frontend(),
+                (Some(r), _, Some(true)) => r.from_backend(),
+                (None, Some(true), _) => {
+                    relay = self.accept();
+                    continue;
+                }
+                _ => continue,
+            };
+            let why = match flow {
+                Ok(Flow::Relayed) => continue,
+                Ok(Flow::FrontendClosed) => "the frontend disconnected".to_string(),
+                Ok(Flow::BackendClosed) => "the serving process ended the connection".to_string(),
+                Err(e) => format!("relaying: {e}"),
+            };
+            info!("keeper: {why}");
+            // Both connections close: the serving process sees its frontend leave.
+            relay = None;
+            accepting = self.keep.keep_serving;
+        }
+    }
+
+    /// Accepts the frontend and connects to the serving process for it.
+    fn accept(&self) -> Option<Relay> {
+        let frontend = match self.frontend.accept() {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => self.fail(&format!("accepting the frontend: {e}")),
+        };
+        match UnixStream::connect(&self.private) {
+            Ok(backend) => Some(Relay::new(frontend, backend)),
+            Err(e) => {
+                warn!("keeper: connecting to the serving process: {e}");
+                None
+            }
+        }
+    }
+
+    fn on_signal(&self, sigfd: &mut SignalFd) {
+        let Ok(Some(info)) = sigfd.read_signal() else {
+            return;
+        };
+        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            return;
+        };
+        if sig != Signal::SIGCHLD {
+            let _ = nix::sys::signal::kill(self.child, sig);
+            return;
+        }
+        match waitpid(self.child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => self.exit(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                for s in self.keep.sockets {
+                    crate::sandbox::namespaces::remove_socket(s);
+                }
+                eprintln!("volfsd: keeper: the serving process was killed by {sig}");
+                self.exit(1)
+            }
+            _ => {}
+        }
+    }
+
+    fn fail(&self, why: &str) -> ! {
+        eprintln!("volfsd: keeper: {why}");
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGKILL);
+        self.exit(1)
+    }
+
+    fn exit(&self, code: i32) -> ! {
+        Private::remove(&self.private);
+        log::logger().flush();
+        std::process::exit(code)
+    }
+}
+
+/// Waits until one of `fds` is readable or hung up; says which.
+fn poll(fds: &[RawFd]) -> Result<Vec<bool>, std::io::Error> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `p` is a valid array of pollfds of the given length.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, -1) };
+        if n >= 0 {
+            return Ok(p.iter().map(|p| p.revents != 0).collect());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
