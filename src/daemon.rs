@@ -67,8 +67,14 @@ pub fn run(config: Config) -> Result<(), String> {
     // The socket files stay removable after the root changed (by directory fd and
     // name); set-up that fails from here on removes them: nothing is left behind
     // half-started.
+    // Under a keeper, the vhost-user socket is the keeper's to remove (a serving
+    // process replaced by an upgrade must leave it).
+    let serving_paths: Vec<PathBuf> = match (&config.socket, config.upgradable) {
+        (SocketSource::Path(_), true) => socket_paths[1..].to_vec(),
+        _ => socket_paths.clone(),
+    };
     let bound = make_listener(&config.socket, config.socket_group).and_then(|listener| {
-        let files = socket_paths.iter().map(|p| SocketFile::open(p));
+        let files = serving_paths.iter().map(|p| SocketFile::open(p));
         Ok((listener, files.collect::<Result<Vec<_>, _>>()?))
     });
     // --upgradable: the keeper forks off here, keeps the frontend's socket and
@@ -100,7 +106,7 @@ pub fn run(config: Config) -> Result<(), String> {
         config,
         control,
         listener,
-        &socket_paths,
+        &serving_paths,
         socket_files.clone(),
         term,
     );

@@ -3,12 +3,14 @@
 //! in each sandbox mode the fixture runs, the daemon ends as without it, and a
 //! serving process that dies ends it too (until crash recovery exists).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 use volfsd_harness::fixtures::host::host_sees_lock;
 use volfsd_harness::fixtures::requests::lock_request;
-use volfsd_harness::fixtures::{is_virtiofsd, Daemon, RDWR, ROOT};
+use volfsd_harness::fixtures::{daemon_binary, is_virtiofsd, Daemon, TestDir, RDWR, ROOT};
 use volfsd_harness::frontend::fuse::FuseOps;
 
 #[test]
@@ -101,4 +103,173 @@ fn a_killed_serving_process_ends_the_daemon_and_its_socket() {
     assert!(status.is_some_and(|s| !s.success()), "{}", d.log());
     assert!(!d.dir.socket().exists(), "{}", d.log());
     drop(c);
+}
+
+/// The daemon started from a copy of its binary, which a test may replace (by a
+/// rename, as a package upgrade does) before it asks for an upgrade.
+fn start_from_copy(test: &str) -> (Daemon, std::path::PathBuf) {
+    let dir = TestDir::new(test);
+    let copy = dir.root.join("volfsd-copy");
+    std::fs::copy(daemon_binary(), &copy).expect("copy the daemon");
+    let exec = format!("shift; exec {} \"$@\"", copy.display());
+    let wrapper = ["sh", "-c", exec.as_str(), "sh"];
+    (
+        Daemon::start_wrapped(dir, &wrapper, &["--upgradable"]),
+        copy,
+    )
+}
+
+/// Replaces `binary` by `with` (renamed over it: the running one stays intact).
+fn replace_binary(binary: &std::path::Path, with: &[u8]) {
+    let tmp = binary.with_extension("new");
+    std::fs::write(&tmp, with).unwrap();
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, binary).unwrap();
+}
+
+fn sighup(d: &Daemon) {
+    let keeper = nix::unistd::Pid::from_raw(d.launched_pid());
+    nix::sys::signal::kill(keeper, nix::sys::signal::Signal::SIGHUP).unwrap();
+}
+
+/// Waits until the log has `line` `n` times.
+fn wait_log(d: &Daemon, line: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.log().matches(line).count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} after 30 s:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (mut d, binary) = start_from_copy("upgrade");
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
+    c.write(e.nodeid, open.fh, 0, b"before").expect("write");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(host_sees_lock(&d.host("f")));
+    // A host process tries the lock all along: it must never get it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (stop, path) = (stop.clone(), d.host("f"));
+        std::thread::spawn(move || {
+            let mut free = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if !host_sees_lock(&path) {
+                    free += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            free
+        })
+    };
+    for round in 1..=3 {
+        let before = d.pid();
+        // The same binary, then a rebuilt one (here: the same bytes, a new file).
+        if round == 2 {
+            replace_binary(&binary, &std::fs::read(daemon_binary()).unwrap());
+        }
+        sighup(&d);
+        wait_log(&d, "keeper: upgraded", round);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.pid() == before {
+            assert!(
+                Instant::now() < deadline,
+                "the old process is still the only one:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The same node ids and handles, on the same connection.
+        let text = format!("after {round}");
+        c.write(e.nodeid, open.fh, 0, text.as_bytes())
+            .expect("write after the upgrade");
+        let got = c
+            .read(e.nodeid, open.fh, 0, 64)
+            .expect("read after the upgrade");
+        assert_eq!(&got[..text.len()], text.as_bytes());
+        assert_eq!(c.lookup(ROOT, "f").expect("lookup").nodeid, e.nodeid);
+        c.getattr(e.nodeid).expect("getattr");
+        let (g, _) = c
+            .create(ROOT, &format!("new{round}"), RDWR, 0o644)
+            .expect("create");
+        assert!(g.nodeid > e.nodeid, "new ids continue above the old ones");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        prober.join().unwrap(),
+        0,
+        "a host process got the guest's lock:\n{}",
+        d.log()
+    );
+    assert!(host_sees_lock(&d.host("f")));
+    c.disconnect();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
+    assert!(!d.dir.socket().exists(), "{}", d.log());
+}
+
+#[test]
+fn a_new_binary_that_fails_leaves_the_old_process_serving() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (mut d, binary) = start_from_copy("upgrade-fails");
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    let before = d.pid();
+    // A binary that exits at once.
+    replace_binary(&binary, b"#!/bin/sh\nexit 3\n");
+    sighup(&d);
+    wait_log(&d, "keeper: upgrade failed", 1);
+    assert_eq!(d.pid(), before, "{}", d.log());
+    let log = d.log();
+    assert!(log.contains("serves on"), "{log}");
+    assert!(log.contains("exited with status 3"), "says why:\n{log}");
+    c.write(e.nodeid, open.fh, 0, b"still served")
+        .expect("write after a failed upgrade");
+    assert!(host_sees_lock(&d.host("f")));
+    // And then a good one.
+    replace_binary(&binary, &std::fs::read(daemon_binary()).unwrap());
+    sighup(&d);
+    wait_log(&d, "keeper: upgraded", 1);
+    c.write(e.nodeid, open.fh, 0, b"served by the new one")
+        .expect("write");
+    assert!(host_sees_lock(&d.host("f")));
+    c.disconnect();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
 }

@@ -359,6 +359,11 @@ pub struct Args {
     #[arg(long)]
     pub upgradable: bool,
 
+    /// A serving process started by the keeper for an upgrade: the fd of the private
+    /// listener it serves the keeper on (src/keeper/upgrade.rs). Not for users.
+    #[arg(long, hide = true)]
+    pub keeper_listen_fd: Option<i32>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

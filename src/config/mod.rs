@@ -135,7 +135,13 @@ pub enum ParseError {
 }
 
 impl Args {
-    pub fn into_config(self) -> Result<Config, ConfigError> {
+    pub fn into_config(mut self) -> Result<Config, ConfigError> {
+        if let Some(fd) = self.keeper_listen_fd {
+            // Started by the keeper (src/keeper/upgrade.rs): it holds the frontend's
+            // socket; this process serves the keeper on its private listener.
+            (self.socket_path, self.fd, self.socket_group) = (None, Some(fd), None);
+            (self.upgradable, self.control_socket) = (false, None);
+        }
         let socket = match (self.socket_path, self.fd) {
             (Some(p), None) => SocketSource::Path(p),
             (None, Some(fd)) if fd >= 0 => SocketSource::Fd(fd),

@@ -7,7 +7,8 @@
 //! - `session.rs`: what the frontend set up, recorded as it is relayed;
 //! - `replay.rs`: that setup replayed into a new serving process;
 //! - `relay.rs`: the relay between the two streams;
-//! - `process.rs`: where the keeper runs (the serving process's parent).
+//! - `process.rs`: where the keeper runs (the serving process's parent);
+//! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper).
 
 pub mod process;
 pub mod relay;
@@ -15,6 +16,7 @@ pub mod replay;
 pub mod session;
 #[cfg(test)]
 mod testing;
+pub mod upgrade;
 pub mod wire;
 
 use std::fmt;

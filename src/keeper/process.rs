@@ -6,7 +6,8 @@
 //! serving process must be started from there) and lives as long as the daemon: it
 //! forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to the serving process and exits with its
 //! status, as the namespace mode's supervisor does (which, in that mode, runs below
-//! it, around the serving process).
+//! it, around the serving process). SIGHUP is the keeper's own: an upgrade
+//! (`upgrade.rs`).
 //!
 //! The private socket is bound in a new 0700 directory (`mkdtemp`) under the
 //! daemon's temp directory: only the daemon's own user (or root) can reach it, who
@@ -24,6 +25,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use vhost::vhost_user::Listener;
 
 use super::relay::{Flow, Relay};
+use super::upgrade::{self, Command};
 use super::Error;
 
 /// Signals the keeper passes on to the serving process.
@@ -56,6 +58,10 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut old))
         .map_err(|e| Error::io("blocking signals", e.into()))?;
     let keeper = nix::unistd::getpid();
+    // Found now: an upgrade starts the binary at this path, as it is then.
+    let command = Command::current()
+        .map_err(|e| warn!("keeper: upgrades are not possible: {e}"))
+        .ok();
     // SAFETY: the caller guarantees one thread, so the child may run any code.
     match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
         ForkResult::Child => {
@@ -87,6 +93,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
                     frontend,
                     private: private.path.clone(),
                     keep,
+                    command,
                 }
                 .run(sigfd, private),
                 Err(e) => {
@@ -99,14 +106,14 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
     }
 }
 
-/// The private listening socket the serving process accepts the keeper on.
-struct Private {
-    listener: UnixListener,
-    path: PathBuf,
+/// The private listening socket a serving process accepts the keeper on.
+pub(super) struct Private {
+    pub listener: UnixListener,
+    pub path: PathBuf,
 }
 
 impl Private {
-    fn bind() -> Result<Private, Error> {
+    pub fn bind() -> Result<Private, Error> {
         let template = std::env::temp_dir().join("volfsd-keeper.XXXXXX");
         let dir = nix::unistd::mkdtemp(&template)
             .map_err(|e| Error::io("making the keeper's directory", e.into()))?;
@@ -118,7 +125,7 @@ impl Private {
         Ok(Private { listener, path })
     }
 
-    fn remove(path: &Path) {
+    pub fn remove(path: &Path) {
         let _ = std::fs::remove_file(path);
         if let Some(dir) = path.parent() {
             let _ = std::fs::remove_dir(dir);
@@ -128,14 +135,18 @@ impl Private {
 
 /// The keeper's state.
 struct Keeper<'a> {
+    /// The serving process.
     child: Pid,
     frontend: Listener,
+    /// Its private socket.
     private: PathBuf,
     keep: Keep<'a>,
+    /// What starts a new serving process (None: upgrades are not possible).
+    command: Option<Command>,
 }
 
 impl Keeper<'_> {
-    fn run(self, mut sigfd: SignalFd, private: Private) -> ! {
+    fn run(mut self, mut sigfd: SignalFd, private: Private) -> ! {
         // The keeper connects; the child accepts.
         drop(private.listener);
         let mut relay: Option<Relay> = None;
@@ -151,8 +162,9 @@ impl Keeper<'_> {
                 Ok(r) => r,
                 Err(e) => self.fail(&format!("poll: {e}")),
             };
-            if ready[0] {
-                self.on_signal(&mut sigfd);
+            if ready[0] && self.on_signal(&mut sigfd) {
+                self.upgrade(relay.as_mut());
+                continue;
             }
             let flow = match (&mut relay, ready.get(1), ready.get(2)) {
                 (Some(r), Some(true), _) => r.from_frontend(),
@@ -192,27 +204,93 @@ impl Keeper<'_> {
         }
     }
 
-    fn on_signal(&self, sigfd: &mut SignalFd) {
+    /// Handles a signal; true for SIGHUP, which asks for an upgrade.
+    fn on_signal(&self, sigfd: &mut SignalFd) -> bool {
         let Ok(Some(info)) = sigfd.read_signal() else {
-            return;
+            return false;
         };
         let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            return false;
+        };
+        match sig {
+            Signal::SIGHUP => return true,
+            Signal::SIGCHLD => {}
+            _ => {
+                let _ = nix::sys::signal::kill(self.child, sig);
+                return false;
+            }
+        }
+        // Any child: the serving process, or one an upgrade replaced or gave up on.
+        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            let (pid, how) = match status {
+                WaitStatus::Exited(pid, code) => (pid, Ok(code)),
+                WaitStatus::Signaled(pid, sig, _) => (pid, Err(sig)),
+                _ => break,
+            };
+            if pid != self.child {
+                info!("keeper: former serving process {pid} ended ({how:?})");
+                continue;
+            }
+            match how {
+                Ok(code) => self.exit(code),
+                Err(sig) => {
+                    eprintln!("volfsd: keeper: the serving process was killed by {sig}");
+                    self.exit(1)
+                }
+            }
+        }
+        false
+    }
+
+    /// SIGHUP: a new serving process takes over (upgrade.rs). On failure the old
+    /// one serves on.
+    fn upgrade(&mut self, relay: Option<&mut Relay>) {
+        let (Some(relay), Some(command)) = (relay, &self.command) else {
+            warn!("keeper: upgrade: no frontend connected, or no binary to start: nothing done");
             return;
         };
-        if sig != Signal::SIGCHLD {
-            let _ = nix::sys::signal::kill(self.child, sig);
-            return;
-        }
-        match waitpid(self.child, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => self.exit(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => {
-                for s in self.keep.sockets {
-                    crate::sandbox::namespaces::remove_socket(s);
-                }
-                eprintln!("volfsd: keeper: the serving process was killed by {sig}");
-                self.exit(1)
+        let private = match Private::bind() {
+            Ok(p) => p,
+            Err(e) => return warn!("keeper: upgrade: {e}"),
+        };
+        let started = upgrade::start(command, &private.listener).and_then(|pid| {
+            let new = UnixStream::connect(&private.path).map_err(|e| {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                Error::io("connecting to the new serving process", e)
+            })?;
+            Ok((pid, new))
+        });
+        drop(private.listener);
+        let (pid, new) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                Private::remove(&private.path);
+                return warn!("keeper: upgrade: starting the new serving process: {e}");
             }
-            _ => {}
+        };
+        match upgrade::hand_over(relay, new) {
+            Ok(done) => {
+                info!(
+                    "keeper: upgraded: serving process {pid} took over from {} (the guest waited {} ms)",
+                    self.child,
+                    done.pause.as_millis()
+                );
+                // Its frontend gone, the old process exits (with --keep-serving it
+                // would wait for the next one: told to go).
+                drop(done.old);
+                let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
+                Private::remove(&self.private);
+                (self.child, self.private) = (pid, private.path);
+            }
+            Err((e, new)) => {
+                drop(new);
+                let ended = ended(pid);
+                Private::remove(&private.path);
+                warn!(
+                    "keeper: upgrade failed, serving process {} serves on: {e}{ended}",
+                    self.child
+                );
+            }
         }
     }
 
@@ -224,8 +302,37 @@ impl Keeper<'_> {
 
     fn exit(&self, code: i32) -> ! {
         Private::remove(&self.private);
+        // The serving processes leave the vhost-user socket to the keeper.
+        for s in self.keep.sockets {
+            crate::sandbox::namespaces::remove_socket(s);
+        }
         log::logger().flush();
         std::process::exit(code)
+    }
+}
+
+/// Ends a new serving process an upgrade gave up on, and says how it ended if it
+/// ended by itself (it exited at once, it refused the state).
+fn ended(pid: Pid) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                return format!(" (the new serving process exited with status {code})")
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return format!(" (the new serving process was killed by {sig})")
+            }
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                return String::new();
+            }
+            _ => return String::new(),
+        }
     }
 }
 
