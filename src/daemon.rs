@@ -60,18 +60,24 @@ pub fn run(config: Config) -> Result<(), String> {
     // launcher waits for the socket file, and the namespaces and the fork cost about a
     // millisecond it need not wait for. The control socket first: once the vhost-user
     // socket exists, a launcher may expect both.
-    let control = match &config.control_socket {
-        Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
-        None => None,
+    let control = match (&config.control_socket, config.control_fd) {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        (Some(path), Some(fd)) => Some(ControlServer::inherited(
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+            path,
+            &config.control_allow_uids,
+        )),
+        (Some(path), None) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
+        (None, _) => None,
     };
     // The socket files stay removable after the root changed (by directory fd and
     // name); set-up that fails from here on removes them: nothing is left behind
     // half-started.
-    // Under a keeper, the vhost-user socket is the keeper's to remove (a serving
-    // process replaced by an upgrade must leave it).
-    let serving_paths: Vec<PathBuf> = match (&config.socket, config.upgradable) {
-        (SocketSource::Path(_), true) => socket_paths[1..].to_vec(),
-        _ => socket_paths.clone(),
+    // Under a keeper, the socket files are the keeper's to remove (a serving process
+    // replaced by an upgrade must leave them).
+    let serving_paths: Vec<PathBuf> = match config.upgradable || config.control_fd.is_some() {
+        true => Vec::new(),
+        false => socket_paths.clone(),
     };
     let bound = make_listener(&config.socket, config.socket_group).and_then(|listener| {
         let files = serving_paths.iter().map(|p| SocketFile::open(p));
@@ -83,9 +89,11 @@ pub fn run(config: Config) -> Result<(), String> {
         if !config.upgradable {
             return Ok((listener, files));
         }
-        let close: Vec<RawFd> = control.iter().flat_map(ControlServer::fds).collect();
+        // The keeper keeps the control socket's listener for the next serving process.
+        let fds: Vec<RawFd> = control.iter().flat_map(ControlServer::fds).collect();
         let keep = crate::keeper::process::Keep {
-            close: &close,
+            control: fds.first().copied(),
+            close: fds.get(1..).unwrap_or_default(),
             sockets: &socket_paths,
             keep_serving: config.keep_serving,
         };

@@ -364,6 +364,10 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_listen_fd: Option<i32>,
 
+    /// With it: the control socket's listening fd, inherited from the keeper.
+    #[arg(long, hide = true)]
+    pub keeper_control_fd: Option<i32>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -74,6 +74,8 @@ pub struct Config {
     pub keep_serving: bool,
     /// `--upgradable`: a connection keeper above the serving process (src/keeper/).
     pub upgradable: bool,
+    /// Started by the keeper: the control socket's fd to take over (not bound again).
+    pub control_fd: Option<i32>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -140,7 +142,7 @@ impl Args {
             // Started by the keeper (src/keeper/upgrade.rs): it holds the frontend's
             // socket; this process serves the keeper on its private listener.
             (self.socket_path, self.fd, self.socket_group) = (None, Some(fd), None);
-            (self.upgradable, self.control_socket) = (false, None);
+            self.upgradable = false;
         }
         let socket = match (self.socket_path, self.fd) {
             (Some(p), None) => SocketSource::Path(p),
@@ -272,6 +274,7 @@ impl Args {
             migration,
             keep_serving: self.keep_serving,
             upgradable: self.upgradable,
+            control_fd: self.keeper_control_fd,
             translate_rules,
         })
     }

@@ -38,7 +38,9 @@ const FORWARDED: [Signal; 4] = [
 
 /// What the keeper needs besides the frontend's listener.
 pub struct Keep<'a> {
-    /// Fds the keeper closes at once: the child's alone (the control socket).
+    /// The control socket's listener: the keeper keeps it for a new serving process.
+    pub control: Option<RawFd>,
+    /// Fds the keeper closes at once: the child's alone.
     pub close: &'a [RawFd],
     /// Socket files removed if the serving process is killed before it could.
     pub sockets: &'a [PathBuf],
@@ -253,13 +255,14 @@ impl Keeper<'_> {
             Ok(p) => p,
             Err(e) => return warn!("keeper: upgrade: {e}"),
         };
-        let started = upgrade::start(command, &private.listener).and_then(|pid| {
-            let new = UnixStream::connect(&private.path).map_err(|e| {
-                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-                Error::io("connecting to the new serving process", e)
-            })?;
-            Ok((pid, new))
-        });
+        let started =
+            upgrade::start(command, &private.listener, self.keep.control).and_then(|pid| {
+                let new = UnixStream::connect(&private.path).map_err(|e| {
+                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                    Error::io("connecting to the new serving process", e)
+                })?;
+                Ok((pid, new))
+            });
         drop(private.listener);
         let (pid, new) = match started {
             Ok(s) => s,

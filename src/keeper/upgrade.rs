@@ -20,7 +20,7 @@
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -39,6 +39,8 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The flag a serving process started by the keeper gets: the fd of its private
 /// listener (hidden from `--help`).
 pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
+/// And the fd of the control socket's listener.
+pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 
 /// What the daemon was started as, kept to start its successor.
 #[derive(Clone, Debug)]
@@ -169,12 +171,20 @@ fn load(new: &UnixStream, state: &[u8]) -> Result<(), Error> {
     written.map_err(|e| Error::io("writing the state to the new process", e))
 }
 
-/// Forks and execs `cmd` with `listener` as its `--keeper-listen-fd`. The child dies
+/// Forks and execs `cmd` with `listener` as its `--keeper-listen-fd`, and `control`
+/// (the control socket's listener) as its `--keeper-control-fd`. The child dies
 /// with the keeper.
-pub fn start(cmd: &Command, listener: &std::os::unix::net::UnixListener) -> Result<Pid, Error> {
+pub fn start(
+    cmd: &Command,
+    listener: &std::os::unix::net::UnixListener,
+    control: Option<RawFd>,
+) -> Result<Pid, Error> {
     let fd = listener.as_raw_fd();
     let mut args = cmd.args.clone();
     args.push(format!("{LISTEN_FD_FLAG}={fd}").into());
+    if let Some(c) = control {
+        args.push(format!("{CONTROL_FD_FLAG}={c}").into());
+    }
     let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
     let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))
@@ -191,6 +201,9 @@ pub fn start(cmd: &Command, listener: &std::os::unix::net::UnixListener) -> Resu
             // SAFETY: as above; plain system calls on our own fds and mask.
             unsafe {
                 libc::fcntl(fd, libc::F_SETFD, 0);
+                if let Some(c) = control {
+                    libc::fcntl(c, libc::F_SETFD, 0);
+                }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
                 let mut none: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut none);
