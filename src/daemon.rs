@@ -60,6 +60,10 @@ pub fn run(config: Config) -> Result<(), String> {
     // launcher waits for the socket file, and the namespaces and the fork cost about a
     // millisecond it need not wait for. The control socket first: once the vhost-user
     // socket exists, a launcher may expect both.
+    if let Some(fd) = config.keeper_channel_fd {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        crate::keeper::channel::serve_with(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    }
     let control = match (&config.control_socket, config.control_fd) {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
         (Some(path), Some(fd)) => Some(ControlServer::inherited(
@@ -97,8 +101,9 @@ pub fn run(config: Config) -> Result<(), String> {
             sockets: &socket_paths,
             keep_serving: config.keep_serving,
         };
-        let serving = crate::keeper::process::split(listener, keep)
+        let (serving, channel) = crate::keeper::process::split(listener, keep)
             .map_err(|e| format!("--upgradable: starting the keeper: {e}"))?;
+        crate::keeper::channel::serve_with(channel);
         Ok((serving, files))
     });
     let (listener, socket_files) = match bound {

@@ -130,6 +130,19 @@ fn replace_binary(binary: &std::path::Path, with: &[u8]) {
     std::fs::rename(&tmp, binary).unwrap();
 }
 
+/// `volfsd ctl upgrade`: its exit status and its output.
+fn ctl_upgrade(d: &Daemon) -> (bool, String) {
+    let out = std::process::Command::new(daemon_binary())
+        .args(["ctl", "upgrade", "--control-socket"])
+        .arg(d.dir.control_socket())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running volfsd ctl upgrade");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
 fn sighup(d: &Daemon) {
     let keeper = nix::unistd::Pid::from_raw(d.launched_pid());
     nix::sys::signal::kill(keeper, nix::sys::signal::Signal::SIGHUP).unwrap();
@@ -189,7 +202,17 @@ fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
         if round == 2 {
             replace_binary(&binary, &std::fs::read(daemon_binary()).unwrap());
         }
-        sighup(&d);
+        // By SIGHUP (systemd's ExecReload), and by `volfsd ctl upgrade`.
+        if round == 3 {
+            let (ok, out) = ctl_upgrade(&d);
+            assert!(
+                ok && out.contains("upgraded: the guest waited"),
+                "{out}\n{}",
+                d.log()
+            );
+        } else {
+            sighup(&d);
+        }
         wait_log(&d, "keeper: upgraded", round);
         let deadline = Instant::now() + Duration::from_secs(10);
         // One serving process again, not the old one (while both live, the keeper
@@ -265,7 +288,9 @@ fn a_new_binary_that_fails_leaves_the_old_process_serving() {
     let before = d.pid();
     // A binary that exits at once.
     replace_binary(&binary, b"#!/bin/sh\nexit 3\n");
-    sighup(&d);
+    let (ok, out) = ctl_upgrade(&d);
+    assert!(!ok, "{out}");
+    assert!(out.contains("exited with status 3"), "ctl says why: {out}");
     wait_log(&d, "keeper: upgrade failed", 1);
     assert_eq!(d.pid(), before, "{}", d.log());
     let log = d.log();
@@ -288,4 +313,17 @@ fn a_new_binary_that_fails_leaves_the_old_process_serving() {
         "{}",
         d.log()
     );
+}
+
+#[test]
+fn ctl_upgrade_without_the_flag_says_so() {
+    if is_virtiofsd() {
+        return;
+    }
+    let dir = TestDir::new("upgrade-no-flag");
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let d = Daemon::start_in(dir, &[ctl.as_str()]);
+    let (ok, out) = ctl_upgrade(&d);
+    assert!(!ok, "{out}");
+    assert!(out.contains("not started with --upgradable"), "{out}");
 }

@@ -368,6 +368,10 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_control_fd: Option<i32>,
 
+    /// With it: its end of the keeper's channel (`PUT /upgrade`).
+    #[arg(long, hide = true)]
+    pub keeper_channel_fd: Option<i32>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -76,6 +76,8 @@ pub struct Config {
     pub upgradable: bool,
     /// Started by the keeper: the control socket's fd to take over (not bound again).
     pub control_fd: Option<i32>,
+    /// Started by the keeper: its end of the keeper's channel.
+    pub keeper_channel_fd: Option<i32>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -275,6 +277,7 @@ impl Args {
             keep_serving: self.keep_serving,
             upgradable: self.upgradable,
             control_fd: self.keeper_control_fd,
+            keeper_channel_fd: self.keeper_channel_fd,
             translate_rules,
         })
     }

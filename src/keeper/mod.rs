@@ -8,8 +8,10 @@
 //! - `replay.rs`: that setup replayed into a new serving process;
 //! - `relay.rs`: the relay between the two streams;
 //! - `process.rs`: where the keeper runs (the serving process's parent);
-//! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper).
+//! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper);
+//! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`).
 
+pub mod channel;
 pub mod process;
 pub mod relay;
 pub mod replay;

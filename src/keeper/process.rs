@@ -13,7 +13,7 @@
 //! daemon's temp directory: only the daemon's own user (or root) can reach it, who
 //! can already trace the daemon. The keeper removes it when it exits.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -24,6 +24,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 use vhost::vhost_user::Listener;
 
+use super::channel;
 use super::relay::{Flow, Relay};
 use super::upgrade::{self, Command};
 use super::Error;
@@ -49,9 +50,11 @@ pub struct Keep<'a> {
 }
 
 /// Forks the keeper off. Returns in the child only, with the listener it serves
-/// on; the keeper never returns. Call while the process has one thread.
-pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
+/// on and its end of the keeper's channel; the keeper never returns. Call while the
+/// process has one thread.
+pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Error> {
     let private = Private::bind()?;
+    let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
     // Blocked before the fork so that none is lost; the child restores its mask.
     let mut signals = SigSet::empty();
     FORWARDED.iter().for_each(|&s| signals.add(s));
@@ -81,9 +84,11 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
             std::mem::forget(frontend);
             // SAFETY: the fd was the listener's, forgotten above; closed once.
             unsafe { libc::close(fd) };
-            Ok(Listener::from(private.listener))
+            drop(channel);
+            Ok((Listener::from(private.listener), theirs))
         }
         ForkResult::Parent { child } => {
+            drop(theirs);
             for &fd in keep.close {
                 // SAFETY: the keeper never uses these fds: they are the child's.
                 unsafe { libc::close(fd) };
@@ -96,6 +101,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Listener, Error> {
                     private: private.path.clone(),
                     keep,
                     command,
+                    channel: Some(channel),
                 }
                 .run(sigfd, private),
                 Err(e) => {
@@ -145,6 +151,8 @@ struct Keeper<'a> {
     keep: Keep<'a>,
     /// What starts a new serving process (None: upgrades are not possible).
     command: Option<Command>,
+    /// The keeper's end of the serving process's channel.
+    channel: Option<UnixStream>,
 }
 
 impl Keeper<'_> {
@@ -155,6 +163,11 @@ impl Keeper<'_> {
         let mut accepting = true;
         loop {
             let mut fds = vec![sigfd.as_raw_fd()];
+            let asked = self.channel.as_ref().map(|c| {
+                fds.push(c.as_raw_fd());
+                fds.len() - 1
+            });
+            let at = fds.len();
             match &relay {
                 Some(r) => fds.extend([r.frontend().as_raw_fd(), r.backend().as_raw_fd()]),
                 None if accepting => fds.push(self.frontend.as_raw_fd()),
@@ -165,10 +178,15 @@ impl Keeper<'_> {
                 Err(e) => self.fail(&format!("poll: {e}")),
             };
             if ready[0] && self.on_signal(&mut sigfd) {
-                self.upgrade(relay.as_mut());
+                let outcome = self.upgrade(relay.as_mut());
+                self.finish(outcome);
                 continue;
             }
-            let flow = match (&mut relay, ready.get(1), ready.get(2)) {
+            if asked.is_some_and(|i| ready[i]) {
+                self.on_channel(relay.as_mut());
+                continue;
+            }
+            let flow = match (&mut relay, ready.get(at), ready.get(at + 1)) {
                 (Some(r), Some(true), _) => r.from_frontend(),
                 (Some(r), _, Some(true)) => r.from_backend(),
                 (None, Some(true), _) => {
@@ -244,56 +262,95 @@ impl Keeper<'_> {
         false
     }
 
-    /// SIGHUP: a new serving process takes over (upgrade.rs). On failure the old
-    /// one serves on.
-    fn upgrade(&mut self, relay: Option<&mut Relay>) {
+    /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
+    /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
+    fn upgrade(&self, relay: Option<&mut Relay>) -> Result<Pending, String> {
         let (Some(relay), Some(command)) = (relay, &self.command) else {
-            warn!("keeper: upgrade: no frontend connected, or no binary to start: nothing done");
-            return;
+            return Err("no frontend is connected (nothing to hand over)".into());
         };
-        let private = match Private::bind() {
-            Ok(p) => p,
-            Err(e) => return warn!("keeper: upgrade: {e}"),
+        let private = Private::bind().map_err(|e| e.to_string())?;
+        let (channel, theirs) = channel::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let inherited = upgrade::Inherited {
+            listener: private.listener.as_raw_fd(),
+            control: self.keep.control,
+            channel: theirs.as_raw_fd(),
         };
-        let started =
-            upgrade::start(command, &private.listener, self.keep.control).and_then(|pid| {
-                let new = UnixStream::connect(&private.path).map_err(|e| {
-                    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
-                    Error::io("connecting to the new serving process", e)
-                })?;
-                Ok((pid, new))
-            });
-        drop(private.listener);
-        let (pid, new) = match started {
-            Ok(s) => s,
-            Err(e) => {
-                Private::remove(&private.path);
-                return warn!("keeper: upgrade: starting the new serving process: {e}");
-            }
-        };
+        let started = upgrade::start(command, &inherited).and_then(|pid| {
+            let new = UnixStream::connect(&private.path).map_err(|e| {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                Error::io("connecting to the new serving process", e)
+            })?;
+            Ok((pid, new))
+        });
+        drop((private.listener, theirs));
+        let (pid, new) = started.map_err(|e| {
+            Private::remove(&private.path);
+            format!("starting the new serving process: {e}")
+        })?;
         match upgrade::hand_over(relay, new) {
-            Ok(done) => {
-                info!(
-                    "keeper: upgraded: serving process {pid} took over from {} (the guest waited {} ms)",
-                    self.child,
-                    done.pause.as_millis()
-                );
-                // Its frontend gone, the old process exits (with --keep-serving it
-                // would wait for the next one: told to go).
-                drop(done.old);
-                let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
-                Private::remove(&self.private);
-                (self.child, self.private) = (pid, private.path);
-            }
+            Ok(done) => Ok(Pending {
+                pid,
+                private: private.path,
+                channel,
+                old: done.old,
+                pause: done.pause,
+            }),
             Err((e, new)) => {
                 drop(new);
                 let ended = ended(pid);
                 Private::remove(&private.path);
-                warn!(
-                    "keeper: upgrade failed, serving process {} serves on: {e}{ended}",
-                    self.child
-                );
+                Err(format!("{e}{ended}"))
             }
+        }
+    }
+
+    /// Logs an upgrade's outcome and, when it succeeded, lets the old process go:
+    /// its frontend gone, it exits (with --keep-serving it would wait for the next
+    /// one: told to go).
+    fn finish(&mut self, outcome: Result<Pending, String>) {
+        let done = match outcome {
+            Ok(done) => done,
+            Err(why) => {
+                return warn!(
+                    "keeper: upgrade failed, serving process {} serves on: {why}",
+                    self.child
+                )
+            }
+        };
+        info!(
+            "keeper: upgraded: serving process {} took over from {} (the guest waited {} ms)",
+            done.pid,
+            self.child,
+            done.pause.as_millis()
+        );
+        drop(done.old);
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
+        Private::remove(&self.private);
+        (self.child, self.private) = (done.pid, done.private);
+        self.channel = Some(done.channel);
+    }
+
+    /// A request on the serving process's channel (`PUT /upgrade`).
+    fn on_channel(&mut self, relay: Option<&mut Relay>) {
+        let Some(ch) = self.channel.take() else {
+            return;
+        };
+        match channel::read_request(&ch).as_deref() {
+            Some("upgrade") => {
+                let outcome = self.upgrade(relay);
+                channel::answer(
+                    &ch,
+                    &outcome.as_ref().map(|p| p.pause).map_err(Clone::clone),
+                );
+                self.channel = Some(ch);
+                self.finish(outcome);
+            }
+            Some(other) => {
+                warn!("keeper: unknown request on the channel: {other:?}");
+                self.channel = Some(ch);
+            }
+            // The serving process closed it (it is exiting): nothing more from it.
+            None => {}
         }
     }
 
@@ -312,6 +369,15 @@ impl Keeper<'_> {
         log::logger().flush();
         std::process::exit(code)
     }
+}
+
+/// An upgrade done but for letting the old process go.
+struct Pending {
+    pid: Pid,
+    private: PathBuf,
+    channel: UnixStream,
+    old: UnixStream,
+    pause: std::time::Duration,
 }
 
 /// Ends a new serving process an upgrade gave up on, and says how it ended if it

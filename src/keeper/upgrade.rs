@@ -41,6 +41,8 @@ pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
 /// And the fd of the control socket's listener.
 pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
+/// And the fd of its end of the keeper's channel (`channel.rs`).
+pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
 
 /// What the daemon was started as, kept to start its successor.
 #[derive(Clone, Debug)]
@@ -171,20 +173,25 @@ fn load(new: &UnixStream, state: &[u8]) -> Result<(), Error> {
     written.map_err(|e| Error::io("writing the state to the new process", e))
 }
 
-/// Forks and execs `cmd` with `listener` as its `--keeper-listen-fd`, and `control`
-/// (the control socket's listener) as its `--keeper-control-fd`. The child dies
-/// with the keeper.
-pub fn start(
-    cmd: &Command,
-    listener: &std::os::unix::net::UnixListener,
-    control: Option<RawFd>,
-) -> Result<Pid, Error> {
-    let fd = listener.as_raw_fd();
+/// The fds a new serving process inherits, each named by its hidden flag.
+pub struct Inherited {
+    pub listener: RawFd,
+    pub control: Option<RawFd>,
+    pub channel: RawFd,
+}
+
+/// Forks and execs `cmd` with the `inherited` fds. The child dies with the keeper.
+pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
+    let fds: Vec<(&str, RawFd)> = [
+        (LISTEN_FD_FLAG, Some(inherited.listener)),
+        (CONTROL_FD_FLAG, inherited.control),
+        (CHANNEL_FD_FLAG, Some(inherited.channel)),
+    ]
+    .into_iter()
+    .filter_map(|(flag, fd)| Some((flag, fd?)))
+    .collect();
     let mut args = cmd.args.clone();
-    args.push(format!("{LISTEN_FD_FLAG}={fd}").into());
-    if let Some(c) = control {
-        args.push(format!("{CONTROL_FD_FLAG}={c}").into());
-    }
+    args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
     let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
     let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))
@@ -200,9 +207,8 @@ pub fn start(
         ForkResult::Child => {
             // SAFETY: as above; plain system calls on our own fds and mask.
             unsafe {
-                libc::fcntl(fd, libc::F_SETFD, 0);
-                if let Some(c) = control {
-                    libc::fcntl(c, libc::F_SETFD, 0);
+                for (_, fd) in &fds {
+                    libc::fcntl(*fd, libc::F_SETFD, 0);
                 }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
                 let mut none: libc::sigset_t = std::mem::zeroed();
