@@ -248,6 +248,9 @@ fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
         );
         request(&sock, "GET", "/health", None).expect(200);
     }
+    for line in d.log().lines().filter(|l| l.contains("keeper: upgraded")) {
+        eprintln!("{line}");
+    }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(
         prober.join().unwrap(),

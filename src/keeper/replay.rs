@@ -285,6 +285,12 @@ pub fn set_up(
     run(stream, rest, timeout).map(drop)
 }
 
+/// Waits until a new serving process answers (`GET_FEATURES`): it has started,
+/// confined itself and accepted the keeper.
+pub fn ready(stream: &UnixStream, timeout: Duration) -> Result<(), Error> {
+    run(stream, &[Step::ask(FrontendReq::GET_FEATURES)], timeout).map(drop)
+}
+
 /// The bases the replies to [`stop`] answered, by vring.
 pub fn bases(replies: &[Message]) -> BTreeMap<u32, u32> {
     replies.iter().filter_map(Message::vring_state).collect()

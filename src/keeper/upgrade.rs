@@ -69,13 +69,17 @@ pub struct Upgraded {
     pub pause: Duration,
 }
 
-/// Runs steps 2–6 with the new process connected on `new`.
+/// Runs steps 2–6 with the new process connected on `new`, once it answers.
 pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error, UnixStream)> {
-    let start = Instant::now();
     let session_ok = relay.session().unreplayable.clone();
     if let Some(why) = session_ok {
         return Err((Error::Unreplayable(why), new));
     }
+    // The new process's start-up (exec, sandbox) outside the guest's pause.
+    if let Err(e) = replay::ready(&new, STEP_TIMEOUT) {
+        return Err((e, new));
+    }
+    let start = Instant::now();
     let bases = match relay.stop_rings(STEP_TIMEOUT) {
         Ok(b) => b,
         Err(e) => return Err((e, new)),
