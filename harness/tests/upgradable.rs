@@ -69,9 +69,18 @@ fn keep_serving_through_the_keeper_serves_the_next_frontend() {
         let name = format!("f{round}");
         let (e, open) = c.create(ROOT, &name, RDWR, 0o644).expect("create");
         c.write(e.nodeid, open.fh, 0, b"x").expect("write");
+        if round == 1 {
+            // An upgrade between two frontends: the old process, which would wait
+            // for the next frontend, is told to go; the new one serves the next.
+            sighup(&d);
+            wait_log(&d, "keeper: upgraded", 1);
+            c.write(e.nodeid, open.fh, 0, b"y")
+                .expect("write after the upgrade");
+        }
         c.disconnect();
         assert!(d.is_running(), "round {round}:\n{}", d.log());
     }
+    wait_log(&d, "keeper: former serving process", 1);
     // SIGTERM to the keeper reaches the serving process, which exits 0; so does the
     // keeper.
     nix::sys::signal::kill(
