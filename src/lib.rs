@@ -12,6 +12,7 @@ mod device;
 mod error;
 pub mod exports;
 mod fs;
+mod keeper;
 mod logging;
 mod metrics;
 mod qos;

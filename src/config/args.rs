@@ -353,6 +353,25 @@ pub struct Args {
     #[arg(long)]
     pub keep_serving: bool,
 
+    /// Run a connection keeper above the serving process: it holds the frontend's
+    /// connection and relays it, so that the serving process can be replaced under a
+    /// running VM (docs/UPGRADE.md). Off by default.
+    #[arg(long)]
+    pub upgradable: bool,
+
+    /// A serving process started by the keeper for an upgrade: the fd of the private
+    /// listener it serves the keeper on (src/keeper/upgrade.rs). Not for users.
+    #[arg(long, hide = true)]
+    pub keeper_listen_fd: Option<i32>,
+
+    /// With it: the control socket's listening fd, inherited from the keeper.
+    #[arg(long, hide = true)]
+    pub keeper_control_fd: Option<i32>,
+
+    /// With it: its end of the keeper's channel (`PUT /upgrade`).
+    #[arg(long, hide = true)]
+    pub keeper_channel_fd: Option<i32>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

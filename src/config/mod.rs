@@ -72,6 +72,12 @@ pub struct Config {
     pub migration: MigrationOptions,
     /// `--keep-serving`.
     pub keep_serving: bool,
+    /// `--upgradable`: a connection keeper above the serving process (src/keeper/).
+    pub upgradable: bool,
+    /// Started by the keeper: the control socket's fd to take over (not bound again).
+    pub control_fd: Option<i32>,
+    /// Started by the keeper: its end of the keeper's channel.
+    pub keeper_channel_fd: Option<i32>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -144,7 +150,13 @@ impl fmt::Display for ParseError {
 impl std::error::Error for ParseError {}
 
 impl Args {
-    pub fn into_config(self) -> Result<Config, ConfigError> {
+    pub fn into_config(mut self) -> Result<Config, ConfigError> {
+        if let Some(fd) = self.keeper_listen_fd {
+            // Started by the keeper (src/keeper/upgrade.rs): it holds the frontend's
+            // socket; this process serves the keeper on its private listener.
+            (self.socket_path, self.fd, self.socket_group) = (None, Some(fd), None);
+            self.upgradable = false;
+        }
         let socket = match (self.socket_path, self.fd) {
             (Some(p), None) => SocketSource::Path(p),
             (None, Some(fd)) if fd >= 0 => SocketSource::Fd(fd),
@@ -274,6 +286,9 @@ impl Args {
             file_handles: self.inode_file_handles.into(),
             migration,
             keep_serving: self.keep_serving,
+            upgradable: self.upgradable,
+            control_fd: self.keeper_control_fd,
+            keeper_channel_fd: self.keeper_channel_fd,
             translate_rules,
         })
     }

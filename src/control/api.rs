@@ -130,6 +130,20 @@ impl Reply {
     }
 }
 
+/// `PUT /upgrade` (`volfsd ctl upgrade`): the keeper starts a new serving process
+/// that takes over; this process answers how it went, then exits (src/keeper/).
+fn upgrade() -> Reply {
+    use crate::keeper::channel::{ask_upgrade, AskError};
+    match ask_upgrade() {
+        Ok(pause) => Reply::json(
+            200,
+            &serde_json::json!({ "pause_ms": pause.as_millis() as u64 }),
+        ),
+        Err(e @ AskError::NoKeeper) => Reply::error(409, e.to_string()),
+        Err(e) => Reply::error(500, e.to_string()),
+    }
+}
+
 pub struct Api {
     volumes: Arc<Volumes>,
     /// SharedDir as the host names it: attach paths are given in these terms.
@@ -174,9 +188,12 @@ impl Api {
             ("PUT", ["volumes", name]) => self.attach(name, body),
             ("PATCH", ["volumes", name]) => self.patch(name, body),
             ("DELETE", ["volumes", name]) => self.detach(name),
-            (_, ["health"]) | (_, ["metrics"]) | (_, ["volumes"]) | (_, ["volumes", _]) => {
-                Reply::error(405, format!("{method} is not allowed on {path}"))
-            }
+            ("PUT", ["upgrade"]) => upgrade(),
+            (_, ["health"])
+            | (_, ["metrics"])
+            | (_, ["volumes"])
+            | (_, ["volumes", _])
+            | (_, ["upgrade"]) => Reply::error(405, format!("{method} is not allowed on {path}")),
             _ => Reply::error(404, format!("no such endpoint: {path}")),
         }
     }

@@ -217,22 +217,34 @@ impl ControlServer {
             .map_err(|e| ControlError::host(path, Some("chmod"), e))?;
         // SAFETY: geteuid cannot fail.
         let own = unsafe { libc::geteuid() };
-        let mut allowed_uids = vec![0, own];
-        allowed_uids.extend_from_slice(extra_uids);
         let mut others: Vec<u32> = extra_uids.iter().copied().filter(|&u| u != own).collect();
         others.sort_unstable();
         others.dedup();
         if !others.is_empty() {
             grant_uids(path, &others)?;
         }
+        Ok(Self::serving(listener, path, extra_uids))
+    }
+
+    /// The control socket a serving process started by the keeper (an upgrade)
+    /// takes over: bound, and its ACL set, by the first process.
+    pub fn inherited(fd: std::os::fd::OwnedFd, path: &Path, extra_uids: &[u32]) -> Self {
+        Self::serving(UnixListener::from(fd), path, extra_uids)
+    }
+
+    fn serving(listener: UnixListener, path: &Path, extra_uids: &[u32]) -> Self {
+        // SAFETY: geteuid cannot fail.
+        let own = unsafe { libc::geteuid() };
+        let mut allowed_uids = vec![0, own];
+        allowed_uids.extend_from_slice(extra_uids);
         let reserve_fd = open_reserve_fd(&listener);
-        Ok(ControlServer {
+        ControlServer {
             listener,
             path: path.to_path_buf(),
             allowed_uids,
             clients: Arc::new(AtomicUsize::new(0)),
             reserve_fd,
-        })
+        }
     }
 
     /// Serves clients with `api` on a thread of its own until the process exits. The

@@ -16,6 +16,8 @@ pub enum DaemonError {
     Sandbox(SandboxError),
     Logging(LogError),
     Control(ControlError),
+    /// `--upgradable`: the keeper could not be started.
+    Keeper(crate::keeper::Error),
     /// A host call on the vhost-user socket failed. `socket`: `--socket-path P`,
     /// `--fd N`, or the path of a socket file; `step`: None for the call that names
     /// it (stat, fstat).
@@ -74,6 +76,7 @@ impl fmt::Display for DaemonError {
             DaemonError::Sandbox(e) => write!(f, "{e}"),
             DaemonError::Logging(e) => write!(f, "{e}"),
             DaemonError::Control(e) => write!(f, "{e}"),
+            DaemonError::Keeper(e) => write!(f, "--upgradable: starting the keeper: {e}"),
             DaemonError::Socket {
                 socket,
                 step: Some(step),

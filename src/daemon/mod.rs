@@ -65,16 +65,51 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // launcher waits for the socket file, and the namespaces and the fork cost about a
     // millisecond it need not wait for. The control socket first: once the vhost-user
     // socket exists, a launcher may expect both.
-    let control = match &config.control_socket {
-        Some(path) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
-        None => None,
+    if let Some(fd) = config.keeper_channel_fd {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        crate::keeper::channel::serve_with(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    }
+    let control = match (&config.control_socket, config.control_fd) {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        (Some(path), Some(fd)) => Some(ControlServer::inherited(
+            unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+            path,
+            &config.control_allow_uids,
+        )),
+        (Some(path), None) => Some(ControlServer::bind(path, &config.control_allow_uids)?),
+        (None, _) => None,
     };
     // The socket files stay removable after the root changed (by directory fd and
     // name); set-up that fails from here on removes them: nothing is left behind
     // half-started.
+    // Under a keeper, the socket files are the keeper's to remove (a serving process
+    // replaced by an upgrade must leave them).
+    let serving_paths: Vec<PathBuf> = match config.upgradable || config.control_fd.is_some() {
+        true => Vec::new(),
+        false => socket_paths.clone(),
+    };
     let bound = make_listener(&config.socket, config.socket_group).and_then(|listener| {
-        let files = socket_paths.iter().map(|p| SocketFile::open(p));
+        let files = serving_paths.iter().map(|p| SocketFile::open(p));
         Ok((listener, files.collect::<Result<Vec<_>, _>>()?))
+    });
+    // --upgradable: the keeper forks off here, keeps the frontend's socket and
+    // relays it; only the serving child goes on (src/keeper/process.rs).
+    let bound = bound.and_then(|(listener, files)| {
+        if !config.upgradable {
+            return Ok((listener, files));
+        }
+        // The keeper keeps the control socket's listener for the next serving process.
+        let fds: Vec<RawFd> = control.iter().flat_map(ControlServer::fds).collect();
+        let keep = crate::keeper::process::Keep {
+            control: fds.first().copied(),
+            close: fds.get(1..).unwrap_or_default(),
+            sockets: &socket_paths,
+            keep_serving: config.keep_serving,
+        };
+        let (serving, channel) =
+            crate::keeper::process::split(listener, keep).map_err(DaemonError::Keeper)?;
+        crate::keeper::channel::serve_with(channel);
+        Ok((serving, files))
     });
     let (listener, socket_files) = match bound {
         Ok((listener, files)) => (listener, Arc::new(files)),
@@ -89,7 +124,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         config,
         control,
         listener,
-        &socket_paths,
+        &serving_paths,
         socket_files.clone(),
         term,
     );

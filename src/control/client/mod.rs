@@ -69,6 +69,10 @@ pub enum CtlCommand {
     Stats { name: Option<String> },
     /// Print the Prometheus metrics (GET /metrics).
     Metrics,
+    /// Replace the serving process under the running VM by a new one of the binary
+    /// as it is on disk now (needs --upgradable); if it fails, the old one serves on
+    /// and this says why.
+    Upgrade,
 }
 
 mod bind;
@@ -140,6 +144,18 @@ pub fn run(args: CtlArgs) -> Result<String, CtlError> {
             }
             let vols: Vec<VolumeInfo> = decode(&r.body, "GET /volumes")?;
             Ok(table(&vols))
+        }
+        CtlCommand::Upgrade => {
+            let r = expect(
+                request(&socket, "PUT", "/upgrade", None)?,
+                &[200],
+                "upgrade",
+            )?;
+            if args.json {
+                return Ok(r.body);
+            }
+            let v: serde_json::Value = decode(&r.body, "PUT /upgrade")?;
+            Ok(format!("upgraded: the guest waited {} ms", v["pause_ms"]))
         }
         CtlCommand::Metrics => {
             let r = expect(

@@ -1,0 +1,341 @@
+//! `--upgradable`: the connection keeper sits between the frontend and the serving
+//! process (src/keeper/). Here: everything the guest does goes through it unchanged,
+//! in each sandbox mode the fixture runs, the daemon ends as without it, and a
+//! serving process that dies ends it too (until crash recovery exists).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuse_backend_rs::abi::fuse_abi::Opcode;
+use volfsd_harness::fixtures::control::request;
+use volfsd_harness::fixtures::host::host_sees_lock;
+use volfsd_harness::fixtures::requests::lock_request;
+use volfsd_harness::fixtures::{daemon_binary, is_virtiofsd, Daemon, TestDir, RDWR, ROOT};
+use volfsd_harness::frontend::fuse::FuseOps;
+
+#[test]
+fn the_guest_is_served_through_the_keeper_and_the_daemon_exits_with_its_frontend() {
+    if is_virtiofsd() {
+        return;
+    }
+    let mut d = Daemon::start("upgradable", &["--upgradable"]);
+    assert_ne!(
+        d.pid(),
+        d.launched_pid(),
+        "the keeper is the launched process"
+    );
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
+    c.write(e.nodeid, open.fh, 0, b"through the keeper")
+        .expect("write");
+    let got = c.read(e.nodeid, open.fh, 0, 64).expect("read");
+    assert_eq!(got, b"through the keeper");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(
+        host_sees_lock(&d.host("f")),
+        "the guest's lock is held on the host"
+    );
+    let looked = c.lookup(ROOT, "f").expect("lookup");
+    assert_eq!(looked.nodeid, e.nodeid);
+    c.disconnect();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "exits 0 when its frontend goes:\n{}",
+        d.log()
+    );
+    let log = d.log();
+    assert!(log.contains("keeper: the frontend disconnected"), "{log}");
+    assert!(!d.dir.socket().exists(), "the socket is removed:\n{log}");
+}
+
+#[test]
+fn keep_serving_through_the_keeper_serves_the_next_frontend() {
+    if is_virtiofsd() {
+        return;
+    }
+    let mut d = Daemon::start("upgradable-keep", &["--upgradable", "--keep-serving"]);
+    for round in 0..3 {
+        let mut c = d.client();
+        let name = format!("f{round}");
+        let (e, open) = c.create(ROOT, &name, RDWR, 0o644).expect("create");
+        c.write(e.nodeid, open.fh, 0, b"x").expect("write");
+        if round == 1 {
+            // An upgrade between two frontends: the old process, which would wait
+            // for the next frontend, is told to go; the new one serves the next.
+            sighup(&d);
+            wait_log(&d, "keeper: upgraded", 1);
+            c.write(e.nodeid, open.fh, 0, b"y")
+                .expect("write after the upgrade");
+        }
+        c.disconnect();
+        assert!(d.is_running(), "round {round}:\n{}", d.log());
+    }
+    wait_log(&d, "keeper: former serving process", 1);
+    // SIGTERM to the keeper reaches the serving process, which exits 0; so does the
+    // keeper.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.launched_pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn a_killed_serving_process_ends_the_daemon_and_its_socket() {
+    if is_virtiofsd() {
+        return;
+    }
+    let mut d = Daemon::start("upgradable-killed", &["--upgradable"]);
+    let mut c = d.client();
+    c.lookup(ROOT, ".").ok();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| !s.success()), "{}", d.log());
+    assert!(!d.dir.socket().exists(), "{}", d.log());
+    drop(c);
+}
+
+/// The daemon started from a copy of its binary, which a test may replace (by a
+/// rename, as a package upgrade does) before it asks for an upgrade.
+fn start_from_copy(test: &str) -> (Daemon, std::path::PathBuf) {
+    let dir = TestDir::new(test);
+    let copy = dir.root.join("volfsd-copy");
+    std::fs::copy(daemon_binary(), &copy).expect("copy the daemon");
+    let exec = format!("shift; exec {} \"$@\"", copy.display());
+    let wrapper = ["sh", "-c", exec.as_str(), "sh"];
+    // With a control socket, a volume from the command line (runtime-attached ones
+    // do not survive an upgrade yet: docs/UPGRADE.md).
+    std::fs::create_dir(dir.shared().join("data")).unwrap();
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let args = ["--upgradable", ctl.as_str(), "--allowed-dir=data"];
+    (Daemon::start_wrapped(dir, &wrapper, &args), copy)
+}
+
+/// Replaces `binary` by `with` (renamed over it: the running one stays intact).
+fn replace_binary(binary: &std::path::Path, with: &[u8]) {
+    let tmp = binary.with_extension("new");
+    std::fs::write(&tmp, with).unwrap();
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, binary).unwrap();
+}
+
+/// `volfsd ctl upgrade`: its exit status and its output.
+fn ctl_upgrade(d: &Daemon) -> (bool, String) {
+    let out = std::process::Command::new(daemon_binary())
+        .args(["ctl", "upgrade", "--control-socket"])
+        .arg(d.dir.control_socket())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running volfsd ctl upgrade");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+fn sighup(d: &Daemon) {
+    let keeper = nix::unistd::Pid::from_raw(d.launched_pid());
+    nix::sys::signal::kill(keeper, nix::sys::signal::Signal::SIGHUP).unwrap();
+}
+
+/// Waits until the log has `line` `n` times.
+fn wait_log(d: &Daemon, line: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.log().matches(line).count() < n {
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} after 30 s:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (mut d, binary) = start_from_copy("upgrade");
+    let mut c = d.client();
+    let data = c.lookup(ROOT, "data").expect("lookup data").nodeid;
+    let (e, open) = c.create(data, "f", RDWR, 0o644).expect("create");
+    c.write(e.nodeid, open.fh, 0, b"before").expect("write");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    assert!(host_sees_lock(&d.host("data/f")));
+    // A host process tries the lock all along: it must never get it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let (stop, path) = (stop.clone(), d.host("data/f"));
+        std::thread::spawn(move || {
+            let mut free = 0;
+            while !stop.load(Ordering::Relaxed) {
+                if !host_sees_lock(&path) {
+                    free += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            free
+        })
+    };
+    for round in 1..=3 {
+        let before = d.pid();
+        // The same binary, then a rebuilt one (here: the same bytes, a new file).
+        if round == 2 {
+            replace_binary(&binary, &std::fs::read(daemon_binary()).unwrap());
+        }
+        // By SIGHUP (systemd's ExecReload), and by `volfsd ctl upgrade`.
+        if round == 3 {
+            let (ok, out) = ctl_upgrade(&d);
+            assert!(
+                ok && out.contains("upgraded: the guest waited"),
+                "{out}\n{}",
+                d.log()
+            );
+        } else {
+            sighup(&d);
+        }
+        wait_log(&d, "keeper: upgraded", round);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // One serving process again, not the old one (while both live, the keeper
+        // has two children).
+        while d.pid() == before || d.pid() == d.launched_pid() {
+            assert!(
+                Instant::now() < deadline,
+                "the old process is still the only one:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The same node ids and handles, on the same connection.
+        let text = format!("after {round}");
+        c.write(e.nodeid, open.fh, 0, text.as_bytes())
+            .expect("write after the upgrade");
+        let got = c
+            .read(e.nodeid, open.fh, 0, 64)
+            .expect("read after the upgrade");
+        assert_eq!(&got[..text.len()], text.as_bytes());
+        assert_eq!(c.lookup(data, "f").expect("lookup").nodeid, e.nodeid);
+        c.getattr(e.nodeid).expect("getattr");
+        let (g, _) = c
+            .create(data, &format!("new{round}"), RDWR, 0o644)
+            .expect("create");
+        assert!(g.nodeid > e.nodeid, "new ids continue above the old ones");
+        // The control socket is served by the new process.
+        let sock = d.dir.control_socket();
+        assert!(
+            sock.exists(),
+            "round {round}: no control socket:\n{}",
+            d.log()
+        );
+        request(&sock, "GET", "/health", None).expect(200);
+    }
+    for line in d.log().lines().filter(|l| l.contains("keeper: upgraded")) {
+        eprintln!("{line}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        prober.join().unwrap(),
+        0,
+        "a host process got the guest's lock:\n{}",
+        d.log()
+    );
+    assert!(host_sees_lock(&d.host("data/f")));
+    c.disconnect();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
+    assert!(!d.dir.socket().exists(), "{}", d.log());
+    assert!(!d.dir.control_socket().exists(), "{}", d.log());
+}
+
+#[test]
+fn a_new_binary_that_fails_leaves_the_old_process_serving() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (mut d, binary) = start_from_copy("upgrade-fails");
+    let mut c = d.client();
+    let data = c.lookup(ROOT, "data").expect("lookup data").nodeid;
+    let (e, open) = c.create(data, "f", RDWR, 0o644).expect("create");
+    c.call(&lock_request(
+        Opcode::Setlk,
+        e.nodeid,
+        open.fh,
+        1,
+        libc::F_WRLCK,
+        false,
+    ))
+    .expect("lock");
+    let before = d.pid();
+    // A binary that exits at once.
+    replace_binary(&binary, b"#!/bin/sh\nexit 3\n");
+    let (ok, out) = ctl_upgrade(&d);
+    assert!(!ok, "{out}");
+    assert!(out.contains("exited with status 3"), "ctl says why: {out}");
+    wait_log(&d, "keeper: upgrade failed", 1);
+    assert_eq!(d.pid(), before, "{}", d.log());
+    let log = d.log();
+    assert!(log.contains("serves on"), "{log}");
+    assert!(log.contains("exited with status 3"), "says why:\n{log}");
+    c.write(e.nodeid, open.fh, 0, b"still served")
+        .expect("write after a failed upgrade");
+    assert!(host_sees_lock(&d.host("data/f")));
+    // And then a good one.
+    replace_binary(&binary, &std::fs::read(daemon_binary()).unwrap());
+    sighup(&d);
+    wait_log(&d, "keeper: upgraded", 1);
+    c.write(e.nodeid, open.fh, 0, b"served by the new one")
+        .expect("write");
+    assert!(host_sees_lock(&d.host("data/f")));
+    c.disconnect();
+    assert!(
+        d.wait_exit(Duration::from_secs(10))
+            .is_some_and(|s| s.success()),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn ctl_upgrade_without_the_flag_says_so() {
+    if is_virtiofsd() {
+        return;
+    }
+    let dir = TestDir::new("upgrade-no-flag");
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let d = Daemon::start_in(dir, &[ctl.as_str()]);
+    let (ok, out) = ctl_upgrade(&d);
+    assert!(!ok, "{out}");
+    assert!(out.contains("not started with --upgradable"), "{out}");
+}

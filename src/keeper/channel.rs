@@ -1,0 +1,144 @@
+//! The channel between the keeper and a serving process it started: a Unix
+//! socketpair made by the keeper, one end inherited by the serving process. Through
+//! it the control API's `PUT /upgrade` (`volfsd ctl upgrade`) asks the keeper for an
+//! upgrade, as SIGHUP does, and learns how it went. Only the two ends exist: no other
+//! process can reach it (the peer credentials are the daemon's by construction).
+//!
+//! ```text
+//! serving -> keeper   "upgrade\n"
+//! keeper -> serving   "ok <pause in ms>\n" or "failed <why>\n"
+//! serving -> keeper   "done\n"  (after an "ok": its reply is on its way to the
+//!                      client; the keeper lets the old process go only then)
+//! ```
+
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// How long the serving side waits for the keeper's answer (an upgrade moves the
+/// whole session: large ones take seconds).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the keeper waits for "done".
+pub const DONE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A new channel: the keeper's end, and the serving process's.
+pub fn pair() -> io::Result<(UnixStream, OwnedFd)> {
+    let (keeper, serving) = UnixStream::pair()?;
+    Ok((keeper, serving.into()))
+}
+
+/// One line (without its newline), read byte by byte so that nothing after it is
+/// taken; None when the stream ended (or failed) first.
+fn read_line(stream: &UnixStream, max: usize) -> io::Result<Option<String>> {
+    let mut line = String::new();
+    let mut byte = [0u8; 1];
+    loop {
+        match io::Read::read(&mut &*stream, &mut byte) {
+            Ok(0) => return Ok(None),
+            Ok(_) if byte[0] == b'\n' => return Ok(Some(line)),
+            Ok(_) if line.len() < max => line.push(byte[0] as char),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The keeper reads one request line; None when the serving process closed its end.
+pub fn read_request(keeper: &UnixStream) -> Option<String> {
+    read_line(keeper, 64).ok().flatten()
+}
+
+/// The keeper answers an upgrade request; after an "ok", waits (a little) for "done".
+pub fn answer(keeper: &UnixStream, outcome: &Result<Duration, String>) {
+    let line = match outcome {
+        Ok(pause) => format!("ok {}\n", pause.as_millis()),
+        Err(why) => format!("failed {}\n", why.replace('\n', " ")),
+    };
+    if (&*keeper).write_all(line.as_bytes()).is_err() || outcome.is_err() {
+        return;
+    }
+    let _ = keeper.set_read_timeout(Some(DONE_TIMEOUT));
+    let _ = read_request(keeper);
+    let _ = keeper.set_read_timeout(None);
+}
+
+/// The serving process's end, once set.
+static SERVING: OnceLock<Mutex<UnixStream>> = OnceLock::new();
+
+/// Sets the serving process's end (it runs under a keeper).
+pub fn serve_with(fd: OwnedFd) {
+    let _ = SERVING.set(Mutex::new(UnixStream::from(fd)));
+}
+
+/// Why an upgrade asked for through the channel did not happen.
+#[derive(Debug)]
+pub enum AskError {
+    /// This daemon runs without a keeper (no `--upgradable`).
+    NoKeeper,
+    /// The channel failed.
+    Channel(io::Error),
+    /// The keeper tried and failed, and says why; the old process serves on.
+    Failed(String),
+}
+
+impl std::fmt::Display for AskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskError::NoKeeper => write!(f, "this daemon was not started with --upgradable"),
+            AskError::Channel(e) => write!(f, "asking the keeper: {e}"),
+            AskError::Failed(why) => write!(f, "the upgrade failed, this process serves on: {why}"),
+        }
+    }
+}
+
+/// Asks the keeper for an upgrade and waits for it; the guest's pause on success.
+pub fn ask_upgrade() -> Result<Duration, AskError> {
+    let channel = SERVING.get().ok_or(AskError::NoKeeper)?;
+    // One at a time; a poisoned lock only means an earlier asker panicked.
+    let stream = channel.lock().unwrap_or_else(|p| p.into_inner());
+    stream
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .map_err(AskError::Channel)?;
+    (&*stream)
+        .write_all(b"upgrade\n")
+        .map_err(AskError::Channel)?;
+    let line = read_line(&stream, 4096)
+        .map_err(AskError::Channel)?
+        .ok_or_else(|| AskError::Channel(io::ErrorKind::UnexpectedEof.into()))?;
+    match line.trim_end().split_once(' ') {
+        Some(("ok", ms)) => {
+            let _ = (&*stream).write_all(b"done\n");
+            Ok(Duration::from_millis(ms.parse().unwrap_or(0)))
+        }
+        Some(("failed", why)) => Err(AskError::Failed(why.to_string())),
+        _ => Err(AskError::Channel(io::Error::other(format!(
+            "the keeper answered {line:?}"
+        )))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_and_its_answers() {
+        let (k, s) = UnixStream::pair().unwrap();
+        let keeper = std::thread::spawn(move || {
+            assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
+            answer(&k, &Err("the new binary exited\nwith 3".into()));
+            assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
+            answer(&k, &Ok(Duration::from_millis(42)));
+        });
+        serve_with(s.into());
+        match ask_upgrade() {
+            Err(AskError::Failed(why)) => assert_eq!(why, "the new binary exited with 3"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ask_upgrade().unwrap(), Duration::from_millis(42));
+        keeper.join().unwrap();
+    }
+}

@@ -1,0 +1,96 @@
+//! The connection keeper (`--upgradable`): a relay that holds the frontend's
+//! vhost-user connection and sits between it and the serving process, so that the
+//! serving process can be replaced under a running VM without the frontend seeing a
+//! disconnect. See docs/UPGRADE.md.
+//!
+//! - `wire.rs`: vhost-user message framing with fds;
+//! - `session.rs`: what the frontend set up, recorded as it is relayed;
+//! - `replay.rs`: that setup replayed into a new serving process;
+//! - `relay.rs`: the relay between the two streams;
+//! - `process.rs`: where the keeper runs (the serving process's parent);
+//! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper);
+//! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`).
+
+pub mod channel;
+pub mod process;
+pub mod relay;
+pub mod replay;
+pub mod session;
+#[cfg(test)]
+mod testing;
+pub mod upgrade;
+pub mod wire;
+
+use std::fmt;
+use std::io;
+
+use vhost::vhost_user::message::FrontendReq;
+
+/// What went wrong in the keeper, with what it was doing.
+#[derive(Debug)]
+pub enum Error {
+    /// A system call failed.
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+    /// A stream ended inside a message.
+    Truncated { what: &'static str },
+    /// A message larger than vhost-user allows.
+    TooLarge { request: u32, size: u32 },
+    /// More fds than one message may carry.
+    TooManyFds,
+    /// The peer did not answer in time.
+    Timeout,
+    /// The peer closed the stream while an answer to `during` was awaited.
+    Closed { during: FrontendReq },
+    /// The peer answered something else than the reply to `during`.
+    Unexpected { during: FrontendReq, got: u32 },
+    /// The backend refused a replayed message (its ack was not 0).
+    Refused { request: FrontendReq, code: u64 },
+    /// The new backend does not offer feature bits the session negotiated.
+    Missing { what: &'static str, bits: u64 },
+    /// The recorded session cannot be replayed, and why.
+    Unreplayable(String),
+}
+
+impl Error {
+    pub fn io(what: &'static str, source: io::Error) -> Error {
+        Error::Io { what, source }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { what, source } => write!(f, "{what}: {source}"),
+            Error::Truncated { what } => write!(f, "the stream ended inside a message's {what}"),
+            Error::TooLarge { request, size } => {
+                write!(
+                    f,
+                    "request {request}: a payload of {size} bytes is too large"
+                )
+            }
+            Error::TooManyFds => write!(f, "a message with too many fds"),
+            Error::Timeout => write!(f, "no answer in time"),
+            Error::Closed { during } => {
+                write!(f, "the backend closed the connection at {during:?}")
+            }
+            Error::Unexpected { during, got } => {
+                write!(f, "waiting for the reply to {during:?}, got request {got}")
+            }
+            Error::Refused { request, code } => {
+                write!(f, "the backend refused {request:?} (answer {code})")
+            }
+            Error::Missing { what, bits } => {
+                write!(
+                    f,
+                    "the new backend lacks {what} the session uses: {bits:#x}"
+                )
+            }
+            Error::Unreplayable(why) => write!(f, "the session cannot be replayed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,429 @@
+//! Where the keeper runs: with `--upgradable`, the daemon forks right after it bound
+//! its sockets, before the sandbox (in every `--sandbox` mode). The parent is the
+//! keeper: it keeps the vhost-user listening socket, accepts the frontend and relays
+//! to the child, which serves as it always did, but on a private listening socket
+//! whose only client is the keeper. The keeper stays outside the sandbox (a new
+//! serving process must be started from there) and lives as long as the daemon: it
+//! forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT to the serving process and exits with its
+//! status, as the namespace mode's supervisor does (which, in that mode, runs below
+//! it, around the serving process). SIGHUP is the keeper's own: an upgrade
+//! (`upgrade.rs`).
+//!
+//! The private socket is bound in a new 0700 directory (`mkdtemp`) under the
+//! daemon's temp directory: only the daemon's own user (or root) can reach it, who
+//! can already trace the daemon. The keeper removes it when it exits.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use log::{info, warn};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use vhost::vhost_user::Listener;
+
+use super::channel;
+use super::relay::{Flow, Relay};
+use super::upgrade::{self, Command};
+use super::Error;
+
+/// Signals the keeper passes on to the serving process.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// What the keeper needs besides the frontend's listener.
+pub struct Keep<'a> {
+    /// The control socket's listener: the keeper keeps it for a new serving process.
+    pub control: Option<RawFd>,
+    /// Fds the keeper closes at once: the child's alone.
+    pub close: &'a [RawFd],
+    /// Socket files removed if the serving process is killed before it could.
+    pub sockets: &'a [PathBuf],
+    /// `--keep-serving`: after a frontend leaves, wait for the next.
+    pub keep_serving: bool,
+}
+
+/// Forks the keeper off. Returns in the child only, with the listener it serves
+/// on and its end of the keeper's channel; the keeper never returns. Call while the
+/// process has one thread.
+pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Error> {
+    let private = Private::bind()?;
+    let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
+    // Blocked before the fork so that none is lost; the child restores its mask.
+    let mut signals = SigSet::empty();
+    FORWARDED.iter().for_each(|&s| signals.add(s));
+    signals.add(Signal::SIGCHLD);
+    let mut old = SigSet::empty();
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), Some(&mut old))
+        .map_err(|e| Error::io("blocking signals", e.into()))?;
+    let keeper = nix::unistd::getpid();
+    // Found now: an upgrade starts the binary at this path, as it is then.
+    let command = Command::current()
+        .map_err(|e| warn!("keeper: upgrades are not possible: {e}"))
+        .ok();
+    // SAFETY: the caller guarantees one thread, so the child may run any code.
+    match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
+        ForkResult::Child => {
+            // SAFETY: prctl with integer arguments. If the keeper dies, the
+            // frontend's connection is gone with it: nothing left to serve.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            if nix::unistd::getppid() != keeper {
+                std::process::exit(1);
+            }
+            nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
+                .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
+            // Only the keeper accepts the frontend. Not dropped: the Listener would
+            // remove the socket file.
+            let fd = frontend.as_raw_fd();
+            std::mem::forget(frontend);
+            // SAFETY: the fd was the listener's, forgotten above; closed once.
+            unsafe { libc::close(fd) };
+            drop(channel);
+            Ok((Listener::from(private.listener), theirs))
+        }
+        ForkResult::Parent { child } => {
+            drop(theirs);
+            for &fd in keep.close {
+                // SAFETY: the keeper never uses these fds: they are the child's.
+                unsafe { libc::close(fd) };
+            }
+            let sigfd = SignalFd::with_flags(&signals, SfdFlags::SFD_CLOEXEC);
+            match sigfd {
+                Ok(sigfd) => Keeper {
+                    child,
+                    frontend,
+                    private: private.path.clone(),
+                    keep,
+                    command,
+                    channel: Some(channel),
+                }
+                .run(sigfd, private),
+                Err(e) => {
+                    eprintln!("volfsd: keeper: signalfd: {e}");
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+}
+
+/// The private listening socket a serving process accepts the keeper on.
+pub(super) struct Private {
+    pub listener: UnixListener,
+    pub path: PathBuf,
+}
+
+impl Private {
+    pub fn bind() -> Result<Private, Error> {
+        let template = std::env::temp_dir().join("volfsd-keeper.XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template)
+            .map_err(|e| Error::io("making the keeper's directory", e.into()))?;
+        let path = dir.join("serve.sock");
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            Error::io("binding the keeper's socket", e)
+        })?;
+        Ok(Private { listener, path })
+    }
+
+    pub fn remove(path: &Path) {
+        let _ = std::fs::remove_file(path);
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The keeper's state.
+struct Keeper<'a> {
+    /// The serving process.
+    child: Pid,
+    frontend: Listener,
+    /// Its private socket.
+    private: PathBuf,
+    keep: Keep<'a>,
+    /// What starts a new serving process (None: upgrades are not possible).
+    command: Option<Command>,
+    /// The keeper's end of the serving process's channel.
+    channel: Option<UnixStream>,
+}
+
+impl Keeper<'_> {
+    fn run(mut self, mut sigfd: SignalFd, private: Private) -> ! {
+        // The keeper connects; the child accepts.
+        drop(private.listener);
+        let mut relay: Option<Relay> = None;
+        let mut accepting = true;
+        loop {
+            let mut fds = vec![sigfd.as_raw_fd()];
+            let asked = self.channel.as_ref().map(|c| {
+                fds.push(c.as_raw_fd());
+                fds.len() - 1
+            });
+            let at = fds.len();
+            match &relay {
+                Some(r) => fds.extend([r.frontend().as_raw_fd(), r.backend().as_raw_fd()]),
+                None if accepting => fds.push(self.frontend.as_raw_fd()),
+                None => {}
+            }
+            let ready = match poll(&fds) {
+                Ok(r) => r,
+                Err(e) => self.fail(&format!("poll: {e}")),
+            };
+            if ready[0] && self.on_signal(&mut sigfd) {
+                let outcome = self.upgrade(relay.as_mut());
+                self.finish(outcome);
+                continue;
+            }
+            if asked.is_some_and(|i| ready[i]) {
+                self.on_channel(relay.as_mut());
+                continue;
+            }
+            let flow = match (&mut relay, ready.get(at), ready.get(at + 1)) {
+                (Some(r), Some(true), _) => r.relay_frontend(),
+                (Some(r), _, Some(true)) => r.relay_backend(),
+                (None, Some(true), _) => {
+                    relay = self.accept();
+                    continue;
+                }
+                _ => continue,
+            };
+            let why = match flow {
+                Ok(Flow::Relayed) => continue,
+                Ok(Flow::FrontendClosed) => "the frontend disconnected".to_string(),
+                Ok(Flow::BackendClosed) => "the serving process ended the connection".to_string(),
+                Err(e) => format!("relaying: {e}"),
+            };
+            info!("keeper: {why}");
+            // Both connections close: the serving process sees its frontend leave.
+            relay = None;
+            accepting = self.keep.keep_serving;
+        }
+    }
+
+    /// Accepts the frontend and connects to the serving process for it.
+    fn accept(&self) -> Option<Relay> {
+        let frontend = match self.frontend.accept() {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => self.fail(&format!("accepting the frontend: {e}")),
+        };
+        match UnixStream::connect(&self.private) {
+            Ok(backend) => Some(Relay::new(frontend, backend)),
+            Err(e) => {
+                warn!("keeper: connecting to the serving process: {e}");
+                None
+            }
+        }
+    }
+
+    /// Handles a signal; true for SIGHUP, which asks for an upgrade.
+    fn on_signal(&self, sigfd: &mut SignalFd) -> bool {
+        let Ok(Some(info)) = sigfd.read_signal() else {
+            return false;
+        };
+        let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+            return false;
+        };
+        match sig {
+            Signal::SIGHUP => return true,
+            Signal::SIGCHLD => {}
+            _ => {
+                let _ = nix::sys::signal::kill(self.child, sig);
+                return false;
+            }
+        }
+        // Any child: the serving process, or one an upgrade replaced or gave up on.
+        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            let (pid, how) = match status {
+                WaitStatus::Exited(pid, code) => (pid, Ok(code)),
+                WaitStatus::Signaled(pid, sig, _) => (pid, Err(sig)),
+                _ => break,
+            };
+            if pid != self.child {
+                info!("keeper: former serving process {pid} ended ({how:?})");
+                continue;
+            }
+            match how {
+                Ok(code) => self.exit(code),
+                Err(sig) => {
+                    eprintln!("volfsd: keeper: the serving process was killed by {sig}");
+                    self.exit(1)
+                }
+            }
+        }
+        false
+    }
+
+    /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
+    /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
+    fn upgrade(&self, relay: Option<&mut Relay>) -> Result<Pending, String> {
+        let (Some(relay), Some(command)) = (relay, &self.command) else {
+            return Err("no frontend is connected (nothing to hand over)".into());
+        };
+        let private = Private::bind().map_err(|e| e.to_string())?;
+        let (channel, theirs) = channel::pair().map_err(|e| format!("socketpair: {e}"))?;
+        let inherited = upgrade::Inherited {
+            listener: private.listener.as_raw_fd(),
+            control: self.keep.control,
+            channel: theirs.as_raw_fd(),
+        };
+        let started = upgrade::start(command, &inherited).and_then(|pid| {
+            let new = UnixStream::connect(&private.path).map_err(|e| {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                Error::io("connecting to the new serving process", e)
+            })?;
+            Ok((pid, new))
+        });
+        drop((private.listener, theirs));
+        let (pid, new) = started.map_err(|e| {
+            Private::remove(&private.path);
+            format!("starting the new serving process: {e}")
+        })?;
+        match upgrade::hand_over(relay, new) {
+            Ok(done) => Ok(Pending {
+                pid,
+                private: private.path,
+                channel,
+                old: done.old,
+                pause: done.pause,
+            }),
+            Err((e, new)) => {
+                drop(new);
+                let ended = ended(pid);
+                Private::remove(&private.path);
+                Err(format!("{e}{ended}"))
+            }
+        }
+    }
+
+    /// Logs an upgrade's outcome and, when it succeeded, lets the old process go:
+    /// its frontend gone, it exits (with --keep-serving it would wait for the next
+    /// one: told to go).
+    fn finish(&mut self, outcome: Result<Pending, String>) {
+        let done = match outcome {
+            Ok(done) => done,
+            Err(why) => {
+                return warn!(
+                    "keeper: upgrade failed, serving process {} serves on: {why}",
+                    self.child
+                )
+            }
+        };
+        info!(
+            "keeper: upgraded: serving process {} took over from {} (the guest waited {} ms)",
+            done.pid,
+            self.child,
+            done.pause.as_millis()
+        );
+        drop(done.old);
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
+        Private::remove(&self.private);
+        (self.child, self.private) = (done.pid, done.private);
+        self.channel = Some(done.channel);
+    }
+
+    /// A request on the serving process's channel (`PUT /upgrade`).
+    fn on_channel(&mut self, relay: Option<&mut Relay>) {
+        let Some(ch) = self.channel.take() else {
+            return;
+        };
+        match channel::read_request(&ch).as_deref() {
+            Some("upgrade") => {
+                let outcome = self.upgrade(relay);
+                channel::answer(
+                    &ch,
+                    &outcome.as_ref().map(|p| p.pause).map_err(Clone::clone),
+                );
+                self.channel = Some(ch);
+                self.finish(outcome);
+            }
+            Some(other) => {
+                warn!("keeper: unknown request on the channel: {other:?}");
+                self.channel = Some(ch);
+            }
+            // The serving process closed it (it is exiting): nothing more from it.
+            None => {}
+        }
+    }
+
+    fn fail(&self, why: &str) -> ! {
+        eprintln!("volfsd: keeper: {why}");
+        let _ = nix::sys::signal::kill(self.child, Signal::SIGKILL);
+        self.exit(1)
+    }
+
+    fn exit(&self, code: i32) -> ! {
+        Private::remove(&self.private);
+        // The serving processes leave the vhost-user socket to the keeper.
+        for s in self.keep.sockets {
+            crate::sandbox::namespaces::remove_socket(s);
+        }
+        log::logger().flush();
+        std::process::exit(code)
+    }
+}
+
+/// An upgrade done but for letting the old process go.
+struct Pending {
+    pid: Pid,
+    private: PathBuf,
+    channel: UnixStream,
+    old: UnixStream,
+    pause: std::time::Duration,
+}
+
+/// Ends a new serving process an upgrade gave up on, and says how it ended if it
+/// ended by itself (it exited at once, it refused the state).
+fn ended(pid: Pid) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                return format!(" (the new serving process exited with status {code})")
+            }
+            Ok(WaitStatus::Signaled(_, sig, _)) => {
+                return format!(" (the new serving process was killed by {sig})")
+            }
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Ok(WaitStatus::StillAlive) => {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                return String::new();
+            }
+            _ => return String::new(),
+        }
+    }
+}
+
+/// Waits until one of `fds` is readable or hung up; says which.
+fn poll(fds: &[RawFd]) -> Result<Vec<bool>, std::io::Error> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `p` is a valid array of pollfds of the given length.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, -1) };
+        if n >= 0 {
+            return Ok(p.iter().map(|p| p.revents != 0).collect());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The relay between the frontend's connection and the serving process's: each
+//! frontend message is forwarded with its fds, then its reply (if it has one) is
+//! forwarded back, and both are recorded in the session. vhost-user's main channel
+//! is the frontend's: the backend only answers, and one message at a time, so
+//! between two messages the relay is at a point where the serving process can be
+//! replaced (see `replay.rs`).
+//!
+//! Which messages are answered is the backend's rule (vhost's backend request
+//! handler): the questions and a few others always; any other only when it asks
+//! (`NEED_REPLY`) and `REPLY_ACK` is on, that is, the backend offered
+//! `VHOST_USER_F_PROTOCOL_FEATURES` and the frontend acked `REPLY_ACK`.
+
+use std::collections::BTreeMap;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+
+use super::replay;
+use super::session::Session;
+use super::wire::{self, Message};
+use super::Error;
+
+/// How a step of the relay ended.
+#[derive(Debug, Eq, PartialEq)]
+pub enum Flow {
+    /// A message was relayed; the relay goes on.
+    Relayed,
+    /// The frontend closed its connection between messages.
+    FrontendClosed,
+    /// The serving process closed its end (it exited, or refused a message).
+    BackendClosed,
+}
+
+/// The two connections and the session recorded from them.
+pub struct Relay {
+    frontend: UnixStream,
+    backend: UnixStream,
+    session: Session,
+    /// The features the backend offered (GET_FEATURES), for the REPLY_ACK rule.
+    offered: u64,
+}
+
+impl Relay {
+    pub fn new(frontend: UnixStream, backend: UnixStream) -> Relay {
+        Relay {
+            frontend,
+            backend,
+            session: Session::new(),
+            offered: 0,
+        }
+    }
+
+    pub fn frontend(&self) -> &UnixStream {
+        &self.frontend
+    }
+
+    pub fn backend(&self) -> &UnixStream {
+        &self.backend
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Relays one message from the frontend (which has one ready, or the step
+    /// blocks until it has) and its reply.
+    pub fn relay_frontend(&mut self) -> Result<Flow, Error> {
+        let Some(msg) = wire::recv(&self.frontend)? else {
+            return Ok(Flow::FrontendClosed);
+        };
+        match wire::forward(&self.backend, &msg) {
+            Ok(()) => {}
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EPIPE) => {
+                return Ok(Flow::BackendClosed)
+            }
+            Err(e) => return Err(e),
+        }
+        if self.answered(&msg) {
+            let Some(reply) = wire::recv(&self.backend)? else {
+                return Ok(Flow::BackendClosed);
+            };
+            if msg.header.request == u32::from(FrontendReq::GET_FEATURES) {
+                self.offered = reply.u64().unwrap_or(0);
+            }
+            self.session.record_reply(msg.header.request, &reply);
+            wire::forward(&self.frontend, &reply)?;
+        }
+        self.session.record(msg);
+        Ok(Flow::Relayed)
+    }
+
+    /// The backend has something to read while no request is outstanding: its end
+    /// closed (or, against the protocol, it sent a message, which is passed on).
+    pub fn relay_backend(&mut self) -> Result<Flow, Error> {
+        match wire::recv(&self.backend)? {
+            None => Ok(Flow::BackendClosed),
+            Some(msg) => {
+                log::warn!(
+                    "keeper: the serving process sent request {} unasked; passed on",
+                    msg.header.request
+                );
+                wire::forward(&self.frontend, &msg)?;
+                Ok(Flow::Relayed)
+            }
+        }
+    }
+
+    /// Whether the backend answers `msg` (see the module doc).
+    fn answered(&self, msg: &Message) -> bool {
+        let Ok(req) = FrontendReq::try_from(msg.header.request) else {
+            return false;
+        };
+        use FrontendReq::*;
+        match req {
+            GET_FEATURES
+            | GET_PROTOCOL_FEATURES
+            | GET_QUEUE_NUM
+            | GET_VRING_BASE
+            | GET_CONFIG
+            | GET_INFLIGHT_FD
+            | GET_MAX_MEM_SLOTS
+            | GET_SHARED_OBJECT
+            | GET_SHMEM_CONFIG
+            | SET_LOG_BASE
+            | SET_DEVICE_STATE_FD
+            | CHECK_DEVICE_STATE
+            | POSTCOPY_ADVISE => true,
+            _ => {
+                // SET_PROTOCOL_FEATURES turns REPLY_ACK on for its own ack.
+                let protocol = match req {
+                    SET_PROTOCOL_FEATURES => msg.u64().unwrap_or(0),
+                    _ => self.session.protocol_features.unwrap_or(0),
+                };
+                let reply_ack = self.offered & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+                    != 0
+                    && protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
+                reply_ack && msg.header.needs_reply()
+            }
+        }
+    }
+
+    /// Stops the serving process's running rings (as a frontend stops a device) and
+    /// returns where each stopped: the bases a new process continues from. Not
+    /// recorded: the frontend still believes them running.
+    pub fn stop_rings(&self, timeout: Duration) -> Result<BTreeMap<u32, u32>, Error> {
+        let replies = replay::run(&self.backend, &replay::stop(&self.session), timeout)?;
+        Ok(replay::bases(&replies))
+    }
+
+    /// Starts the rings again on the serving process, from `bases`: after a
+    /// hand-over that failed, the old process serves on.
+    pub fn restart_rings(
+        &self,
+        bases: &BTreeMap<u32, u32>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let mut steps = replay::rings(&self.session, bases);
+        steps.extend(replay::start(&self.session));
+        replay::run(&self.backend, &steps, timeout).map(drop)
+    }
+
+    /// From here on the relay talks to `backend`, already set up by the replay;
+    /// returns the old one.
+    pub fn switch(&mut self, backend: UnixStream) -> UnixStream {
+        std::mem::replace(&mut self.backend, backend)
+    }
+}
+
+#[cfg(test)]
+#[path = "relay_tests.rs"]
+mod tests;

@@ -1,0 +1,125 @@
+//! Test helpers of the keeper: a scripted vhost-user backend on a socketpair, and
+//! eventfds to pass around.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::thread::JoinHandle;
+
+use vhost::vhost_user::message::FrontendReq;
+
+use super::session::Session;
+use super::wire::Message;
+
+use super::wire::{self, Header, REPLY};
+
+pub fn eventfd() -> OwnedFd {
+    // SAFETY: eventfd returns a new fd, owned here once, or -1 (checked).
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: as above.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// What the scripted backend saw: request, flags, payload, number of fds.
+pub type Seen = Vec<(FrontendReq, u32, Vec<u8>, usize)>;
+
+/// A backend that answers as vhost-user-backend does, offering `offer` protocol
+/// features, and acks every request with 0 but `refuse` (acked 1).
+pub fn backend(offer: u64, refuse: Option<FrontendReq>) -> (UnixStream, JoinHandle<Seen>) {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let h = std::thread::spawn(move || {
+        let mut seen = Seen::new();
+        while let Ok(Some(m)) = wire::recv(&theirs) {
+            let req = FrontendReq::try_from(m.header.request).unwrap();
+            seen.push((req, m.header.flags, m.payload.clone(), m.fds.len()));
+            let reply = match req {
+                FrontendReq::GET_FEATURES => Some(u64::MAX.to_le_bytes().to_vec()),
+                FrontendReq::GET_PROTOCOL_FEATURES => Some(offer.to_le_bytes().to_vec()),
+                FrontendReq::GET_VRING_BASE => {
+                    let (i, _) = m.vring_state().unwrap();
+                    Some(wire::vring_state(i, 100 + i))
+                }
+                FrontendReq::SET_LOG_BASE => Some(m.payload.clone()),
+                FrontendReq::GET_QUEUE_NUM => Some(1u64.to_le_bytes().to_vec()),
+                _ if m.header.needs_reply() => {
+                    let code = u64::from(refuse == Some(req));
+                    Some(code.to_le_bytes().to_vec())
+                }
+                _ => None,
+            };
+            if let Some(p) = reply {
+                let h = Header {
+                    flags: wire::VERSION | REPLY,
+                    ..m.header
+                };
+                wire::send(&theirs, h, &p, &[]).unwrap();
+            }
+        }
+        seen
+    });
+    (ours, h)
+}
+
+pub fn msg(req: FrontendReq, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Message {
+    Message {
+        header: Header::request(u32::from(req), payload.len()),
+        payload,
+        fds,
+    }
+}
+
+/// A session as QEMU sets up a vhost-user-fs device with two queues running.
+pub fn recorded(protocol: u64) -> Session {
+    let mut s = Session::new();
+    s.record(msg(FrontendReq::SET_OWNER, vec![], vec![]));
+    s.record(msg(
+        FrontendReq::SET_PROTOCOL_FEATURES,
+        protocol.to_le_bytes().to_vec(),
+        vec![],
+    ));
+    s.record(msg(
+        FrontendReq::SET_FEATURES,
+        (1u64 << 32).to_le_bytes().to_vec(),
+        vec![],
+    ));
+    let mut table = 1u64.to_le_bytes().to_vec();
+    table.extend(
+        [0u64, 0x4000_0000, 0x7f00_0000_0000, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes()),
+    );
+    s.record(msg(FrontendReq::SET_MEM_TABLE, table, vec![eventfd()]));
+    s.record(msg(
+        FrontendReq::SET_BACKEND_REQ_FD,
+        vec![],
+        vec![eventfd()],
+    ));
+    for i in 0..2u32 {
+        s.record(msg(
+            FrontendReq::SET_VRING_NUM,
+            wire::vring_state(i, 256),
+            vec![],
+        ));
+        s.record(msg(
+            FrontendReq::SET_VRING_BASE,
+            wire::vring_state(i, 0),
+            vec![],
+        ));
+        let mut addr = i.to_le_bytes().to_vec();
+        addr.extend([0u8; 36]);
+        s.record(msg(FrontendReq::SET_VRING_ADDR, addr, vec![]));
+        let kick = u64::from(i).to_le_bytes().to_vec();
+        s.record(msg(
+            FrontendReq::SET_VRING_KICK,
+            kick.clone(),
+            vec![eventfd()],
+        ));
+        s.record(msg(FrontendReq::SET_VRING_CALL, kick, vec![eventfd()]));
+        s.record(msg(
+            FrontendReq::SET_VRING_ENABLE,
+            wire::vring_state(i, 1),
+            vec![],
+        ));
+    }
+    s
+}

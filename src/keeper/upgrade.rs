@@ -1,0 +1,228 @@
+//! An upgrade through the keeper: a new serving process (the binary the daemon was
+//! started from, as it is on disk now) takes over the frontend's session from the
+//! old one, on the same rings, with the guest's session moved as a device state.
+//!
+//! The keeper plays the frontend of a same-host migration between the two:
+//! 1. the new process is started with a private listener and connected to;
+//! 2. the old process's rings stop (`GET_VRING_BASE`: where each stopped);
+//! 3. the old process saves its state (`SET_DEVICE_STATE_FD` SAVE into a pipe, then
+//!    `CHECK_DEVICE_STATE`): node ids, handles, parked requests, and where its lock
+//!    files are offered (`state/handoff.rs`);
+//! 4. the new process is set up by the replay, with the old bases;
+//! 5. it loads the state (LOAD, `CHECK_DEVICE_STATE`), taking the very lock files
+//!    from the old process (same host: the locks are held throughout);
+//! 6. its rings start, the relay switches to it, and the old process, its frontend
+//!    gone, exits.
+//!
+//! Anything that fails from 2 on kills the new process and starts the old rings
+//! again where they stopped: the old process serves on (a saved state does not end
+//! its session). The frontend's messages wait in its socket meanwhile.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::unistd::{fork, ForkResult, Pid};
+use vhost::vhost_user::message::FrontendReq;
+
+use super::relay::Relay;
+use super::replay::{self, Step};
+use super::Error;
+
+/// How long each message of the hand-over may take (the first waits for the new
+/// process to start and confine itself).
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The flag a serving process started by the keeper gets: the fd of its private
+/// listener (hidden from `--help`).
+pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
+/// And the fd of the control socket's listener.
+pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
+/// And the fd of its end of the keeper's channel (`channel.rs`).
+pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
+
+/// What the daemon was started as, kept to start its successor.
+#[derive(Clone, Debug)]
+pub struct Command {
+    pub binary: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+impl Command {
+    /// This process's binary and arguments, as started.
+    pub fn current() -> Result<Command, Error> {
+        let binary = std::env::current_exe().map_err(|e| Error::io("finding the binary", e))?;
+        Ok(Command {
+            binary,
+            args: std::env::args_os().skip(1).collect(),
+        })
+    }
+}
+
+/// A successful upgrade: the old process's connection (closing it ends that
+/// process) and how long the guest's requests waited.
+pub struct Upgraded {
+    pub old: UnixStream,
+    pub pause: Duration,
+}
+
+/// Runs steps 2–6 with the new process connected on `new`, once it answers.
+pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error, UnixStream)> {
+    let session_ok = relay.session().unreplayable.clone();
+    if let Some(why) = session_ok {
+        return Err((Error::Unreplayable(why), new));
+    }
+    // The new process's start-up (exec, sandbox) outside the guest's pause.
+    if let Err(e) = replay::ready(&new, STEP_TIMEOUT) {
+        return Err((e, new));
+    }
+    let start = Instant::now();
+    let bases = match relay.stop_rings(STEP_TIMEOUT) {
+        Ok(b) => b,
+        Err(e) => return Err((e, new)),
+    };
+    let moved = save(relay.backend()).and_then(|state| {
+        replay::set_up(&new, relay.session(), &bases, STEP_TIMEOUT)?;
+        load(&new, &state)?;
+        replay::run(&new, &replay::start(relay.session()), STEP_TIMEOUT).map(drop)
+    });
+    match moved {
+        Ok(()) => {
+            let old = relay.switch(new);
+            Ok(Upgraded {
+                old,
+                pause: start.elapsed(),
+            })
+        }
+        Err(e) => {
+            if let Err(again) = relay.restart_rings(&bases, STEP_TIMEOUT) {
+                log::error!("keeper: the old serving process's rings did not start again: {again}");
+            }
+            Err((e, new))
+        }
+    }
+}
+
+/// `SET_DEVICE_STATE_FD`'s payload: direction (0 save, 1 load), phase (0 stopped).
+fn transfer(direction: u32) -> Vec<u8> {
+    let mut p = direction.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p
+}
+
+/// Sends `SET_DEVICE_STATE_FD` with `fd` and checks its answer (0x100: accepted, no
+/// fd back).
+fn begin(stream: &UnixStream, direction: u32, fd: &OwnedFd) -> Result<(), Error> {
+    let step = Step {
+        request: FrontendReq::SET_DEVICE_STATE_FD,
+        payload: transfer(direction),
+        fds: vec![fd.as_raw_fd()],
+        answer: replay::Answer::Reply,
+    };
+    let replies = replay::run(stream, &[step], STEP_TIMEOUT)?;
+    match replies.first().and_then(|r| r.u64()) {
+        Some(v) if v & 0xff == 0 => Ok(()),
+        v => Err(Error::Refused {
+            request: FrontendReq::SET_DEVICE_STATE_FD,
+            code: v.unwrap_or(u64::MAX),
+        }),
+    }
+}
+
+/// `CHECK_DEVICE_STATE`: 0 when the transfer succeeded.
+fn check(stream: &UnixStream) -> Result<(), Error> {
+    let step = Step {
+        request: FrontendReq::CHECK_DEVICE_STATE,
+        payload: Vec::new(),
+        fds: Vec::new(),
+        answer: replay::Answer::Reply,
+    };
+    let replies = replay::run(stream, &[step], STEP_TIMEOUT)?;
+    match replies.first().and_then(|r| r.u64()) {
+        Some(0) => Ok(()),
+        v => Err(Error::Refused {
+            request: FrontendReq::CHECK_DEVICE_STATE,
+            code: v.unwrap_or(u64::MAX),
+        }),
+    }
+}
+
+/// The old process's state, read whole from the pipe it writes.
+fn save(old: &UnixStream) -> Result<Vec<u8>, Error> {
+    let (read, write) = nix::unistd::pipe().map_err(|e| Error::io("pipe", e.into()))?;
+    begin(old, 0, &write)?;
+    drop(write);
+    let mut state = Vec::new();
+    std::fs::File::from(read)
+        .read_to_end(&mut state)
+        .map_err(|e| Error::io("reading the old process's state", e))?;
+    check(old)?;
+    Ok(state)
+}
+
+/// The state written into the pipe the new process reads, then checked.
+fn load(new: &UnixStream, state: &[u8]) -> Result<(), Error> {
+    let (read, write) = nix::unistd::pipe().map_err(|e| Error::io("pipe", e.into()))?;
+    begin(new, 1, &read)?;
+    drop(read);
+    let mut w = std::fs::File::from(write);
+    // The new process reads as it loads; a process that stopped reading (it
+    // refused the state) closes its end: EPIPE, and CHECK says why.
+    let written = w.write_all(state);
+    drop(w);
+    check(new)?;
+    written.map_err(|e| Error::io("writing the state to the new process", e))
+}
+
+/// The fds a new serving process inherits, each named by its hidden flag.
+pub struct Inherited {
+    pub listener: RawFd,
+    pub control: Option<RawFd>,
+    pub channel: RawFd,
+}
+
+/// Forks and execs `cmd` with the `inherited` fds. The child dies with the keeper.
+pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
+    let fds: Vec<(&str, RawFd)> = [
+        (LISTEN_FD_FLAG, Some(inherited.listener)),
+        (CONTROL_FD_FLAG, inherited.control),
+        (CHANNEL_FD_FLAG, Some(inherited.channel)),
+    ]
+    .into_iter()
+    .filter_map(|(flag, fd)| Some((flag, fd?)))
+    .collect();
+    let mut args = cmd.args.clone();
+    args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
+    let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
+    let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))
+        .chain(
+            args.iter()
+                .map(|a| std::ffi::CString::new(a.as_encoded_bytes())),
+        )
+        .collect::<Result<_, _>>()
+        .map_err(|_| Error::Unreplayable("a NUL in an argument".into()))?;
+    // SAFETY: the keeper is single-threaded; the child only calls async-signal-safe
+    // functions (fcntl, prctl, sigprocmask, execv, _exit) before it execs.
+    match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
+        ForkResult::Child => {
+            // SAFETY: as above; plain system calls on our own fds and mask.
+            unsafe {
+                for (_, fd) in &fds {
+                    libc::fcntl(*fd, libc::F_SETFD, 0);
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            }
+            let _ = nix::unistd::execv(&binary, &argv);
+            // SAFETY: _exit in a forked child that could not exec.
+            unsafe { libc::_exit(127) }
+        }
+        ForkResult::Parent { child } => Ok(child),
+    }
+}
