@@ -1,7 +1,9 @@
 //! `--upgradable`: the connection keeper sits between the frontend and the serving
 //! process (src/keeper/). Here: everything the guest does goes through it unchanged,
-//! in each sandbox mode the fixture runs, the daemon ends as without it, and a
-//! serving process that dies ends it too (until crash recovery exists).
+//! in each sandbox mode the fixture runs, the daemon ends as without it, a serving
+//! process that dies while the keeper waits for a frontend is replaced (up to a crash
+//! loop), and one that dies with a frontend's session ends the daemon (recovering a
+//! connected guest is not built yet).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -112,7 +114,86 @@ fn a_killed_serving_process_ends_the_daemon_and_its_socket() {
     let status = d.wait_exit(Duration::from_secs(10));
     assert!(status.is_some_and(|s| !s.success()), "{}", d.log());
     assert!(!d.dir.socket().exists(), "{}", d.log());
+    assert!(
+        d.log().contains("with the frontend's session: ending"),
+        "{}",
+        d.log()
+    );
     drop(c);
+}
+
+/// Kills the serving process and waits until the keeper says it started the
+/// `n`th in place of a dead one; returns how long that took.
+fn kill_serving(d: &Daemon, n: usize) -> Duration {
+    let old = d.pid();
+    assert_ne!(old, d.launched_pid(), "no serving process below the keeper");
+    let start = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_log(d, "took its place", n);
+    start.elapsed()
+}
+
+#[test]
+fn a_serving_process_killed_between_frontends_is_replaced() {
+    if is_virtiofsd() {
+        return;
+    }
+    let mut d = Daemon::start("upgradable-crash", &["--upgradable", "--keep-serving"]);
+    let mut c = d.client();
+    let (e, open) = c.create(ROOT, "kept", RDWR, 0o644).expect("create");
+    c.write(e.nodeid, open.fh, 0, b"before").expect("write");
+    c.disconnect();
+    // Killed while the keeper waits for the next frontend: a new process takes its
+    // place, and the next frontend is served, within 1 s of the kill.
+    let start = Instant::now();
+    let replaced = kill_serving(&d, 1);
+    let mut c = d.client();
+    let found = c.lookup(ROOT, "kept").expect("lookup after the crash");
+    let served = start.elapsed();
+    assert_eq!(found.attr.size, 6);
+    assert!(
+        served < Duration::from_secs(1),
+        "served again after {served:?} (a new process after {replaced:?})"
+    );
+    wait_log(&d, "took its place (crash 1, 1 within 10 s)", 1);
+    c.disconnect();
+    assert!(d.is_running(), "{}", d.log());
+}
+
+#[test]
+fn a_crash_loop_ends_the_daemon_and_says_so() {
+    if is_virtiofsd() {
+        return;
+    }
+    // Before any frontend: the keeper waits for one, so crashes are recovered,
+    // until the third within 10 s.
+    let mut d = Daemon::start("upgradable-crash-loop", &["--upgradable"]);
+    kill_serving(&d, 1);
+    kill_serving(&d, 2);
+    let last = d.pid();
+    assert_ne!(
+        last,
+        d.launched_pid(),
+        "no serving process below the keeper"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(last),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| !s.success()), "{}", d.log());
+    assert!(
+        d.log()
+            .contains("3 crashes within 10 s, a crash loop: ending"),
+        "{}",
+        d.log()
+    );
+    assert!(!d.dir.socket().exists(), "{}", d.log());
 }
 
 /// The daemon started from a copy of its binary, which a test may replace (by a

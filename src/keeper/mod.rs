@@ -9,9 +9,11 @@
 //! - `relay.rs`: the relay between the two streams;
 //! - `process.rs`: where the keeper runs (the serving process's parent);
 //! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper);
-//! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`).
+//! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`);
+//! - `crash.rs`: a serving process that crashed: replaced, or a crash loop.
 
 pub mod channel;
+pub mod crash;
 pub mod process;
 pub mod relay;
 pub mod replay;
@@ -52,6 +54,8 @@ pub enum Error {
     Missing { what: &'static str, bits: u64 },
     /// The recorded session cannot be replayed, and why.
     Unreplayable(String),
+    /// No binary to start a new serving process from (not found at start).
+    NoBinary,
 }
 
 impl Error {
@@ -89,6 +93,7 @@ impl fmt::Display for Error {
                 )
             }
             Error::Unreplayable(why) => write!(f, "the session cannot be replayed: {why}"),
+            Error::NoBinary => write!(f, "the daemon's binary was not found when it started"),
         }
     }
 }

@@ -9,6 +9,9 @@
 //! it, around the serving process). SIGHUP is the keeper's own: an upgrade
 //! (`upgrade.rs`).
 //!
+//! A serving process that crashes while the keeper waits for a frontend is
+//! replaced by a new one, unless that makes a crash loop (`crash.rs`).
+//!
 //! The private socket is bound in a new 0700 directory (`mkdtemp`) under the
 //! daemon's temp directory: only the daemon's own user (or root) can reach it, who
 //! can already trace the daemon. The keeper removes it when it exits.
@@ -25,6 +28,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use vhost::vhost_user::Listener;
 
 use super::channel;
+use super::crash::{Crashes, Ending, CRASH_LOOP, CRASH_WINDOW};
 use super::relay::{Flow, Relay};
 use super::upgrade::{self, Command};
 use super::Error;
@@ -102,6 +106,8 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     keep,
                     command,
                     channel: Some(channel),
+                    served: false,
+                    crashes: Crashes::default(),
                 }
                 .run(sigfd, private),
                 Err(e) => {
@@ -153,6 +159,10 @@ struct Keeper<'a> {
     command: Option<Command>,
     /// The keeper's end of the serving process's channel.
     channel: Option<UnixStream>,
+    /// The serving process has (or had, until it ended the connection) a
+    /// frontend's session: a crash loses it.
+    served: bool,
+    crashes: Crashes,
 }
 
 impl Keeper<'_> {
@@ -177,9 +187,14 @@ impl Keeper<'_> {
                 Ok(r) => r,
                 Err(e) => self.fail(&format!("poll: {e}")),
             };
-            if ready[0] && self.on_signal(&mut sigfd) {
-                let outcome = self.upgrade(relay.as_mut());
-                self.finish(outcome);
+            let waiting = relay.is_none() && accepting;
+            // Polled again after any signal: a serving process replaced after a
+            // crash has a new channel (the old one's hang-up is stale).
+            if ready[0] {
+                if self.on_signal(&mut sigfd, waiting) {
+                    let outcome = self.upgrade(relay.as_mut());
+                    self.finish(outcome);
+                }
                 continue;
             }
             if asked.is_some_and(|i| ready[i]) {
@@ -191,13 +206,17 @@ impl Keeper<'_> {
                 (Some(r), _, Some(true)) => r.relay_backend(),
                 (None, Some(true), _) => {
                     relay = self.accept();
+                    self.served |= relay.is_some();
                     continue;
                 }
                 _ => continue,
             };
             let why = match flow {
                 Ok(Flow::Relayed) => continue,
-                Ok(Flow::FrontendClosed) => "the frontend disconnected".to_string(),
+                Ok(Flow::FrontendClosed) => {
+                    self.served = false;
+                    "the frontend disconnected".to_string()
+                }
                 Ok(Flow::BackendClosed) => "the serving process ended the connection".to_string(),
                 Err(e) => format!("relaying: {e}"),
             };
@@ -224,8 +243,9 @@ impl Keeper<'_> {
         }
     }
 
-    /// Handles a signal; true for SIGHUP, which asks for an upgrade.
-    fn on_signal(&self, sigfd: &mut SignalFd) -> bool {
+    /// Handles a signal; true for SIGHUP, which asks for an upgrade. `waiting`: the
+    /// keeper waits for a frontend (a crash then is recovered).
+    fn on_signal(&mut self, sigfd: &mut SignalFd, waiting: bool) -> bool {
         let Ok(Some(info)) = sigfd.read_signal() else {
             return false;
         };
@@ -243,23 +263,76 @@ impl Keeper<'_> {
         // Any child: the serving process, or one an upgrade replaced or gave up on.
         while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             let (pid, how) = match status {
-                WaitStatus::Exited(pid, code) => (pid, Ok(code)),
-                WaitStatus::Signaled(pid, sig, _) => (pid, Err(sig)),
+                WaitStatus::Exited(pid, code) => (pid, Ending::Exited(code)),
+                WaitStatus::Signaled(pid, sig, _) => (pid, Ending::Killed(sig)),
                 _ => break,
             };
             if pid != self.child {
-                info!("keeper: former serving process {pid} ended ({how:?})");
+                info!("keeper: former serving process {pid} ended ({how})");
                 continue;
             }
-            match how {
-                Ok(code) => self.exit(code),
-                Err(sig) => {
-                    eprintln!("volfsd: keeper: the serving process was killed by {sig}");
-                    self.exit(1)
-                }
-            }
+            self.on_end(how, waiting);
         }
         false
+    }
+
+    /// The serving process ended: the keeper ends too, or starts a new one in its
+    /// place (a crash while it waits for a frontend).
+    fn on_end(&mut self, how: Ending, waiting: bool) {
+        let code = match how {
+            Ending::Exited(code) => code,
+            Ending::Killed(_) => 1,
+        };
+        if !how.is_crash() {
+            self.exit(code);
+        }
+        if self.served || !waiting {
+            eprintln!(
+                "volfsd: keeper: the serving process {how}, with the frontend's session: \
+                 ending (a connected guest's rings cannot be taken over after a crash yet)"
+            );
+            self.exit(code);
+        }
+        if self.crashes.record(std::time::Instant::now()) {
+            eprintln!(
+                "volfsd: keeper: the serving process {how}: {CRASH_LOOP} crashes within {} s, \
+                 a crash loop: ending",
+                CRASH_WINDOW.as_secs()
+            );
+            self.exit(code);
+        }
+        let old = self.child;
+        match self.replace() {
+            Ok(()) => warn!(
+                "keeper: the serving process {old} {how}; serving process {} took its \
+                 place (crash {}, {} within {} s)",
+                self.child,
+                self.crashes.total(),
+                self.crashes.recent(),
+                CRASH_WINDOW.as_secs()
+            ),
+            Err(e) => self.fail(&format!("the serving process {how}; starting another: {e}")),
+        }
+    }
+
+    /// Starts a new serving process, with no session, in place of a dead one.
+    fn replace(&mut self) -> Result<(), Error> {
+        let command = self.command.as_ref().ok_or(Error::NoBinary)?;
+        let private = Private::bind()?;
+        let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
+        let inherited = upgrade::Inherited {
+            listener: private.listener.as_raw_fd(),
+            control: self.keep.control,
+            channel: theirs.as_raw_fd(),
+        };
+        let started = upgrade::start(command, &inherited);
+        drop((private.listener, theirs));
+        let pid = started.inspect_err(|_| Private::remove(&private.path))?;
+        Private::remove(&self.private);
+        (self.child, self.private) = (pid, private.path);
+        self.channel = Some(channel);
+        self.served = false;
+        Ok(())
     }
 
     /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
