@@ -142,9 +142,22 @@ fn a_serving_process_killed_between_frontends_is_replaced() {
     if is_virtiofsd() {
         return;
     }
-    let mut d = Daemon::start("upgradable-crash", &["--upgradable", "--keep-serving"]);
+    let dir = TestDir::new("upgradable-crash");
+    std::fs::create_dir(dir.shared().join("data")).unwrap();
+    let ctl = format!("--control-socket={}", dir.control_socket().display());
+    let args = ["--upgradable", "--keep-serving", &ctl, "--allowed-dir=data"];
+    let mut d = Daemon::start_in(dir, &args);
+    let crashes = |d: &Daemon| {
+        let r = request(&d.dir.control_socket(), "GET", "/metrics", None);
+        r.body.lines().find_map(|l| {
+            l.strip_prefix("volfsd_keeper_crashes_total ")
+                .map(str::to_owned)
+        })
+    };
+    assert_eq!(crashes(&d).as_deref(), Some("0"));
     let mut c = d.client();
-    let (e, open) = c.create(ROOT, "kept", RDWR, 0o644).expect("create");
+    let data = c.lookup(ROOT, "data").expect("lookup data").nodeid;
+    let (e, open) = c.create(data, "kept", RDWR, 0o644).expect("create");
     c.write(e.nodeid, open.fh, 0, b"before").expect("write");
     c.disconnect();
     // Killed while the keeper waits for the next frontend: a new process takes its
@@ -152,7 +165,8 @@ fn a_serving_process_killed_between_frontends_is_replaced() {
     let start = Instant::now();
     let replaced = kill_serving(&d, 1);
     let mut c = d.client();
-    let found = c.lookup(ROOT, "kept").expect("lookup after the crash");
+    let data = c.lookup(ROOT, "data").expect("lookup data").nodeid;
+    let found = c.lookup(data, "kept").expect("lookup after the crash");
     let served = start.elapsed();
     assert_eq!(found.attr.size, 6);
     assert!(
@@ -160,6 +174,8 @@ fn a_serving_process_killed_between_frontends_is_replaced() {
         "served again after {served:?} (a new process after {replaced:?})"
     );
     wait_log(&d, "took its place (crash 1, 1 within 10 s)", 1);
+    // Counted in the new process's /metrics.
+    assert_eq!(crashes(&d).as_deref(), Some("1"));
     c.disconnect();
     assert!(d.is_running(), "{}", d.log());
 }

@@ -372,6 +372,11 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_channel_fd: Option<i32>,
 
+    /// With it: how many serving processes of this daemon crashed so far (shown in
+    /// /metrics).
+    #[arg(long, hide = true)]
+    pub keeper_crashes: Option<u64>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -78,6 +78,8 @@ pub struct Config {
     pub control_fd: Option<i32>,
     /// Started by the keeper: its end of the keeper's channel.
     pub keeper_channel_fd: Option<i32>,
+    /// Started by the keeper: the serving processes that crashed before it.
+    pub keeper_crashes: Option<u64>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -289,6 +291,7 @@ impl Args {
             upgradable: self.upgradable,
             control_fd: self.keeper_control_fd,
             keeper_channel_fd: self.keeper_channel_fd,
+            keeper_crashes: self.keeper_crashes,
             translate_rules,
         })
     }

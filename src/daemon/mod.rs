@@ -65,6 +65,9 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // launcher waits for the socket file, and the namespaces and the fork cost about a
     // millisecond it need not wait for. The control socket first: once the vhost-user
     // socket exists, a launcher may expect both.
+    if let Some(n) = config.keeper_crashes {
+        crate::keeper::crash::set_before(n);
+    }
     if let Some(fd) = config.keeper_channel_fd {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
         crate::keeper::channel::serve_with(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });

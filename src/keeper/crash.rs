@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -17,6 +18,20 @@ use nix::sys::signal::Signal;
 pub const CRASH_LOOP: usize = 3;
 /// ... within this long are a crash loop.
 pub const CRASH_WINDOW: Duration = Duration::from_secs(10);
+
+/// In a serving process under a keeper: the serving processes that crashed before
+/// it (`/metrics`). Unset without a keeper.
+static BEFORE: OnceLock<u64> = OnceLock::new();
+
+/// Sets [`before`], once, at start.
+pub fn set_before(n: u64) {
+    let _ = BEFORE.set(n);
+}
+
+/// The crashes before this serving process, if it has a keeper.
+pub fn before() -> Option<u64> {
+    BEFORE.get().copied()
+}
 
 /// How a serving process ended.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

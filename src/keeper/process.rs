@@ -82,6 +82,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             }
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
                 .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
+            super::crash::set_before(0);
             // Only the keeper accepts the frontend. Not dropped: the Listener would
             // remove the socket file.
             let fd = frontend.as_raw_fd();
@@ -324,6 +325,7 @@ impl Keeper<'_> {
             listener: private.listener.as_raw_fd(),
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
+            crashes: self.crashes.total(),
         };
         let started = upgrade::start(command, &inherited);
         drop((private.listener, theirs));
@@ -347,6 +349,7 @@ impl Keeper<'_> {
             listener: private.listener.as_raw_fd(),
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
+            crashes: self.crashes.total(),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
             let new = UnixStream::connect(&private.path).map_err(|e| {

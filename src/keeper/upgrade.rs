@@ -43,6 +43,8 @@ pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
 pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 /// And the fd of its end of the keeper's channel (`channel.rs`).
 pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
+/// And how many serving processes crashed before it (`crash.rs`).
+pub const CRASHES_FLAG: &str = "--keeper-crashes";
 
 /// What the daemon was started as, kept to start its successor.
 #[derive(Clone, Debug)]
@@ -182,6 +184,8 @@ pub struct Inherited {
     pub listener: RawFd,
     pub control: Option<RawFd>,
     pub channel: RawFd,
+    /// Not an fd: the crashes so far, for the new process's `/metrics`.
+    pub crashes: u64,
 }
 
 /// Forks and execs `cmd` with the `inherited` fds. The child dies with the keeper.
@@ -196,6 +200,7 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
     .collect();
     let mut args = cmd.args.clone();
     args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
+    args.push(format!("{CRASHES_FLAG}={}", inherited.crashes).into());
     let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
     let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))

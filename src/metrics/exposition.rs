@@ -41,6 +41,9 @@ pub struct Snapshot<'a> {
     /// Host fds held for the guest across volumes, and the most it may hold.
     pub fds: (usize, usize),
     pub process: Option<ProcessStats>,
+    /// Under a keeper (`--upgradable`): serving processes that crashed before this
+    /// one.
+    pub keeper_crashes: Option<u64>,
 }
 
 /// A family with one sample per volume: name, type, help, and its value.
@@ -303,6 +306,15 @@ pub fn render(s: &Snapshot) -> String {
         "Blocking lock requests (SETLKW) waiting on threads of their own, off the queues.",
     );
     let _ = writeln!(out, "volfsd_lock_waits {}", s.lock_waits);
+    if let Some(n) = s.keeper_crashes {
+        family(
+            &mut out,
+            "volfsd_keeper_crashes_total",
+            "counter",
+            "Serving processes that crashed and were replaced by the keeper (--upgradable).",
+        );
+        let _ = writeln!(out, "volfsd_keeper_crashes_total {n}");
+    }
 
     if let Some(p) = &s.process {
         family(
@@ -368,8 +380,10 @@ mod tests {
             lock_waits: 0,
             fds: (4, 1000),
             process: None,
+            keeper_crashes: Some(2),
         };
         let text = render(&s);
+        assert!(text.contains("volfsd_keeper_crashes_total 2\n"));
         assert!(
             text.contains("volfsd_requests_total{volume=\"data\",op=\"lookup\",result=\"ok\"} 1\n")
         );
