@@ -22,11 +22,8 @@ fn the_guest_is_served_through_the_keeper_and_the_daemon_exits_with_its_frontend
         return;
     }
     let mut d = Daemon::start("upgradable", &["--upgradable"]);
-    assert_ne!(
-        d.pid(),
-        d.launched_pid(),
-        "the keeper is the launched process"
-    );
+    // The keeper is the launched process: the serving process is below it.
+    serving_pid(&d);
     let mut c = d.client();
     let (e, open) = c.create(ROOT, "f", RDWR, 0o644).expect("create");
     c.write(e.nodeid, open.fh, 0, b"through the keeper")
@@ -122,11 +119,28 @@ fn a_killed_serving_process_ends_the_daemon_and_its_socket() {
     drop(c);
 }
 
+/// The serving process below the keeper, once the keeper has forked it (the
+/// socket exists before).
+fn serving_pid(d: &Daemon) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pid = d.pid();
+        if pid != d.launched_pid() {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serving process below the keeper:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Kills the serving process and waits until the keeper says it started the
 /// `n`th in place of a dead one; returns how long that took.
 fn kill_serving(d: &Daemon, n: usize) -> Duration {
-    let old = d.pid();
-    assert_ne!(old, d.launched_pid(), "no serving process below the keeper");
+    let old = serving_pid(d);
     let start = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(old),
@@ -190,12 +204,7 @@ fn a_crash_loop_ends_the_daemon_and_says_so() {
     let mut d = Daemon::start("upgradable-crash-loop", &["--upgradable"]);
     kill_serving(&d, 1);
     kill_serving(&d, 2);
-    let last = d.pid();
-    assert_ne!(
-        last,
-        d.launched_pid(),
-        "no serving process below the keeper"
-    );
+    let last = serving_pid(&d);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(last),
         nix::sys::signal::Signal::SIGKILL,

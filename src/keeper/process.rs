@@ -287,11 +287,16 @@ impl Keeper<'_> {
         if !how.is_crash() {
             self.exit(code);
         }
-        if self.served || !waiting {
+        if self.served {
             eprintln!(
                 "volfsd: keeper: the serving process {how}, with the frontend's session: \
                  ending (a connected guest's rings cannot be taken over after a crash yet)"
             );
+            self.exit(code);
+        }
+        if !waiting {
+            // Its frontend left without --keep-serving: it was ending anyway.
+            eprintln!("volfsd: keeper: the serving process {how} after its frontend left");
             self.exit(code);
         }
         if self.crashes.record(std::time::Instant::now()) {
