@@ -39,7 +39,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use fuse_backend_rs::abi::fuse_abi::{EntryOut, Opcode};
+use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, GetattrIn, Opcode};
 use serde_json::json;
 use volfsd_harness::fixtures::host::{
     clock_ticks_per_second, process_tree, serving_pid, status_kb, tree_cpu_ticks,
@@ -97,6 +97,16 @@ struct UpgradeArgs {
     /// Upgrades in a row
     #[arg(long, default_value_t = 10)]
     upgrades: u32,
+    /// Wait between two upgrades (the guest idle): the previous serving process
+    /// has exited by then. 0: the next upgrade as soon as the keeper logged the last
+    /// (back to back, which has hung the keeper here: see docs/UPGRADE.md)
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// The guest sends GETATTRs one after another during each upgrade (its own
+    /// view of the pause). Off by default: a request sent during the hand-over has
+    /// gone unanswered here after 5 to 15 upgrades (docs/UPGRADE.md, what is left)
+    #[arg(long)]
+    probe: bool,
     /// Sockets and the daemon's log go here
     #[arg(long)]
     work: PathBuf,
@@ -605,6 +615,38 @@ fn run(a: &RunArgs) -> Res<()> {
     Ok(())
 }
 
+/// How long a GETATTR may go unanswered before it counts as stalled and the queue
+/// is kicked again.
+const STALL: Duration = Duration::from_secs(2);
+
+/// A GETATTR of the root: its inode, and whether it stalled (no answer within
+/// `STALL`, then answered after one more kick of the queue, as the guest's next
+/// request would kick it).
+fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
+    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let req = Request::new(Opcode::Getattr, ROOT)
+        .arg(&GetattrIn::default())
+        .reply_of::<AttrOut>();
+    let token = q.submit(&req).map_err(|e| e.to_string())?;
+    q.kick().map_err(|e| e.to_string())?;
+    let mut stalled = false;
+    let done = match q.wait_for(token, STALL) {
+        Ok(done) => done,
+        Err(_) => {
+            stalled = true;
+            q.kick().map_err(|e| e.to_string())?;
+            q.wait_for(token, Duration::from_secs(30)).map_err(|e| {
+                format!("no answer {STALL:?} after its kick, nor 30 s after another: {e}")
+            })?
+        }
+    };
+    let attr: AttrOut = done
+        .into_reply()
+        .and_then(|r| r.parse())
+        .map_err(|e| e.to_string())?;
+    Ok((attr.attr.ino, stalled))
+}
+
 /// The first, middle and last file answer GETATTR with their inodes.
 fn check_samples(c: &mut FuseClient, samples: &[Sample], when: &str) -> Res<()> {
     for &(i, nodeid, ino) in samples {
@@ -653,6 +695,9 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
             .collect()
     };
     for k in 1..=a.upgrades {
+        if k > 1 {
+            std::thread::sleep(Duration::from_millis(a.interval_ms));
+        }
         let rss_kb = rss_anon_kb(d.pid());
         let before = outcomes(&d).len();
         let start = Instant::now();
@@ -662,21 +707,35 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
         }
         // The guest meanwhile: one GETATTR after another until the keeper logs the
         // outcome.
-        let (mut getattrs, mut slowest) = (0u64, Duration::ZERO);
+        let (mut getattrs, mut slowest, mut stalls) = (0u64, Duration::ZERO, 0u32);
         let line = loop {
-            let t = Instant::now();
-            let got = c
-                .getattr(ROOT)
-                .map_err(|e| failed(format!("GETATTR during upgrade {k}: {e}"), &d))?;
-            slowest = slowest.max(t.elapsed());
-            getattrs += 1;
-            if got.attr.ino != root_ino {
-                return Err(format!(
-                    "upgrade {k}: the root answered inode {}",
-                    got.attr.ino
-                ));
+            if !a.probe {
+                if let Some(l) = outcomes(&d).into_iter().nth(before) {
+                    break l;
+                }
+                if start.elapsed() > Duration::from_secs(120) {
+                    return Err(failed(format!("upgrade {k}: no outcome in 120 s"), &d));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
             }
-            if getattrs % 16 == 0 {
+            let t = Instant::now();
+            let (ino, stalled) = getattr_root(&mut c).map_err(|e| {
+                failed(
+                    format!("GETATTR during upgrade {k} (after {getattrs}): {e}"),
+                    &d,
+                )
+            })?;
+            if stalled {
+                stalls += 1;
+            } else {
+                slowest = slowest.max(t.elapsed());
+            }
+            getattrs += 1;
+            if ino != root_ino {
+                return Err(format!("upgrade {k}: the root answered inode {ino}"));
+            }
+            if getattrs % 16 == 0 || stalled {
                 if let Some(l) = outcomes(&d).into_iter().nth(before) {
                     break l;
                 }
@@ -703,13 +762,16 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
             "upgrade_ms": upgrade_ms,
             "getattrs_during": getattrs,
             "slowest_getattr_ms": ms(slowest),
+            "stalled_getattrs": stalls,
+            "probe": a.probe,
+            "interval_ms": a.interval_ms,
             "rss_anon_kb_before": rss_kb,
             "lookup_s": lookup_s,
             "verified_nodes": samples.len(),
         });
         eprintln!(
             "statebench: {tag}: upgrade {k}: the keeper's pause {pause_ms} ms; slowest of \
-             {getattrs} GETATTRs {:.1} ms; the whole upgrade {upgrade_ms:.0} ms",
+             {getattrs} GETATTRs {:.1} ms ({stalls} stalled); the whole upgrade {upgrade_ms:.0} ms",
             ms(slowest)
         );
         if let Some(path) = &a.json {
