@@ -12,8 +12,9 @@
 # meanwhile, and the upgrades are 1 s apart. After each, the new serving process
 # must answer three of the guest's node ids with their inodes. No time is asserted.
 # --probe: the guest also sends GETATTRs one after another during each upgrade (its
-# own view of the pause); a request sent during the hand-over has gone unanswered
-# here after 5 to 15 upgrades (docs/UPGRADE.md, what is left), so it is off.
+# own view of the pause); the guest's kick during the hand-over is lost after 5 to
+# 15 upgrades here, and that request waits until the kick eventfd is written again
+# (2 s later: counted as stalled; docs/UPGRADE.md, what is left), so it is off.
 #
 # Usage: sudo benches/upgrade-pause.sh [options]
 #   --nodes LIST       comma-separated node counts (default 1000,100000)

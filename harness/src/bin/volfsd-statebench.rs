@@ -99,12 +99,13 @@ struct UpgradeArgs {
     upgrades: u32,
     /// Wait between two upgrades (the guest idle): the previous serving process
     /// has exited by then. 0: the next upgrade as soon as the keeper logged the last
-    /// (back to back, which has hung the keeper here: see docs/UPGRADE.md)
+    /// (back to back)
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
     /// The guest sends GETATTRs one after another during each upgrade (its own
-    /// view of the pause). Off by default: a request sent during the hand-over has
-    /// gone unanswered here after 5 to 15 upgrades (docs/UPGRADE.md, what is left)
+    /// view of the pause). Off by default: the guest's kick during the hand-over is
+    /// lost after 5 to 15 upgrades here, and the request waits until the queue's
+    /// kick eventfd is written again (counted as stalled; docs/UPGRADE.md)
     #[arg(long)]
     probe: bool,
     /// Sockets and the daemon's log go here
@@ -620,8 +621,7 @@ fn run(a: &RunArgs) -> Res<()> {
 const STALL: Duration = Duration::from_secs(2);
 
 /// A GETATTR of the root: its inode, and whether it stalled (no answer within
-/// `STALL`, then answered after one more kick of the queue, as the guest's next
-/// request would kick it).
+/// `STALL`, then answered after the queue's kick eventfd was written once more).
 fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
     let q = c.request_queue(0).map_err(|e| e.to_string())?;
     let req = Request::new(Opcode::Getattr, ROOT)
@@ -634,7 +634,13 @@ fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
         Ok(done) => done,
         Err(_) => {
             stalled = true;
-            q.kick().map_err(|e| e.to_string())?;
+            // notify() would skip a kick for a request it kicked for already (and
+            // with EVENT_IDX past the device's avail_event): write the kick eventfd
+            // itself, as a spurious notification.
+            q.ring()
+                .kick_eventfd()
+                .write(1)
+                .map_err(|e| format!("kick eventfd: {e}"))?;
             q.wait_for(token, Duration::from_secs(30)).map_err(|e| {
                 format!("no answer {STALL:?} after its kick, nor 30 s after another: {e}")
             })?
