@@ -103,9 +103,9 @@ struct UpgradeArgs {
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
     /// The guest sends GETATTRs one after another during each upgrade (its own
-    /// view of the pause). Off by default: the guest's kick during the hand-over is
-    /// lost after 5 to 15 upgrades here, and the request waits until the queue's
-    /// kick eventfd is written again (counted as stalled; docs/UPGRADE.md)
+    /// view of the pause); one unanswered for 2 s counts as stalled and the queue's
+    /// kick eventfd is written again (a kick lost in the hand-over, before the
+    /// keeper's spurious kick: docs/UPGRADE.md)
     #[arg(long)]
     probe: bool,
     /// Sockets and the daemon's log go here
