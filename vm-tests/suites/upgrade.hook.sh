@@ -39,6 +39,7 @@ LOCKWATCH_LOG=$VMTEST_LOG_DIR/lockwatch.log
 : >"$RESULTS"
 : >"$PAUSES"
 LW_PID=""
+FAILS="" # hook-lib.sh's fail adds to it
 
 HOOK_NAME=upgrade-hook
 # shellcheck source=../hook-lib.sh
@@ -220,7 +221,7 @@ release_locks() {
 	else
 		fail host-locks-held-throughout "the lock watcher never ran"
 	fi
-	FAILS=""
+	FAILS="" # the guest's answer is ok: the checks are reported here
 	ack_in "$U" release-locks
 }
 
