@@ -27,9 +27,10 @@
 # volumes) and --migration-on-error=guest-error: the metadata loop unlinks files
 # the guest may still hold (until its FORGET), and such a node has no path for the
 # state, so with the default (abort) the new process refuses the whole state and
-# the upgrade fails (the old process serves on); here the new process marks the
-# node lost instead (ESTALE, should the guest use it: it does not). The loads'
-# "lost N nodes" are counted by upgrade.host.sh. docs/UPGRADE.md, what is left.
+# the upgrade fails (the old process serves on; 1 of 50 upgrades did here); here
+# the new process marks the node lost instead (ESTALE, should the guest use it: it
+# does not). The loads' "lost N nodes" are counted by upgrade.host.sh.
+# docs/UPGRADE.md, what is left.
 set -euo pipefail
 
 S=${1:?usage: upgrade.setup.sh SHARED_DIR}
