@@ -56,6 +56,9 @@ SUITES=(
 	"migration-gone      run:run-migration.sh --mode gone"
 	# runtime-attached, read-only and rate-limited volumes, nodes kept by file handle
 	"migration-variants  run:run-migration.sh --mode variants"
+	# --upgradable (issue 26): 20 upgrades under fio with verify, a metadata loop and
+	# held locks, alternating two version strings; failing upgrades refused
+	"upgrade-qemu        --vmm qemu --suite upgrade"
 	# Add more suites here, one line each.
 )
 

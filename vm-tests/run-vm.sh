@@ -34,12 +34,15 @@
 # Per-suite host scripts (all optional, next to suites/NAME.sh):
 #   NAME.setup.sh SHARED_DIR   run once before the first boot; it may write
 #                          extra daemon arguments, one per line, to
-#                          $VMTEST_DAEMON_ARGS_FILE
+#                          $VMTEST_DAEMON_ARGS_FILE, and a path to
+#                          $VMTEST_DAEMON_BIN_FILE to start the daemon from
+#                          there instead (the upgrade suite: a copy it replaces)
 #   NAME.hook.sh SHARED_DIR SERIAL_LOG  run alongside the guest (besides
 #                          --host-hook), e.g. to act on "VMTEST SYNC" lines
 #   NAME.host.sh SHARED_DIR    host checks after the VM exited
 # They get VMTEST_SHARE, VMTEST_WORK (the temp dir), VMTEST_LOG_DIR,
-# VMTEST_SERIAL, VMTEST_DAEMON (binary), VMTEST_DAEMON_PID, VMTEST_ALLOW_REBOOT
+# VMTEST_SERIAL, VMTEST_DAEMON (binary), VMTEST_DAEMON_PID (the serving
+# process), VMTEST_DAEMON_LAUNCHED_PID (the process started), VMTEST_ALLOW_REBOOT
 # (1 with --allow-reboot, else 0) and VMTEST_DAEMON_IDS in the environment
 # (LOG_DIR/daemon-ids.txt: the serving process's ids and its uid_map/gid_map,
 # recorded when the guest reaches /init; host scripts map guest ids through it).
@@ -97,7 +100,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -238,7 +241,7 @@ start_daemon() { # start_daemon SOCKET LOG
 	"$DAEMON" --socket-path="$sock" --shared-dir="$SHARE" --cache="$(daemon_cache_mode)" \
 		$DAEMON_ARGS "${SUITE_DAEMON_ARGS[@]}" >"$log" 2>&1 &
 	DAEMON_PID=$!
-	export VMTEST_DAEMON_PID=$DAEMON_PID
+	export VMTEST_DAEMON_PID=$DAEMON_PID VMTEST_DAEMON_LAUNCHED_PID=$DAEMON_PID
 	for i in $(seq 100); do
 		if [[ -S $sock ]]; then
 			# Hooks look at the serving process: in volfsd's namespace sandbox
@@ -286,7 +289,7 @@ start_hook() { # start_hook LOG SERIAL_LOG
 run_suite_setup() {
 	local setup="$HERE/suites/$SUITE.setup.sh" line
 	[[ -f $setup ]] || return 0
-	export VMTEST_DAEMON_ARGS_FILE="$WORK/suite-daemon-args"
+	export VMTEST_DAEMON_ARGS_FILE="$WORK/suite-daemon-args" VMTEST_DAEMON_BIN_FILE="$WORK/suite-daemon-bin"
 	: >"$VMTEST_DAEMON_ARGS_FILE"
 	bash "$setup" "$SHARE" >"$LOG_DIR/setup.log" 2>&1 || {
 		show_tail "$LOG_DIR/setup.log" "suite setup log"
@@ -295,6 +298,11 @@ run_suite_setup() {
 	while IFS= read -r line; do
 		[[ -n $line ]] && SUITE_DAEMON_ARGS+=("$line")
 	done <"$VMTEST_DAEMON_ARGS_FILE"
+	if [[ -s $VMTEST_DAEMON_BIN_FILE ]]; then
+		DAEMON=$(cat "$VMTEST_DAEMON_BIN_FILE")
+		[[ -x $DAEMON ]] || die "$SUITE.setup.sh named the daemon binary '$DAEMON', which is not an executable"
+		export VMTEST_DAEMON=$DAEMON
+	fi
 	say "suite setup done; extra daemon args: ${SUITE_DAEMON_ARGS[*]:-none}"
 }
 

@@ -1,5 +1,6 @@
 //! Docs that cannot drift: every path into the daemon's source that README.md or a
-//! document in docs/ names exists, and README.md's layout block names every module.
+//! document in docs/ names exists, README.md's layout block names every module, and
+//! the generated docs/BENCHMARKS.md shows every kept run.
 //!
 //! A `src/...` path counts as the daemon's when its first component is (or, as
 //! `name.rs`, was) one of `src/`'s own entries: the documents also quote other
@@ -173,4 +174,25 @@ fn the_path_scanner_finds_what_it_must_and_skips_the_rest() {
     ));
     assert!(has_word("nodes, files, dirs", "files"));
     assert!(!has_word("xattr_ops", "ops"));
+}
+
+/// docs/BENCHMARKS.md is generated from kept data (benches/report.py): a run named
+/// in docs/bench-data/sections.txt that the page does not show, or an empty page
+/// (a regeneration whose command failed once wrote one), is drift too.
+#[test]
+fn the_benchmarks_page_shows_every_kept_run() {
+    let page = fs::read_to_string(repo().join("docs/BENCHMARKS.md")).expect("BENCHMARKS.md");
+    assert!(
+        page.starts_with("# Benchmarks"),
+        "docs/BENCHMARKS.md is not the generated page (empty?): regenerate it with the \
+         command at its end"
+    );
+    let sections = fs::read_to_string(repo().join("docs/bench-data/sections.txt")).unwrap();
+    for line in sections.lines().filter(|l| l.starts_with("--")) {
+        let dir = line.split_whitespace().nth(1).expect("--kind DIR");
+        assert!(
+            page.contains(dir),
+            "docs/BENCHMARKS.md does not show {dir} (listed in sections.txt)"
+        );
+    }
 }

@@ -157,7 +157,9 @@ impl Relay {
     ) -> Result<(), Error> {
         let mut steps = replay::rings(&self.session, bases);
         steps.extend(replay::start(&self.session));
-        replay::run(&self.backend, &steps, timeout).map(drop)
+        replay::run(&self.backend, &steps, timeout)?;
+        replay::nudge(&self.session);
+        Ok(())
     }
 
     /// From here on the relay talks to `backend`, already set up by the replay;

@@ -162,3 +162,22 @@ fn an_unreplayable_session_is_refused_before_anything_is_sent() {
         Err(Error::Unreplayable(_))
     ));
 }
+
+#[test]
+fn nudge_notifies_each_running_ring_once() {
+    let s = recorded(0);
+    nudge(&s);
+    let mut kicked = 0;
+    for v in s.vrings.values() {
+        let fd = v
+            .kick
+            .as_ref()
+            .and_then(|k| k.fd.as_ref())
+            .expect("a kick fd");
+        let mut count = [0u8; 8];
+        nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(fd), &mut count).unwrap();
+        assert_eq!(u64::from_ne_bytes(count), 1);
+        kicked += 1;
+    }
+    assert_eq!(kicked, 2);
+}

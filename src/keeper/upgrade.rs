@@ -89,7 +89,9 @@ pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error,
     let moved = save(relay.backend()).and_then(|state| {
         replay::set_up(&new, relay.session(), &bases, STEP_TIMEOUT)?;
         load(&new, &state)?;
-        replay::run(&new, &replay::start(relay.session()), STEP_TIMEOUT).map(drop)
+        replay::run(&new, &replay::start(relay.session()), STEP_TIMEOUT)?;
+        replay::nudge(relay.session());
+        Ok(())
     });
     match moved {
         Ok(()) => {

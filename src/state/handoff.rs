@@ -524,4 +524,38 @@ mod tests {
         };
         assert!(Handoff::prepare().unwrap().fetch(&elsewhere).is_err());
     }
+
+    #[test]
+    fn a_peer_of_another_uid_with_the_token_gets_nothing_and_the_offer_stays() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: taking another uid needs root");
+            return;
+        }
+        let source = Handoff::prepare().unwrap();
+        let files: Vec<(Entry, OwnedFd)> = (0..3)
+            .map(|i| {
+                let f = std::fs::File::open("/proc/self/stat").unwrap();
+                (Entry::FlockHandle { handle: i }, OwnedFd::from(f))
+            })
+            .collect();
+        let offer = source.offer(files).unwrap().expect("an offer");
+        // A process of another user on this host that knows the socket and the
+        // token: only the uid check stands in its way.
+        let foreign = Handoff::prepare().unwrap();
+        let stolen = offer.clone();
+        let got = std::thread::spawn(move || {
+            // SAFETY: the raw system call changes this thread's credentials only
+            // (glibc's setresuid would change every thread's); the thread ends here.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+            assert_eq!(r, 0, "setresuid: {}", std::io::Error::last_os_error());
+            foreign.fetch(&stolen).map(|f| f.len())
+        })
+        .join()
+        .unwrap();
+        assert!(got.is_err(), "a foreign peer got {got:?} files");
+        // The daemon's own destination still gets every file.
+        let dest = Handoff::prepare().unwrap();
+        assert_eq!(dest.fetch(&offer).unwrap().len(), 3);
+    }
 }

@@ -20,8 +20,16 @@
 //! - a check that the load is real: GETATTR of the first, middle and last file's node
 //!   id at the destination answers each file's inode.
 //!
-//! One JSON object per run is appended to `--json` (benches/downtime.sh collects
-//! them); a failed transfer or check exits 1. No time is asserted.
+//! `upgrade` holds N nodes the same way through one volfsd started with
+//! `--upgradable` (the keeper relays; docs/UPGRADE.md) and upgrades it K times by
+//! SIGHUP, reading each pause from the keeper's log line; meanwhile the guest sends
+//! GETATTRs one after another (the guest's view of the pause: the slowest one). After each upgrade the new
+//! serving process must answer the first, middle and last file's node ids with their
+//! inodes. benches/upgrade-pause.sh collects its lines.
+//!
+//! One JSON object per run (per upgrade for `upgrade`) is appended to `--json`
+//! (benches/downtime.sh collects them); a failed transfer or check exits 1. No time
+//! is asserted.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -31,7 +39,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use fuse_backend_rs::abi::fuse_abi::{EntryOut, Opcode};
+use fuse_backend_rs::abi::fuse_abi::{AttrOut, EntryOut, GetattrIn, Opcode};
 use serde_json::json;
 use volfsd_harness::fixtures::host::{
     clock_ticks_per_second, process_tree, serving_pid, status_kb, tree_cpu_ticks,
@@ -68,6 +76,44 @@ enum Cmd {
     },
     /// One migration of one daemon kind on TREE/nN; appends a JSON line to --json
     Run(RunArgs),
+    /// Upgrades of one --upgradable volfsd holding TREE/nN; a JSON line per upgrade
+    Upgrade(UpgradeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct UpgradeArgs {
+    /// The volfsd binary (upgraded to itself: the binary at this path)
+    #[arg(long)]
+    volfsd: PathBuf,
+    /// Extra daemon arguments, split at spaces
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    daemon_args: String,
+    /// The directory of the trees (see `tree`)
+    #[arg(long)]
+    tree: PathBuf,
+    /// Files the guest holds (the tree TREE/nN)
+    #[arg(long)]
+    nodes: usize,
+    /// Upgrades in a row
+    #[arg(long, default_value_t = 10)]
+    upgrades: u32,
+    /// Wait between two upgrades (the guest idle): the previous serving process
+    /// has exited by then. 0: the next upgrade as soon as the keeper logged the last
+    /// (back to back)
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// The guest sends GETATTRs one after another during each upgrade (its own
+    /// view of the pause); one unanswered for 2 s counts as stalled and the queue's
+    /// kick eventfd is written again (a kick lost in the hand-over, before the
+    /// keeper's spurious kick: docs/UPGRADE.md)
+    #[arg(long)]
+    probe: bool,
+    /// Sockets and the daemon's log go here
+    #[arg(long)]
+    work: PathBuf,
+    /// Append one JSON line per upgrade to this file
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -107,6 +153,7 @@ fn main() -> ExitCode {
     let result = match &cli.cmd {
         Cmd::Tree { tree, nodes } => make_tree(tree, *nodes).map(|_| ()),
         Cmd::Run(args) => run(args),
+        Cmd::Upgrade(args) => upgrade(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -364,9 +411,49 @@ fn wait_idle(pid: i32, max: Duration) -> (Duration, u64, bool) {
     }
 }
 
+/// A file the guest holds: (file index, node id, inode).
+type Sample = (usize, u64, u64);
+
+/// The guest holds the tree: every directory and file looked up once. Returns the
+/// lookups' time, the nodes held, and (file index, node id, inode) of the first,
+/// middle and last file, each checked against the host.
+fn hold(c: &mut FuseClient, share: &Path, nodes: usize) -> Res<(f64, usize, Vec<Sample>)> {
+    let dirs = nodes.div_ceil(PER_DIR);
+    let lookups = Instant::now();
+    let dir_names: Vec<(u64, String)> = (0..dirs).map(|d| (ROOT, dir_name(d))).collect();
+    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let dir_entries = lookup_all(q, &dir_names)?;
+    let file_names: Vec<(u64, String)> = (0..nodes)
+        .map(|i| {
+            let (d, f) = place(i);
+            (dir_entries[d].nodeid, file_name(f))
+        })
+        .collect();
+    let file_entries = lookup_all(q, &file_names)?;
+    let lookup_s = lookups.elapsed().as_secs_f64();
+    let held = dirs + nodes;
+    let samples: Vec<Sample> = [0, nodes / 2, nodes - 1]
+        .into_iter()
+        .map(|i| (i, file_entries[i].nodeid, file_entries[i].attr.ino))
+        .collect();
+    drop(file_entries);
+    drop(file_names);
+    for &(i, _, ino) in &samples {
+        let (d, f) = place(i);
+        let host = share.join(dir_name(d)).join(file_name(f));
+        let host_ino = fs::metadata(&host).map_err(|e| e.to_string())?.ino();
+        if host_ino != ino {
+            return Err(format!(
+                "LOOKUP of {} answered inode {ino}, the host has {host_ino}",
+                host.display()
+            ));
+        }
+    }
+    Ok((lookup_s, held, samples))
+}
+
 fn run(a: &RunArgs) -> Res<()> {
     let share = make_tree(&a.tree, a.nodes)?;
-    let dirs = a.nodes.div_ceil(PER_DIR);
     fs::create_dir_all(&a.work).map_err(|e| format!("{}: {e}", a.work.display()))?;
     let tag = format!("{}-n{}-rep{}", a.name, a.nodes, a.rep);
     let src_sock = a.work.join(format!("{}-src.sock", a.name));
@@ -390,36 +477,7 @@ fn run(a: &RunArgs) -> Res<()> {
         .map_err(|e| failed(format!("source: {e}"), &src))?;
     c.init_session(&Default::default())
         .map_err(|e| failed(format!("source INIT: {e}"), &src))?;
-    let lookups = Instant::now();
-    let dir_names: Vec<(u64, String)> = (0..dirs).map(|d| (ROOT, dir_name(d))).collect();
-    let q = c.request_queue(0).map_err(|e| e.to_string())?;
-    let dir_entries = lookup_all(q, &dir_names).map_err(|e| failed(e, &src))?;
-    let file_names: Vec<(u64, String)> = (0..a.nodes)
-        .map(|i| {
-            let (d, f) = place(i);
-            (dir_entries[d].nodeid, file_name(f))
-        })
-        .collect();
-    let file_entries = lookup_all(q, &file_names).map_err(|e| failed(e, &src))?;
-    let lookup_s = lookups.elapsed().as_secs_f64();
-    let held = dirs + a.nodes;
-    let samples: Vec<(usize, u64, u64)> = [0, a.nodes / 2, a.nodes - 1]
-        .into_iter()
-        .map(|i| (i, file_entries[i].nodeid, file_entries[i].attr.ino))
-        .collect();
-    drop(file_entries);
-    drop(file_names);
-    for &(i, _, ino) in &samples {
-        let (d, f) = place(i);
-        let host = share.join(dir_name(d)).join(file_name(f));
-        let host_ino = fs::metadata(&host).map_err(|e| e.to_string())?.ino();
-        if host_ino != ino {
-            return Err(format!(
-                "LOOKUP of {} answered inode {ino}, the host has {host_ino}",
-                host.display()
-            ));
-        }
-    }
+    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(|e| failed(e, &src))?;
     let src_rss_kb = rss_anon_kb(src.pid());
     let src_fds = fd_count(src.pid());
 
@@ -553,6 +611,188 @@ fn run(a: &RunArgs) -> Res<()> {
     if src_exit.is_none() || dst_exit.is_none() {
         eprintln!(
             "statebench: {tag}: a daemon did not exit within 120 s of its disconnect; killed"
+        );
+    }
+    Ok(())
+}
+
+/// How long a GETATTR may go unanswered before it counts as stalled and the queue
+/// is kicked again.
+const STALL: Duration = Duration::from_secs(2);
+
+/// A GETATTR of the root: its inode, and whether it stalled (no answer within
+/// `STALL`, then answered after the queue's kick eventfd was written once more).
+fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
+    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let req = Request::new(Opcode::Getattr, ROOT)
+        .arg(&GetattrIn::default())
+        .reply_of::<AttrOut>();
+    let token = q.submit(&req).map_err(|e| e.to_string())?;
+    q.kick().map_err(|e| e.to_string())?;
+    let mut stalled = false;
+    let done = match q.wait_for(token, STALL) {
+        Ok(done) => done,
+        Err(_) => {
+            stalled = true;
+            // notify() would skip a kick for a request it kicked for already (and
+            // with EVENT_IDX past the device's avail_event): write the kick eventfd
+            // itself, as a spurious notification.
+            q.ring()
+                .kick_eventfd()
+                .write(1)
+                .map_err(|e| format!("kick eventfd: {e}"))?;
+            q.wait_for(token, Duration::from_secs(30)).map_err(|e| {
+                format!("no answer {STALL:?} after its kick, nor 30 s after another: {e}")
+            })?
+        }
+    };
+    let attr: AttrOut = done
+        .into_reply()
+        .and_then(|r| r.parse())
+        .map_err(|e| e.to_string())?;
+    Ok((attr.attr.ino, stalled))
+}
+
+/// The first, middle and last file answer GETATTR with their inodes.
+fn check_samples(c: &mut FuseClient, samples: &[Sample], when: &str) -> Res<()> {
+    for &(i, nodeid, ino) in samples {
+        let got = c
+            .getattr(nodeid)
+            .map_err(|e| format!("GETATTR of file {i} (node {nodeid}) {when}: {e}"))?
+            .attr
+            .ino;
+        if got != ino {
+            return Err(format!(
+                "file {i} (node {nodeid}): inode {got} {when}, {ino} before"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn upgrade(a: &UpgradeArgs) -> Res<()> {
+    let share = make_tree(&a.tree, a.nodes)?;
+    fs::create_dir_all(&a.work).map_err(|e| format!("{}: {e}", a.work.display()))?;
+    let sock = a.work.join("upgrade.sock");
+    // No control socket: with one the guest's root would hold only volumes. The
+    // upgrades go by SIGHUP to the keeper (the launched process), and the pause is
+    // read from its log line, as `ctl upgrade` reports it.
+    let template = format!(
+        "{} --upgradable --socket-path {{sock}} --shared-dir {{share}} --cache none {}",
+        a.volfsd.display(),
+        a.daemon_args
+    );
+    let tag = format!("upgrade-n{}", a.nodes);
+    let d = Daemon::spawn(&template, &sock, &share, a.work.join(format!("{tag}.log")))?;
+    let failed = |what: String, d: &Daemon| format!("{what} (daemon log: {})", d.log_tail());
+    let mut c =
+        FuseClient::connect(&device_config(&sock)).map_err(|e| failed(e.to_string(), &d))?;
+    c.init_session(&Default::default())
+        .map_err(|e| failed(format!("INIT: {e}"), &d))?;
+    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(|e| failed(e, &d))?;
+    eprintln!("statebench: {tag}: {held} nodes held (lookups {lookup_s:.1} s)");
+    let root_ino = fs::metadata(&share).map_err(|e| e.to_string())?.ino();
+    let outcomes = |d: &Daemon| -> Vec<String> {
+        fs::read_to_string(&d.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("keeper: upgraded:") || l.contains("keeper: upgrade failed"))
+            .map(str::to_string)
+            .collect()
+    };
+    for k in 1..=a.upgrades {
+        if k > 1 {
+            std::thread::sleep(Duration::from_millis(a.interval_ms));
+        }
+        let rss_kb = rss_anon_kb(d.pid());
+        let before = outcomes(&d).len();
+        let start = Instant::now();
+        // SAFETY: kill has no memory preconditions; the pid is our own child's.
+        if unsafe { libc::kill(d.pid(), libc::SIGHUP) } != 0 {
+            return Err(format!("SIGHUP: {}", std::io::Error::last_os_error()));
+        }
+        // The guest meanwhile: one GETATTR after another until the keeper logs the
+        // outcome.
+        let (mut getattrs, mut slowest, mut stalls) = (0u64, Duration::ZERO, 0u32);
+        let line = loop {
+            if !a.probe {
+                if let Some(l) = outcomes(&d).into_iter().nth(before) {
+                    break l;
+                }
+                if start.elapsed() > Duration::from_secs(120) {
+                    return Err(failed(format!("upgrade {k}: no outcome in 120 s"), &d));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            let t = Instant::now();
+            let (ino, stalled) = getattr_root(&mut c).map_err(|e| {
+                failed(
+                    format!("GETATTR during upgrade {k} (after {getattrs}): {e}"),
+                    &d,
+                )
+            })?;
+            if stalled {
+                stalls += 1;
+            } else {
+                slowest = slowest.max(t.elapsed());
+            }
+            getattrs += 1;
+            if ino != root_ino {
+                return Err(format!("upgrade {k}: the root answered inode {ino}"));
+            }
+            if getattrs % 16 == 0 || stalled {
+                if let Some(l) = outcomes(&d).into_iter().nth(before) {
+                    break l;
+                }
+                if start.elapsed() > Duration::from_secs(120) {
+                    return Err(failed(format!("upgrade {k}: no outcome in 120 s"), &d));
+                }
+            }
+        };
+        let upgrade_ms = ms(start.elapsed());
+        let pause_ms: u64 = line
+            .split("the guest waited ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| failed(format!("upgrade {k}: {line}"), &d))?;
+        check_samples(&mut c, &samples, &format!("after upgrade {k}"))
+            .map_err(|e| failed(e, &d))?;
+        let result = json!({
+            "nodes": a.nodes,
+            "held_nodes": held,
+            "daemon_args": a.daemon_args,
+            "upgrade": k,
+            "pause_ms": pause_ms,
+            "upgrade_ms": upgrade_ms,
+            "getattrs_during": getattrs,
+            "slowest_getattr_ms": ms(slowest),
+            "stalled_getattrs": stalls,
+            "probe": a.probe,
+            "interval_ms": a.interval_ms,
+            "rss_anon_kb_before": rss_kb,
+            "lookup_s": lookup_s,
+            "verified_nodes": samples.len(),
+        });
+        eprintln!(
+            "statebench: {tag}: upgrade {k}: the keeper's pause {pause_ms} ms; slowest of \
+             {getattrs} GETATTRs {:.1} ms ({stalls} stalled); the whole upgrade {upgrade_ms:.0} ms",
+            ms(slowest)
+        );
+        if let Some(path) = &a.json {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            writeln!(f, "{result}").map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    drop(c);
+    if d.finish(Duration::from_secs(120)).is_none() {
+        eprintln!(
+            "statebench: {tag}: the daemon did not exit within 120 s of its disconnect; killed"
         );
     }
     Ok(())
