@@ -377,6 +377,11 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_crashes: Option<u64>,
 
+    /// With it: the volumes the previous serving process had attached (JSON, as the
+    /// control API keeps them): attached first, in place of the command line's.
+    #[arg(long, hide = true)]
+    pub keeper_volumes: Option<String>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

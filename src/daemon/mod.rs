@@ -251,6 +251,11 @@ fn serve(
         if let Some(files) = process_files {
             api = api.with_process_files(files);
         }
+        // Started by the keeper after an upgrade or a crash: the volumes the previous
+        // process had, before the guest's session is loaded.
+        if let Some(volumes) = &config.keeper_volumes {
+            api.restore_volumes(volumes);
+        }
         server
             .spawn(api)
             .map_err(|e| DaemonError::host("starting the control thread", e))?;

@@ -107,6 +107,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     keep,
                     command,
                     channel: Some(channel),
+                    volumes: None,
                     served: false,
                     crashes: Crashes::default(),
                 }
@@ -160,6 +161,9 @@ struct Keeper<'a> {
     command: Option<Command>,
     /// The keeper's end of the serving process's channel.
     channel: Option<UnixStream>,
+    /// The volumes the serving process last said it has attached (JSON): a process
+    /// started after an upgrade or a crash attaches them first.
+    volumes: Option<String>,
     /// The serving process has (or had, until it ended the connection) a
     /// frontend's session: a crash loses it.
     served: bool,
@@ -331,6 +335,7 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited);
         drop((private.listener, theirs));
@@ -355,6 +360,7 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
             let new = UnixStream::connect(&private.path).map_err(|e| {
@@ -425,6 +431,10 @@ impl Keeper<'_> {
                 );
                 self.channel = Some(ch);
                 self.finish(outcome);
+            }
+            Some(line) if line.starts_with(channel::VOLUMES) => {
+                self.volumes = Some(line[channel::VOLUMES.len()..].to_string());
+                self.channel = Some(ch);
             }
             Some(other) => {
                 warn!("keeper: unknown request on the channel: {other:?}");
