@@ -482,6 +482,11 @@ fn volumes_attached_at_runtime_survive_an_upgrade_and_a_detached_one_stays_gone(
         list.body
     );
     assert!(!list.body.contains("\"data\""), "{}", list.body);
+    let metrics = request(&sock, "GET", "/metrics", None).body;
+    assert!(
+        metrics.contains("volfsd_keeper_upgrades_total 1\n"),
+        "{metrics}"
+    );
     assert!(
         c.lookup(ROOT, "data").is_err(),
         "the detached volume came back"

@@ -272,6 +272,7 @@ impl Api {
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
             keeper_crashes: crate::keeper::crash::before(),
+            keeper_upgrades: crate::keeper::crash::upgrades(),
         };
         Reply {
             status: 200,

@@ -67,6 +67,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // socket exists, a launcher may expect both.
     if let Some(n) = config.keeper_crashes {
         crate::keeper::crash::set_before(n);
+        // A process the keeper started: the first one has no upgrades behind it.
+        crate::keeper::crash::set_upgrades(config.keeper_upgrades.unwrap_or(0));
     }
     if let Some(fd) = config.keeper_channel_fd {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.

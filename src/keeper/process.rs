@@ -83,6 +83,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
                 .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
             super::crash::set_before(0);
+            super::crash::set_upgrades(0);
             // Only the keeper accepts the frontend. Not dropped: the Listener would
             // remove the socket file.
             let fd = frontend.as_raw_fd();
@@ -108,6 +109,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     command,
                     channel: Some(channel),
                     volumes: None,
+                    upgrades: 0,
                     served: false,
                     crashes: Crashes::default(),
                 }
@@ -164,6 +166,8 @@ struct Keeper<'a> {
     /// The volumes the serving process last said it has attached (JSON): a process
     /// started after an upgrade or a crash attaches them first.
     volumes: Option<String>,
+    /// Upgrades done so far (`/metrics` of the processes it starts).
+    upgrades: u64,
     /// The serving process has (or had, until it ended the connection) a
     /// frontend's session: a crash loses it.
     served: bool,
@@ -335,6 +339,7 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            upgrades: self.upgrades,
             volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited);
@@ -360,6 +365,8 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            // This process counts itself: it serves only if the upgrade succeeds.
+            upgrades: self.upgrades + 1,
             volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
@@ -410,6 +417,7 @@ impl Keeper<'_> {
             self.child,
             done.pause.as_millis()
         );
+        self.upgrades += 1;
         drop(done.old);
         let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
         Private::remove(&self.private);

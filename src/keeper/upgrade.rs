@@ -45,6 +45,8 @@ pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
 /// And how many serving processes crashed before it (`crash.rs`).
 pub const CRASHES_FLAG: &str = "--keeper-crashes";
+/// The upgrades so far, this process's own included.
+pub const UPGRADES_FLAG: &str = "--keeper-upgrades";
 /// The volumes to attach first (the control API's bodies), as the old process had.
 pub const VOLUMES_FLAG: &str = "--keeper-volumes";
 
@@ -190,6 +192,8 @@ pub struct Inherited {
     pub channel: RawFd,
     /// Not an fd: the crashes so far, for the new process's `/metrics`.
     pub crashes: u64,
+    /// Not an fd: the upgrades so far, this one included, for its `/metrics`.
+    pub upgrades: u64,
     /// The volumes the old process had attached (JSON), when it said.
     pub volumes: Option<String>,
 }
@@ -207,6 +211,7 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
     let mut args = cmd.args.clone();
     args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
     args.push(format!("{CRASHES_FLAG}={}", inherited.crashes).into());
+    args.push(format!("{UPGRADES_FLAG}={}", inherited.upgrades).into());
     if let Some(volumes) = &inherited.volumes {
         args.push(format!("{VOLUMES_FLAG}={volumes}").into());
     }
