@@ -238,7 +238,7 @@ mod tests {
         let subs: Vec<_> = ctl_subcommands(&ctl).map(|s| s.get_name()).collect();
         assert_eq!(
             subs,
-            ["attach", "detach", "limit", "list", "stats", "metrics"]
+            ["attach", "detach", "limit", "list", "stats", "metrics", "upgrade"]
         );
         for sub in ctl_subcommands(&ctl) {
             assert!(
