@@ -229,8 +229,7 @@ fn start_from_copy(test: &str) -> (Daemon, std::path::PathBuf) {
     std::fs::copy(daemon_binary(), &copy).expect("copy the daemon");
     let exec = format!("shift; exec {} \"$@\"", copy.display());
     let wrapper = ["sh", "-c", exec.as_str(), "sh"];
-    // With a control socket, a volume from the command line (runtime-attached ones
-    // do not survive an upgrade yet: docs/UPGRADE.md).
+    // With a control socket and a volume from the command line.
     std::fs::create_dir(dir.shared().join("data")).unwrap();
     let ctl = format!("--control-socket={}", dir.control_socket().display());
     let args = ["--upgradable", ctl.as_str(), "--allowed-dir=data"];
@@ -444,4 +443,52 @@ fn ctl_upgrade_without_the_flag_says_so() {
     let (ok, out) = ctl_upgrade(&d);
     assert!(!ok, "{out}");
     assert!(out.contains("not started with --upgradable"), "{out}");
+}
+
+#[test]
+fn volumes_attached_at_runtime_survive_an_upgrade_and_a_detached_one_stays_gone() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (d, _binary) = start_from_copy("upgrade-volumes");
+    let sock = d.dir.control_socket();
+    std::fs::create_dir(d.dir.shared().join("late")).unwrap();
+    std::fs::write(d.dir.shared().join("late/held"), b"held").unwrap();
+    let body = format!(
+        r#"{{"path":"{}","read_only":true,"volume_id":"vol-late"}}"#,
+        d.dir.shared().join("late").display()
+    );
+    let put = request(&sock, "PUT", "/volumes/late", Some(&body));
+    assert_eq!(put.status, 201, "{}", put.body);
+    // The command line's volume is detached: it must not come back.
+    assert_eq!(request(&sock, "DELETE", "/volumes/data", None).status, 204);
+    let mut c = d.client();
+    let late = c.lookup(ROOT, "late").expect("lookup late").nodeid;
+    let held = c.lookup(late, "held").expect("lookup held").nodeid;
+    sighup(&d);
+    wait_log(&d, "keeper: upgraded", 1);
+    // The guest's ids in the runtime volume work on, read-only as attached.
+    c.getattr(held)
+        .expect("getattr of a node in the runtime volume");
+    assert_eq!(c.lookup(late, "held").expect("lookup").nodeid, held);
+    let refused = c
+        .create(late, "new", RDWR, 0o644)
+        .expect_err("read-only volume");
+    assert_eq!(refused.errno(), Some(libc::EROFS), "{refused:?}");
+    let list = request(&sock, "GET", "/volumes", None);
+    assert!(
+        list.body.contains("\"late\"") && list.body.contains("vol-late"),
+        "{}",
+        list.body
+    );
+    assert!(!list.body.contains("\"data\""), "{}", list.body);
+    let metrics = request(&sock, "GET", "/metrics", None).body;
+    assert!(
+        metrics.contains("volfsd_keeper_upgrades_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        c.lookup(ROOT, "data").is_err(),
+        "the detached volume came back"
+    );
 }

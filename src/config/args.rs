@@ -377,6 +377,16 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_crashes: Option<u64>,
 
+    /// With it: how many upgrades of this daemon were done, the one that started this
+    /// process included (shown in /metrics).
+    #[arg(long, hide = true)]
+    pub keeper_upgrades: Option<u64>,
+
+    /// With it: the volumes the previous serving process had attached (JSON, as the
+    /// control API keeps them): attached first, in place of the command line's.
+    #[arg(long, hide = true)]
+    pub keeper_volumes: Option<String>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -80,6 +80,8 @@ pub struct Config {
     pub keeper_channel_fd: Option<i32>,
     /// Started by the keeper: the serving processes that crashed before it.
     pub keeper_crashes: Option<u64>,
+    pub keeper_upgrades: Option<u64>,
+    pub keeper_volumes: Option<String>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -292,6 +294,8 @@ impl Args {
             control_fd: self.keeper_control_fd,
             keeper_channel_fd: self.keeper_channel_fd,
             keeper_crashes: self.keeper_crashes,
+            keeper_upgrades: self.keeper_upgrades,
+            keeper_volumes: self.keeper_volumes,
             translate_rules,
         })
     }

@@ -272,6 +272,7 @@ impl Api {
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
             keeper_crashes: crate::keeper::crash::before(),
+            keeper_upgrades: crate::keeper::crash::upgrades(),
         };
         Reply {
             status: 200,
@@ -324,7 +325,10 @@ impl Api {
             rate_limit: req.rate_limiter,
         };
         match self.volumes.attach(&spec) {
-            Ok(_) => self.reply_volume(201, name),
+            Ok(_) => {
+                self.tell_keeper();
+                self.reply_volume(201, name)
+            }
             Err(AttachError::AlreadyAttached(_)) => self.reply_volume(200, name),
             Err(AttachError::Conflict(msg)) => Reply::error(409, msg),
             Err(AttachError::NotVolumeLayout) => Reply::error(
@@ -370,6 +374,7 @@ impl Api {
         let Some(s) = self.volumes.set_limit(name, req.rate_limiter) else {
             return Reply::error(404, format!("no volume named {name}"));
         };
+        self.tell_keeper();
         log::info!(
             "{name}: rate limit now {}",
             s.share
@@ -382,8 +387,65 @@ impl Api {
         self.reply_volume(200, name)
     }
 
+    /// Tells the keeper (under `--upgradable`) the volumes attached now, so that a
+    /// serving process it starts after an upgrade or a crash attaches the same ones
+    /// first ([`Self::restore_volumes`]); nothing without a keeper.
+    fn tell_keeper(&self) {
+        let list: Vec<serde_json::Value> = self
+            .volumes
+            .list()
+            .iter()
+            .map(|v| {
+                let s = &v.share;
+                serde_json::json!({
+                    "name": s.name,
+                    "volume": {
+                        "path": s.host_path,
+                        "read_only": s.read_only,
+                        "volume_id": s.volume_id,
+                        "rate_limiter": s.stats.qos.limit(),
+                    },
+                })
+            })
+            .collect();
+        crate::keeper::channel::tell_volumes(&serde_json::Value::Array(list).to_string());
+    }
+
+    /// Makes the attached volumes those a previous serving process had (`json`, as
+    /// [`Self::tell_keeper`] wrote it), in place of the command line's: the guest's
+    /// session, loaded next, names them. One that cannot be attached again is
+    /// logged; a state naming it then fails its load, and the upgrade is refused.
+    pub fn restore_volumes(&self, json: &str) {
+        let Ok(serde_json::Value::Array(list)) = serde_json::from_str(json) else {
+            log::warn!("the keeper's list of attached volumes is not one: ignored");
+            return;
+        };
+        let wanted: Vec<&str> = list.iter().filter_map(|v| v["name"].as_str()).collect();
+        for v in self.volumes.list() {
+            if !wanted.contains(&v.share.name.as_str()) {
+                self.volumes.detach(&v.share.name);
+            }
+        }
+        for v in &list {
+            let (Some(name), Some(body)) = (v["name"].as_str(), v.get("volume")) else {
+                continue;
+            };
+            let reply = self.attach(name, body.to_string().as_bytes());
+            if reply.status >= 400 {
+                log::warn!(
+                    "volume {name}, attached before, could not be attached again: {}",
+                    reply.body
+                );
+            }
+        }
+    }
+
     fn detach(&self, name: &str) -> Reply {
-        match self.volumes.detach(name) {
+        let detached = self.volumes.detach(name);
+        if detached.is_some() {
+            self.tell_keeper();
+        }
+        match detached {
             Some(_) => Reply {
                 status: 204,
                 content_type: http::JSON,

@@ -67,6 +67,8 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // socket exists, a launcher may expect both.
     if let Some(n) = config.keeper_crashes {
         crate::keeper::crash::set_before(n);
+        // A process the keeper started: the first one has no upgrades behind it.
+        crate::keeper::crash::set_upgrades(config.keeper_upgrades.unwrap_or(0));
     }
     if let Some(fd) = config.keeper_channel_fd {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
@@ -250,6 +252,11 @@ fn serve(
         );
         if let Some(files) = process_files {
             api = api.with_process_files(files);
+        }
+        // Started by the keeper after an upgrade or a crash: the volumes the previous
+        // process had, before the guest's session is loaded.
+        if let Some(volumes) = &config.keeper_volumes {
+            api.restore_volumes(volumes);
         }
         server
             .spawn(api)

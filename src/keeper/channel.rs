@@ -9,6 +9,8 @@
 //! keeper -> serving   "ok <pause in ms>\n" or "failed <why>\n"
 //! serving -> keeper   "done\n"  (after an "ok": its reply is on its way to the
 //!                      client; the keeper lets the old process go only then)
+//! serving -> keeper   "volumes <json>\n"  (after each attach, detach or limit
+//!                      change: the volumes a process it starts must attach first)
 //! ```
 
 use std::io::{self, Write};
@@ -46,9 +48,28 @@ fn read_line(stream: &UnixStream, max: usize) -> io::Result<Option<String>> {
     }
 }
 
+/// The longest request line: a `volumes` line lists every attached volume.
+const MAX_REQUEST_LINE: usize = 1 << 20;
+
 /// The keeper reads one request line; None when the serving process closed its end.
 pub fn read_request(keeper: &UnixStream) -> Option<String> {
-    read_line(keeper, 64).ok().flatten()
+    read_line(keeper, MAX_REQUEST_LINE).ok().flatten()
+}
+
+/// The request line that tells the keeper the attached volumes.
+pub const VOLUMES: &str = "volumes ";
+
+/// Tells the keeper the volumes attached now (`json`, one line), for the serving
+/// processes it starts after an upgrade or a crash; nothing without a keeper. A
+/// failure only means a later process starts with older volumes: logged.
+pub fn tell_volumes(json: &str) {
+    let Some(channel) = SERVING.get() else {
+        return;
+    };
+    let stream = channel.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = (&*stream).write_all(format!("{VOLUMES}{json}\n").as_bytes()) {
+        log::warn!("telling the keeper the attached volumes: {e}");
+    }
 }
 
 /// The keeper answers an upgrade request; after an "ok", waits (a little) for "done".

@@ -33,6 +33,20 @@ pub fn before() -> Option<u64> {
     BEFORE.get().copied()
 }
 
+/// In a serving process under a keeper: the upgrades done so far, the one that
+/// started it included (`/metrics`).
+static UPGRADES: OnceLock<u64> = OnceLock::new();
+
+/// Sets [`upgrades`], once, at start.
+pub fn set_upgrades(n: u64) {
+    let _ = UPGRADES.set(n);
+}
+
+/// The upgrades so far, if this process has a keeper.
+pub fn upgrades() -> Option<u64> {
+    UPGRADES.get().copied()
+}
+
 /// How a serving process ended.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum Ending {

@@ -83,6 +83,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
                 .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
             super::crash::set_before(0);
+            super::crash::set_upgrades(0);
             // Only the keeper accepts the frontend. Not dropped: the Listener would
             // remove the socket file.
             let fd = frontend.as_raw_fd();
@@ -107,6 +108,8 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     keep,
                     command,
                     channel: Some(channel),
+                    volumes: None,
+                    upgrades: 0,
                     served: false,
                     crashes: Crashes::default(),
                 }
@@ -160,6 +163,11 @@ struct Keeper<'a> {
     command: Option<Command>,
     /// The keeper's end of the serving process's channel.
     channel: Option<UnixStream>,
+    /// The volumes the serving process last said it has attached (JSON): a process
+    /// started after an upgrade or a crash attaches them first.
+    volumes: Option<String>,
+    /// Upgrades done so far (`/metrics` of the processes it starts).
+    upgrades: u64,
     /// The serving process has (or had, until it ended the connection) a
     /// frontend's session: a crash loses it.
     served: bool,
@@ -331,6 +339,8 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            upgrades: self.upgrades,
+            volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited);
         drop((private.listener, theirs));
@@ -355,6 +365,9 @@ impl Keeper<'_> {
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
             crashes: self.crashes.total(),
+            // This process counts itself: it serves only if the upgrade succeeds.
+            upgrades: self.upgrades + 1,
+            volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
             let new = UnixStream::connect(&private.path).map_err(|e| {
@@ -404,6 +417,7 @@ impl Keeper<'_> {
             self.child,
             done.pause.as_millis()
         );
+        self.upgrades += 1;
         drop(done.old);
         let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
         Private::remove(&self.private);
@@ -425,6 +439,10 @@ impl Keeper<'_> {
                 );
                 self.channel = Some(ch);
                 self.finish(outcome);
+            }
+            Some(line) if line.starts_with(channel::VOLUMES) => {
+                self.volumes = Some(line[channel::VOLUMES.len()..].to_string());
+                self.channel = Some(ch);
             }
             Some(other) => {
                 warn!("keeper: unknown request on the channel: {other:?}");

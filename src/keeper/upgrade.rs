@@ -45,6 +45,10 @@ pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
 /// And how many serving processes crashed before it (`crash.rs`).
 pub const CRASHES_FLAG: &str = "--keeper-crashes";
+/// The upgrades so far, this process's own included.
+pub const UPGRADES_FLAG: &str = "--keeper-upgrades";
+/// The volumes to attach first (the control API's bodies), as the old process had.
+pub const VOLUMES_FLAG: &str = "--keeper-volumes";
 
 /// What the daemon was started as, kept to start its successor.
 #[derive(Clone, Debug)]
@@ -188,6 +192,10 @@ pub struct Inherited {
     pub channel: RawFd,
     /// Not an fd: the crashes so far, for the new process's `/metrics`.
     pub crashes: u64,
+    /// Not an fd: the upgrades so far, this one included, for its `/metrics`.
+    pub upgrades: u64,
+    /// The volumes the old process had attached (JSON), when it said.
+    pub volumes: Option<String>,
 }
 
 /// Forks and execs `cmd` with the `inherited` fds. The child dies with the keeper.
@@ -203,6 +211,10 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
     let mut args = cmd.args.clone();
     args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
     args.push(format!("{CRASHES_FLAG}={}", inherited.crashes).into());
+    args.push(format!("{UPGRADES_FLAG}={}", inherited.upgrades).into());
+    if let Some(volumes) = &inherited.volumes {
+        args.push(format!("{VOLUMES_FLAG}={volumes}").into());
+    }
     let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
     let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))

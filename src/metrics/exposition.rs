@@ -44,6 +44,8 @@ pub struct Snapshot<'a> {
     /// Under a keeper (`--upgradable`): serving processes that crashed before this
     /// one.
     pub keeper_crashes: Option<u64>,
+    /// Under a keeper: the upgrades done, the one that started this process included.
+    pub keeper_upgrades: Option<u64>,
 }
 
 /// A family with one sample per volume: name, type, help, and its value.
@@ -315,6 +317,15 @@ pub fn render(s: &Snapshot) -> String {
         );
         let _ = writeln!(out, "volfsd_keeper_crashes_total {n}");
     }
+    if let Some(n) = s.keeper_upgrades {
+        family(
+            &mut out,
+            "volfsd_keeper_upgrades_total",
+            "counter",
+            "Upgrades in place done by the keeper (--upgradable); each one's pause is logged.",
+        );
+        let _ = writeln!(out, "volfsd_keeper_upgrades_total {n}");
+    }
 
     if let Some(p) = &s.process {
         family(
@@ -381,9 +392,11 @@ mod tests {
             fds: (4, 1000),
             process: None,
             keeper_crashes: Some(2),
+            keeper_upgrades: Some(3),
         };
         let text = render(&s);
         assert!(text.contains("volfsd_keeper_crashes_total 2\n"));
+        assert!(text.contains("volfsd_keeper_upgrades_total 3\n"));
         assert!(
             text.contains("volfsd_requests_total{volume=\"data\",op=\"lookup\",result=\"ok\"} 1\n")
         );
