@@ -46,12 +46,7 @@ fn the_guest_is_served_through_the_keeper_and_the_daemon_exits_with_its_frontend
     let looked = c.lookup(ROOT, "f").expect("lookup");
     assert_eq!(looked.nodeid, e.nodeid);
     c.disconnect();
-    assert!(
-        d.wait_exit(Duration::from_secs(10))
-            .is_some_and(|s| s.success()),
-        "exits 0 when its frontend goes:\n{}",
-        d.log()
-    );
+    exits_cleanly(&mut d);
     let log = d.log();
     assert!(log.contains("keeper: the frontend disconnected"), "{log}");
     assert!(!d.dir.socket().exists(), "the socket is removed:\n{log}");
@@ -87,12 +82,7 @@ fn keep_serving_through_the_keeper_serves_the_next_frontend() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert!(
-        d.wait_exit(Duration::from_secs(10))
-            .is_some_and(|s| s.success()),
-        "{}",
-        d.log()
-    );
+    exits_cleanly(&mut d);
 }
 
 #[test]
@@ -236,6 +226,16 @@ fn start_from_copy(test: &str) -> (Daemon, std::path::PathBuf) {
     (Daemon::start_wrapped(dir, &wrapper, &args), copy)
 }
 
+/// The daemon exits 0 within 10 s (its frontend went, or it was told to).
+fn exits_cleanly(d: &mut Daemon) {
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        d.log()
+    );
+}
+
 /// Replaces `binary` by `with` (renamed over it: the running one stays intact).
 fn replace_binary(binary: &std::path::Path, with: &[u8]) {
     let tmp = binary.with_extension("new");
@@ -374,12 +374,7 @@ fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
     );
     assert!(host_sees_lock(&d.host("data/f")));
     c.disconnect();
-    assert!(
-        d.wait_exit(Duration::from_secs(10))
-            .is_some_and(|s| s.success()),
-        "{}",
-        d.log()
-    );
+    exits_cleanly(&mut d);
     assert!(!d.dir.socket().exists(), "{}", d.log());
     assert!(!d.dir.control_socket().exists(), "{}", d.log());
 }
@@ -424,12 +419,7 @@ fn a_new_binary_that_fails_leaves_the_old_process_serving() {
         .expect("write");
     assert!(host_sees_lock(&d.host("data/f")));
     c.disconnect();
-    assert!(
-        d.wait_exit(Duration::from_secs(10))
-            .is_some_and(|s| s.success()),
-        "{}",
-        d.log()
-    );
+    exits_cleanly(&mut d);
 }
 
 #[test]

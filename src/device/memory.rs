@@ -27,3 +27,15 @@ pub type GuestMmap = GuestMemoryMmap<LogBitmap>;
 pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
 /// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
 pub type Vring = VringRwLock<GuestMem>;
+
+/// A vring over 4 MiB of guest memory, queue of 256 at 0x1000/0x2000 (tests).
+#[cfg(test)]
+pub(crate) fn test_vring() -> Vring {
+    use vhost_user_backend::VringT;
+    use vm_memory::GuestAddress;
+    let mem = GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+    let vring = Vring::new(GuestMemoryAtomic::new(mem), 256).unwrap();
+    vring.set_queue_size(256);
+    vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+    vring
+}

@@ -215,20 +215,8 @@ fn pop_checked(mem: &Mem, state: &mut Locked) -> Result<Option<DescriptorChain<M
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{GuestMmap, Vring};
+    use crate::device::memory::test_vring as vring;
     use vhost_user_backend::VringT;
-    use vm_memory::{GuestAddress, GuestMemoryAtomic};
-
-    fn memory() -> GuestMmap {
-        GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
-    }
-
-    fn vring() -> Vring {
-        let vring = Vring::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
-        vring.set_queue_size(256);
-        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
-        vring
-    }
 
     #[test]
     fn overlapping_rings_are_broken() {

@@ -273,20 +273,8 @@ pub(crate) fn queue_err(index: usize) -> impl Fn(virtio_queue::Error) -> io::Err
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::GuestMmap;
+    use crate::device::memory::test_vring as vring;
     use vhost_user_backend::VringT;
-    use vm_memory::{GuestAddress, GuestMemoryAtomic};
-
-    fn memory() -> GuestMmap {
-        GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
-    }
-
-    fn vring() -> Vring {
-        let vring = Vring::new(GuestMemoryAtomic::new(memory()), 256).unwrap();
-        vring.set_queue_size(256);
-        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
-        vring
-    }
 
     #[test]
     fn a_queue_stopped_after_serving_stays_stopped_until_set_up_anew() {

@@ -290,6 +290,12 @@ mod tests {
     use crate::keeper::testing::eventfd;
     use crate::keeper::wire::{self, Header};
 
+    /// The kick fd the record holds for vring `index`.
+    fn kick_fd(s: &Session, index: u32) -> std::os::fd::RawFd {
+        let kick = s.vrings[&index].kick.as_ref().expect("a kick recorded");
+        kick.fd.as_ref().expect("with an fd").as_raw_fd()
+    }
+
     fn with_fds(request: FrontendReq, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Message {
         Message {
             header: Header::request(u32::from(request), payload.len()),
@@ -336,17 +342,7 @@ mod tests {
             1u64.to_le_bytes().to_vec(),
             vec![first_kick],
         ));
-        assert_eq!(
-            s.vrings[&1]
-                .kick
-                .as_ref()
-                .unwrap()
-                .fd
-                .as_ref()
-                .unwrap()
-                .as_raw_fd(),
-            first_raw
-        );
+        assert_eq!(kick_fd(&s, 1), first_raw);
         // The kick fd replaced: the record holds the new one, the old one is closed.
         let second = eventfd();
         let second_raw = second.as_raw_fd();
@@ -355,17 +351,7 @@ mod tests {
             1u64.to_le_bytes().to_vec(),
             vec![second],
         ));
-        assert_eq!(
-            s.vrings[&1]
-                .kick
-                .as_ref()
-                .unwrap()
-                .fd
-                .as_ref()
-                .unwrap()
-                .as_raw_fd(),
-            second_raw
-        );
+        assert_eq!(kick_fd(&s, 1), second_raw);
         assert_eq!(s.started().collect::<Vec<_>>(), vec![1]);
         // Polled: no fd.
         s.record(with_fds(
