@@ -16,6 +16,7 @@ mod keeper;
 mod logging;
 mod metrics;
 mod qos;
+mod recovery;
 mod sandbox;
 mod state;
 

@@ -127,6 +127,8 @@ pub fn run_state(data: &[u8]) {
         } else {
             OnError::Abort
         },
+        // Bit 1: as a serving process's successor after a crash loads it.
+        after_crash: options & 2 != 0,
     };
     let server = build(&root, &st.specs);
     let baseline = open_fds();

@@ -78,12 +78,21 @@ pub struct Config {
     pub control_fd: Option<i32>,
     /// Started by the keeper: its end of the keeper's channel.
     pub keeper_channel_fd: Option<i32>,
-    /// Started by the keeper: the serving processes that crashed before it.
-    pub keeper_crashes: Option<u64>,
-    pub keeper_upgrades: Option<u64>,
+    /// Started by the keeper: the session region, and the journal halves.
+    pub keeper_region: Option<KeeperRegion>,
     pub keeper_volumes: Option<String>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
+}
+
+/// A serving process started by the keeper: its session region and journal halves.
+#[derive(Clone, Copy, Debug)]
+pub struct KeeperRegion {
+    pub fd: i32,
+    /// The half it records into.
+    pub journal: crate::recovery::region::Half,
+    /// After a crash under a guest's session: the half to serve the guest on from.
+    pub recover: Option<crate::recovery::region::Half>,
 }
 
 impl Config {
@@ -252,6 +261,7 @@ impl Args {
             },
             load: LoadOptions {
                 on_error: self.migration_on_error,
+                after_crash: false,
             },
         };
         Ok(Config {
@@ -293,8 +303,16 @@ impl Args {
             upgradable: self.upgradable,
             control_fd: self.keeper_control_fd,
             keeper_channel_fd: self.keeper_channel_fd,
-            keeper_crashes: self.keeper_crashes,
-            keeper_upgrades: self.keeper_upgrades,
+            keeper_region: self.keeper_region_fd.map(|fd| KeeperRegion {
+                fd,
+                journal: crate::recovery::region::Half::from_index(
+                    self.keeper_journal.unwrap_or(0),
+                )
+                .unwrap_or(crate::recovery::region::Half::A),
+                recover: self
+                    .keeper_recover
+                    .and_then(crate::recovery::region::Half::from_index),
+            }),
             keeper_volumes: self.keeper_volumes,
             translate_rules,
         })

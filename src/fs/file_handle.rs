@@ -181,6 +181,17 @@ impl InodeRef {
         }
     }
 
+    /// The file handle's type and bytes (None: a node kept by fd).
+    pub fn handle_bytes(&self) -> Option<(libc::c_int, &[u8])> {
+        match self {
+            InodeRef::Fd(_) => None,
+            InodeRef::Small(h) => {
+                Some((libc::c_int::from(h.handle_type), &h.bytes[..h.len as usize]))
+            }
+            InodeRef::Big(h) => Some((h.handle_type, &h.bytes)),
+        }
+    }
+
     pub fn try_clone(&self) -> io::Result<InodeRef> {
         Ok(match self {
             InodeRef::Fd(f) => InodeRef::Fd(f.try_clone()?),

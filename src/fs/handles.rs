@@ -6,11 +6,13 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::id_map::IdMap;
 use super::inodes::InodeData;
+use super::journal::{self, Record, Slot};
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
@@ -26,6 +28,16 @@ pub struct HandleData {
     /// The flock the guest holds through this handle: 0 none, else `F_RDLCK` + 1 or
     /// `F_WRLCK` + 1 (kept for the device state: the kernel tells no one).
     pub flock: AtomicU8,
+    /// Its journal record ([`Slot::NONE`]: none), freed with the handle.
+    journal: u32,
+}
+
+impl Drop for HandleData {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
+            j.free(slot);
+        }
+    }
 }
 
 impl HandleData {
@@ -41,17 +53,35 @@ impl HandleData {
     pub fn set_flock(&self, kind: i32) {
         let v = if kind == libc::F_UNLCK { 0 } else { kind + 1 };
         self.flock.store(v as u8, Ordering::Relaxed);
+        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
+            j.set_flock(slot, kind);
+        }
     }
 }
 
 impl HandleData {
-    fn new(inode: Arc<InodeData>, file: File) -> Self {
+    /// A handle `id` of `inode` over `file`, recorded in the journal if there is one.
+    fn new(id: u64, inode: Arc<InodeData>, file: File) -> Self {
+        let journal = journal::get().map_or(Slot::NONE, |j| {
+            // SAFETY: F_GETFL on an fd we own. Only with a journal: a system call
+            // the open path does not make otherwise.
+            let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+            j.next_ids(None, Some(id + 1));
+            j.write(&Record::Handle {
+                id,
+                node: inode.nodeid,
+                flags: flags.max(0),
+                flock: None,
+            })
+            .map_or(Slot::NONE, Slot::raw)
+        });
         HandleData {
             inode,
             file,
             dir_lock: Mutex::new(()),
             dir_offset: AtomicU64::new(0),
             flock: AtomicU8::new(0),
+            journal,
         }
     }
 }
@@ -84,7 +114,7 @@ impl HandleStore {
         }
         reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        map.insert(id, Arc::new(HandleData::new(inode, file)));
+        map.insert(id, Arc::new(HandleData::new(id, inode, file)));
         Ok(id)
     }
 
@@ -105,7 +135,7 @@ impl HandleStore {
             return Err(errno(libc::ESTALE));
         }
         reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
-        let data = Arc::new(HandleData::new(inode, file));
+        let data = Arc::new(HandleData::new(id, inode, file));
         map.insert(id, data.clone());
         Ok(data)
     }
@@ -126,6 +156,9 @@ impl HandleStore {
     /// Moves the id counter to at least `next` (ids restored from a device state).
     pub fn advance_next_id(&self, next: u64) {
         self.next_id.fetch_max(next, Ordering::Relaxed);
+        if let Some(j) = journal::get() {
+            j.next_ids(None, Some(next));
+        }
     }
 
     /// The handle `fh`, which must belong to node `nodeid`: a guest cannot use a handle

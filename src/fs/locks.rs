@@ -22,6 +22,7 @@ use fuse_backend_rs::api::filesystem::FileLock;
 
 use super::handles::HandleData;
 use super::inodes::InodeData;
+use super::journal::{self, Record, Slot};
 use super::lock_ranges::{HeldRange, LockRanges};
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
@@ -98,7 +99,51 @@ pub fn flock_op(lock_type: u32, wait: bool) -> io::Result<libc::c_int> {
 struct LockFile {
     inode: Arc<InodeData>,
     file: Arc<File>,
+    /// The lock file's access mode (`O_RDONLY`, `O_WRONLY`, `O_RDWR`).
+    access: i32,
     ranges: LockRanges,
+    /// Its journal record, written anew when its ranges change ([`Slot::NONE`]: none
+    /// recorded, no range held).
+    journal: u32,
+}
+
+impl LockFile {
+    /// Records the ranges held now in the journal, if there is one: a new record
+    /// before the old one is freed, so that a crash in between leaves one of them.
+    fn record(&mut self, owner: u64) {
+        let Some(j) = journal::get() else {
+            return;
+        };
+        let old = Slot::from_raw(self.journal);
+        self.journal = if self.ranges.is_empty() {
+            Slot::NONE
+        } else {
+            let ranges = self
+                .ranges
+                .ranges()
+                .iter()
+                .map(|r| (r.start, r.end, r.kind))
+                .collect();
+            j.write(&Record::Lock {
+                node: self.inode.nodeid,
+                owner,
+                access: self.access,
+                ranges,
+            })
+            .map_or(Slot::NONE, Slot::raw)
+        };
+        if let Some(old) = old {
+            j.free(old);
+        }
+    }
+}
+
+impl Drop for LockFile {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
+            j.free(slot);
+        }
+    }
 }
 
 /// (node id, FUSE lock owner) -> its lock file.
@@ -115,7 +160,7 @@ pub struct HeldLocks {
 struct Waiter {
     thread: libc::pthread_t,
     share: Arc<Share>,
-    epoch: u64,
+    epoch: u32,
 }
 
 pub struct LockTable {
@@ -174,7 +219,9 @@ impl LockTable {
             LockFile {
                 inode: inode.clone(),
                 file: f.clone(),
+                access: fl & libc::O_ACCMODE,
                 ranges: LockRanges::default(),
+                journal: Slot::NONE,
             },
         );
         Ok(f)
@@ -185,6 +232,7 @@ impl LockTable {
         let end = lock.end.min(LOCK_TO_EOF);
         if let Some(lf) = self.files.lock().unwrap().get_mut(&(nodeid, owner)) {
             lf.ranges.apply(lock.start, end, lock.lock_type as i32);
+            lf.record(owner);
         }
     }
 
@@ -211,6 +259,7 @@ impl LockTable {
         &self,
         inode: Arc<InodeData>,
         owner: u64,
+        access: i32,
         file: File,
         ranges: &[HeldRange],
     ) -> io::Result<()> {
@@ -231,14 +280,15 @@ impl LockTable {
         for r in ranges {
             held.apply(r.start, r.end, r.kind);
         }
-        files.insert(
-            key,
-            LockFile {
-                inode,
-                file: Arc::new(file),
-                ranges: held,
-            },
-        );
+        let mut lf = LockFile {
+            inode,
+            file: Arc::new(file),
+            access,
+            ranges: held,
+            journal: Slot::NONE,
+        };
+        lf.record(owner);
+        files.insert(key, lf);
         Ok(())
     }
 

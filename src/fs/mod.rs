@@ -27,6 +27,7 @@ pub mod id_map;
 pub mod id_translate;
 pub mod init;
 pub mod inodes;
+pub mod journal;
 pub mod layer;
 pub mod lock_ranges;
 pub mod locks;

@@ -14,8 +14,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
+use super::journal::{self, Record, Slot};
 use super::names::{valid_volume_name, VOLUME_NAME_RULE};
 use super::share::Share;
 use super::share_root::SharePath;
@@ -122,6 +123,8 @@ pub struct Registry {
     /// `--readonly`: every volume attached is read-only, whatever the request says.
     all_read_only: AtomicBool,
     table: RwLock<Table>,
+    /// The journal records of the virtual directories, written anew at each change.
+    recorded: Mutex<Vec<Slot>>,
 }
 
 impl Registry {
@@ -141,6 +144,7 @@ impl Registry {
             volume_layout: false,
             all_read_only: AtomicBool::new(false),
             table: RwLock::new(t),
+            recorded: Mutex::default(),
         }
     }
 
@@ -159,6 +163,7 @@ impl Registry {
             volume_layout: true,
             all_read_only: AtomicBool::new(false),
             table: RwLock::new(t),
+            recorded: Mutex::default(),
         }
     }
 
@@ -225,7 +230,29 @@ impl Registry {
                 root_nodeid,
             },
         );
+        self.record_vdirs(&t);
         Ok(())
+    }
+
+    /// Records the virtual directories in the journal, if there is one: all of them
+    /// anew, with the table's lock held (a few per volume, changed only by the
+    /// control plane).
+    fn record_vdirs(&self, t: &Table) {
+        let Some(j) = journal::get() else {
+            return;
+        };
+        let mut recorded = self.recorded.lock().unwrap();
+        for slot in recorded.drain(..) {
+            j.free(slot);
+        }
+        for (&id, d) in t.vdirs.iter().filter(|(id, _)| **id != ROOT_ID) {
+            let path = d.path.join("/");
+            let record = Record::VirtualDir {
+                id,
+                path: path.as_bytes(),
+            };
+            recorded.extend(j.write(&record));
+        }
     }
 
     /// Forgets the volume `name` and the virtual directories that led only to it, and
@@ -252,6 +279,7 @@ impl Registry {
                 }
             }
         }
+        self.record_vdirs(&t);
         Some(a)
     }
 
@@ -355,6 +383,7 @@ impl Registry {
         }
         let by_root = std::mem::take(&mut t.share_by_root);
         t.share_by_root = by_root.into_iter().map(|(id, k)| (map(id), k)).collect();
+        self.record_vdirs(&t);
     }
 }
 

@@ -201,9 +201,113 @@ impl LateReply {
         reply::reply(&mut w, self.unique, self.error, &[]).map_or(0, |n| n as u32)
     }
 
+    /// The answer to a request failed by a crash ([`AfterCrash::Fail`]): EIO.
+    pub fn failed_by_crash(request: &[u8]) -> Self {
+        LateReply {
+            unique: parse_header(request).map_or(0, |h| h.unique),
+            error: -libc::EIO,
+        }
+    }
+
     /// 0, or the negative errno the guest gets.
     pub fn error(&self) -> i32 {
         self.error
+    }
+}
+
+/// What becomes of a request that a serving process killed under the guest had
+/// taken off its ring and not answered: it may or may not have been applied.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum AfterCrash {
+    /// Idempotent: served again (READ, GETATTR, LOOKUP, READDIR, a WRITE at an
+    /// offset, OPEN without O_TRUNC, a lock, a flush or fsync, ...).
+    Rerun,
+    /// Not idempotent (it creates, removes, renames, changes attributes, appends):
+    /// answered EIO, so that it is never applied twice.
+    Fail,
+    /// Owes no reply (FORGET, BATCH_FORGET, INTERRUPT): returned without one and not
+    /// applied again (a node kept a lookup too many at worst).
+    Drop,
+}
+
+impl FsServer {
+    /// Decides [`AfterCrash`] for a request's local copy. An appending WRITE is told
+    /// by its handle's host flags and by the flags the guest sent with it.
+    pub fn after_crash(&self, request: &[u8]) -> AfterCrash {
+        use crate::fs::extra_ops::OPCODE_SYNCFS;
+        let Some(h) = parse_header(request) else {
+            return AfterCrash::Fail;
+        };
+        let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
+        let op = |o: Opcode| o as u32;
+        match h.opcode {
+            o if o == op(Opcode::Forget)
+                || o == op(Opcode::BatchForget)
+                || o == op(Opcode::Interrupt) =>
+            {
+                AfterCrash::Drop
+            }
+            o if o == op(Opcode::Write) => {
+                let Some(w) = WriteIn::from_slice(args.get(..size_of::<WriteIn>()).unwrap_or(&[]))
+                else {
+                    return AfterCrash::Fail;
+                };
+                let appends = w.flags as i32 & libc::O_APPEND != 0
+                    || self.volumes.passthrough().appends(w.fh, h.nodeid);
+                if appends {
+                    AfterCrash::Fail
+                } else {
+                    AfterCrash::Rerun
+                }
+            }
+            o if o == op(Opcode::Open) => {
+                // OpenIn: flags, open_flags.
+                let flags = args
+                    .get(..4)
+                    .map_or(libc::O_TRUNC, |b| i32::from_le_bytes(b.try_into().unwrap()));
+                if flags & libc::O_TRUNC != 0 {
+                    AfterCrash::Fail
+                } else {
+                    AfterCrash::Rerun
+                }
+            }
+            o if [
+                Opcode::Lookup,
+                Opcode::Getattr,
+                Opcode::Readlink,
+                Opcode::Read,
+                Opcode::Statfs,
+                Opcode::Release,
+                Opcode::Fsync,
+                Opcode::Getxattr,
+                Opcode::Listxattr,
+                Opcode::Flush,
+                Opcode::Init,
+                Opcode::Opendir,
+                Opcode::Readdir,
+                Opcode::Releasedir,
+                Opcode::Fsyncdir,
+                Opcode::Getlk,
+                Opcode::Setlk,
+                Opcode::Setlkw,
+                Opcode::Access,
+                Opcode::Bmap,
+                Opcode::Destroy,
+                Opcode::Poll,
+                Opcode::Readdirplus,
+                Opcode::Lseek,
+            ]
+            .iter()
+            .any(|&k| o == op(k))
+                || o == OPCODE_SYNCFS =>
+            {
+                AfterCrash::Rerun
+            }
+            // CREATE, MKDIR, MKNOD, SYMLINK, LINK, UNLINK, RMDIR, RENAME(2), SETATTR,
+            // SETXATTR, REMOVEXATTR, FALLOCATE, COPY_FILE_RANGE, TMPFILE, IOCTL, and
+            // whatever else: they may have been applied.
+            _ => AfterCrash::Fail,
+        }
     }
 }
 

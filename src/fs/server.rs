@@ -112,8 +112,17 @@ impl FsServer {
     /// the session ends as with DESTROY, and the next request must be an INIT.
     pub fn start_over(&self) {
         self.initialized.store(false, Ordering::Release);
-        *self.session.lock().unwrap() = None;
+        self.set_session(None);
         self.volumes.reset_session();
+    }
+
+    /// The FUSE session INIT negotiated (None: none yet), kept for the device state
+    /// and recorded in the journal.
+    pub(super) fn set_session(&self, session: Option<crate::state::format::FuseSession>) {
+        *self.session.lock().unwrap() = session;
+        if let Some(j) = super::journal::get() {
+            j.set_init(session);
+        }
     }
 
     /// Serves one request from a transport that hands over a reader of local memory
@@ -182,7 +191,7 @@ impl FsServer {
                 self.initialized.store(false, Ordering::Release);
             }
             if let Ok((_, session)) = &body {
-                *self.session.lock().unwrap() = *session;
+                self.set_session(*session);
             }
             return answer.map_err(|e| failed(e.to_string()));
         }
@@ -194,6 +203,7 @@ impl FsServer {
                 // Answered here: fuse-backend-rs writes the reply but reports no
                 // length, so the guest would never see it.
                 self.initialized.store(false, Ordering::Release);
+                self.set_session(None);
                 self.volumes.reset_session();
                 return reply::reply(&mut writer, header.unique, 0, &[])
                     .map_err(|e| failed(e.to_string()));

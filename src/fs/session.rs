@@ -9,7 +9,7 @@
 //! anything that outlives it.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use super::share::Share;
 use super::sys::errno;
@@ -105,31 +105,34 @@ impl FdBudget {
 }
 
 /// The current guest session.
+/// Sessions are counted in 32 bits (a node keeps its own in 4 bytes): one starts at
+/// each guest reboot or device reset, so the count never wraps in practice, and a
+/// wrap would only compare equal to an epoch four billion sessions old.
 pub struct Session {
-    epoch: AtomicU64,
+    epoch: AtomicU32,
 }
 
 impl Default for Session {
     fn default() -> Self {
         Session {
-            epoch: AtomicU64::new(1),
+            epoch: AtomicU32::new(1),
         }
     }
 }
 
 impl Session {
-    pub fn current(&self) -> u64 {
+    pub fn current(&self) -> u32 {
         self.epoch.load(Ordering::Acquire)
     }
 
     /// Starts a new session; callers hold the inode table's write lock.
-    pub fn advance(&self) -> u64 {
-        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    pub fn advance(&self) -> u32 {
+        self.epoch.fetch_add(1, Ordering::AcqRel).wrapping_add(1)
     }
 
     /// Whether an entry made in `epoch` under `share` may still be registered.
     /// Callers hold the write lock of the table they insert into.
-    pub fn admits(&self, share: &Share, epoch: u64) -> bool {
+    pub fn admits(&self, share: &Share, epoch: u32) -> bool {
         epoch == self.current() && !share.is_revoked()
     }
 }

@@ -104,6 +104,9 @@ pub struct Share {
     /// Set once, when the share is detached: from then on nothing may be registered
     /// under it, so a request in flight during the detach leaves nothing behind.
     revoked: AtomicBool,
+    /// Its root's node id (0 before it is registered): the journal names a node's
+    /// volume by it.
+    root: AtomicU64,
 }
 
 impl Share {
@@ -119,7 +122,17 @@ impl Share {
             use_handles: AtomicBool::new(false),
             mounts: MountFds::default(),
             revoked: AtomicBool::new(false),
+            root: AtomicU64::new(0),
         }
+    }
+
+    /// Its root's node id, once registered.
+    pub fn root(&self) -> u64 {
+        self.root.load(Ordering::Relaxed)
+    }
+
+    pub fn set_root(&self, nodeid: u64) {
+        self.root.store(nodeid, Ordering::Relaxed);
     }
 
     /// Marks the share detached. The tables check this under their locks before

@@ -175,7 +175,7 @@ impl FsServer {
             .passthrough()
             .restore_tables(state, &shares, opts, handed)?;
         if let Some(fuse) = state.fuse {
-            *self.session.lock().unwrap() = Some(fuse);
+            self.set_session(Some(fuse));
             self.initialized.store(true, Ordering::Release);
         }
         Ok(report)
@@ -330,6 +330,59 @@ impl FsServer {
         registry.renumber(&ids);
         inodes.advance_node_ids(next_free);
         Ok(())
+    }
+}
+
+impl FsServer {
+    /// Serves on the guest's session that a serving process killed under it recorded
+    /// in journal half `half` (`journal/rebuild.rs`): loaded as a device state is,
+    /// with what cannot be found again answering ESTALE. Returns the load's report
+    /// and how many records named what is not there.
+    pub fn recover_session(
+        &self,
+        half: crate::recovery::region::HalfView<'_>,
+        view: &GuestView,
+    ) -> Result<(LoadReport, usize), LoadError> {
+        use super::journal::rebuild::{rebuild, HalfFacts, VolumeHere};
+        let h = half.header();
+        let fuse = (h.init_set.load(Ordering::Acquire) != 0).then(|| format::FuseSession {
+            minor: h.init_minor.load(Ordering::Relaxed),
+            offered: h.init_offered.load(Ordering::Relaxed),
+            granted: h.init_granted.load(Ordering::Relaxed),
+        });
+        let facts = HalfFacts {
+            next_node_id: h.next_node_id.load(Ordering::Relaxed),
+            next_handle_id: h.next_handle_id.load(Ordering::Relaxed),
+            fuse,
+        };
+        let here: Vec<VolumeHere> = self
+            .volumes
+            .registry()
+            .list()
+            .into_iter()
+            .map(|(share, _)| VolumeHere {
+                name: share.name.clone(),
+                read_only: share.read_only,
+                volume_id: share.volume_id.clone(),
+                rate_limit: to_format(share.stats.qos.limit()),
+            })
+            .collect();
+        let records = super::journal::read_half(half);
+        let rebuilt = rebuild(records, facts, &here, view.clone());
+        let opts = LoadOptions {
+            on_error: crate::state::OnError::GuestError,
+            after_crash: true,
+        };
+        let mut report = self.load_session(&rebuilt.state, view, &opts, HandedFiles::default())?;
+        // Nodes found by path only must still be the inode the guest held.
+        let passthrough = self.volumes.passthrough();
+        for &(nodeid, dev, ino) in &rebuilt.inodes {
+            if !passthrough.is_inode(nodeid, dev, ino) {
+                report.lost_nodes += 1;
+                report.nodes = report.nodes.saturating_sub(1);
+            }
+        }
+        Ok((report, rebuilt.dropped))
     }
 }
 

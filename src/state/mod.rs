@@ -53,6 +53,10 @@ pub struct SaveOptions {
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq)]
 pub struct LoadOptions {
     pub on_error: OnError,
+    /// The state is the journal of a serving process that was killed
+    /// (`fs/journal/rebuild.rs`): a node's path is where it was found, so a node
+    /// whose path leads elsewhere now is opened by its file handle.
+    pub after_crash: bool,
 }
 
 /// Why a state was not loaded. Nothing of it is left in the daemon.

@@ -17,7 +17,8 @@ use std::sync::{Arc, RwLock};
 
 use hashbrown::hash_table::{Entry, HashTable};
 
-use super::file_handle::{InodeFd, InodeRef};
+use super::file_handle::{raw_handle_of, InodeFd, InodeRef};
+use super::journal::{self, Handle, NodeRecord, Record, Slot};
 use super::session::{reserve, reserve_without_fd, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
@@ -59,20 +60,104 @@ pub struct InodeData {
     fixed: bool,
     pub share: Arc<Share>,
     /// The session this node was handed out in.
-    pub epoch: u64,
+    pub epoch: u32,
+    /// Its journal record ([`Slot::NONE`]: none), freed with the node.
+    journal: u32,
     /// Lookups the guest holds on this node id (FUSE's nlookup).
     refcount: AtomicU64,
 }
 
+impl Drop for InodeData {
+    fn drop(&mut self) {
+        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
+            j.free(slot);
+        }
+    }
+}
+
+/// Where a node was found: its parent's id and its name there (for the journal,
+/// which names a node by them after a crash, where no file handle finds it).
+#[derive(Clone, Copy)]
+pub struct FoundAt<'a> {
+    pub parent: u64,
+    pub name: &'a [u8],
+}
+
+impl FoundAt<'_> {
+    /// Nowhere known (a temporary file, a node a state names without a path).
+    pub const NOWHERE: FoundAt<'static> = FoundAt {
+        parent: 0,
+        name: b"",
+    };
+}
+
+/// Records a node about to be registered in the journal, if there is one; returns
+/// its slot for [`InodeData::new`]. `handle` is the node's file handle, made by the
+/// caller outside the table's lock.
+fn record_node(
+    nodeid: u64,
+    key: InodeKey,
+    file_type: u32,
+    share: &Share,
+    at: FoundAt,
+    handle: Option<&(libc::c_int, Vec<u8>)>,
+    lookups: u64,
+) -> u32 {
+    let Some(j) = journal::get() else {
+        return Slot::NONE;
+    };
+    let record = Record::Node(NodeRecord {
+        id: nodeid,
+        lookups,
+        parent: at.parent,
+        name: at.name,
+        volume: share.root(),
+        file_type,
+        dev: key.dev,
+        ino: key.ino,
+        mnt_id: key.mnt_id as u32,
+        handle: handle.map(|(t, b)| Handle {
+            handle_type: *t,
+            bytes: b.as_slice(),
+        }),
+    });
+    j.write(&record).map_or(Slot::NONE, Slot::raw)
+}
+
+/// Records a volume root in the journal: its id, its volume's name.
+fn record_root(nodeid: u64, share: &Share) -> u32 {
+    share.set_root(nodeid);
+    let Some(j) = journal::get() else {
+        return Slot::NONE;
+    };
+    j.write(&Record::Root {
+        id: nodeid,
+        name: share.name.as_bytes(),
+    })
+    .map_or(Slot::NONE, Slot::raw)
+}
+
+/// The file handle the journal keeps for a node: its own, or one made from its fd
+/// (one system call, only with a journal, outside the table's lock).
+fn journal_handle(inode: &InodeRef) -> Option<(libc::c_int, Vec<u8>)> {
+    journal::get()?;
+    match inode {
+        InodeRef::Fd(f) => raw_handle_of(f).ok(),
+        handle => handle.handle_bytes().map(|(t, b)| (t, b.to_vec())),
+    }
+}
+
 impl InodeData {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         nodeid: u64,
         inode: InodeRef,
         key: InodeKey,
         file_type: u32,
         share: Arc<Share>,
-        epoch: u64,
+        epoch: u32,
         fixed: bool,
+        journal: u32,
     ) -> Self {
         InodeData {
             nodeid,
@@ -85,8 +170,14 @@ impl InodeData {
             fixed,
             share,
             epoch,
+            journal,
             refcount: AtomicU64::new(1),
         }
+    }
+
+    /// Its journal record, if it has one.
+    fn slot(&self) -> Option<Slot> {
+        Slot::from_raw(self.journal)
     }
 
     pub fn key(&self) -> InodeKey {
@@ -272,6 +363,7 @@ impl InodeStore {
         }
         reserve(&share.usage.nodes, usize::MAX, &self.budget)?;
         let epoch = self.session.current();
+        let slot = record_root(nodeid, &share);
         let data = Arc::new(InodeData::new(
             nodeid,
             InodeRef::Fd(file),
@@ -280,6 +372,7 @@ impl InodeStore {
             share,
             epoch,
             true,
+            slot,
         ));
         maps.insert(data.clone());
         Ok(data)
@@ -296,12 +389,16 @@ impl InodeStore {
         key: InodeKey,
         file_type: u32,
         parent: &InodeData,
+        name: &[u8],
     ) -> io::Result<Arc<InodeData>> {
         let share = &parent.share;
         let existing = |maps: &Maps| -> Option<Arc<InodeData>> {
             let data = maps.get_key(&key)?;
             if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
                 data.refcount.fetch_add(1, Ordering::AcqRel);
+                if let (Some(slot), Some(j)) = (data.slot(), journal::get()) {
+                    j.add_lookups(slot, 1);
+                }
                 return Some(data.clone());
             }
             None
@@ -316,6 +413,9 @@ impl InodeStore {
                 return Ok(data);
             }
         }
+        // Most likely a new node: its file handle for the journal is made before the
+        // write lock is taken.
+        let handle = journal_handle(&inode);
         let mut maps = self.maps.write().unwrap();
         if !self.session.admits(share, parent.epoch) {
             return Err(errno(libc::ENOENT));
@@ -329,6 +429,14 @@ impl InodeStore {
             reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
         }
         let nodeid = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let at = FoundAt {
+            parent: parent.nodeid,
+            name,
+        };
+        let slot = record_node(nodeid, key, file_type, share, at, handle.as_ref(), 1);
+        if let Some(j) = journal::get() {
+            j.next_ids(Some(nodeid + 1), None);
+        }
         let data = Arc::new(InodeData::new(
             nodeid,
             inode,
@@ -337,6 +445,7 @@ impl InodeStore {
             share.clone(),
             parent.epoch,
             false,
+            slot,
         ));
         maps.insert(data.clone());
         Ok(data)
@@ -366,6 +475,9 @@ impl InodeStore {
         let cur = data.refcount.load(Ordering::Acquire);
         let new = cur.saturating_sub(count);
         data.refcount.store(new, Ordering::Release);
+        if let (Some(slot), Some(j)) = (data.slot(), journal::get()) {
+            j.set_lookups(slot, new);
+        }
         if new == 0 {
             if let Some(gone) = maps.remove(nodeid) {
                 release(&gone, &self.budget);
@@ -375,7 +487,11 @@ impl InodeStore {
 
     /// A fresh node id, for nodes kept outside this table (the virtual directories).
     pub fn alloc_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Some(j) = journal::get() {
+            j.next_ids(Some(id + 1), None);
+        }
+        id
     }
 
     /// Drops every node of `share`, share root included, and returns how many went.
@@ -415,6 +531,7 @@ impl InodeStore {
                         data.share.clone(),
                         epoch,
                         true,
+                        record_root(data.nodeid, &data.share),
                     ))),
                     Err(e) => {
                         log::error!(
@@ -449,6 +566,7 @@ impl InodeStore {
     /// Registers a node a device state names, under its own id and with its lookup
     /// count. EEXIST if the id is taken; ENOENT if the share was detached or the
     /// session moved on meanwhile; ENFILE past the limits.
+    #[allow(clippy::too_many_arguments)]
     pub fn insert_restored(
         &self,
         nodeid: u64,
@@ -457,7 +575,9 @@ impl InodeStore {
         file_type: u32,
         share: Arc<Share>,
         lookups: u64,
+        at: FoundAt,
     ) -> io::Result<Arc<InodeData>> {
+        let handle = journal_handle(&inode);
         let mut maps = self.maps.write().unwrap();
         if nodeid == 0 || maps.get(nodeid).is_some() {
             return Err(errno(libc::EEXIST));
@@ -471,10 +591,15 @@ impl InodeStore {
         } else {
             reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
         }
+        let lookups = lookups.max(1);
+        let slot = record_node(nodeid, key, file_type, &share, at, handle.as_ref(), lookups);
+        if let Some(j) = journal::get() {
+            j.next_ids(Some(nodeid + 1), None);
+        }
         let data = Arc::new(InodeData::new(
-            nodeid, inode, key, file_type, share, epoch, false,
+            nodeid, inode, key, file_type, share, epoch, false, slot,
         ));
-        data.refcount.store(lookups.max(1), Ordering::Release);
+        data.refcount.store(lookups, Ordering::Release);
         maps.insert(data.clone());
         Ok(data)
     }
@@ -507,6 +632,7 @@ impl InodeStore {
             data.share.clone(),
             data.epoch,
             true,
+            record_root(new, &data.share),
         ));
         moved.refcount.store(lookups.max(1), Ordering::Release);
         maps.insert(moved);
@@ -521,6 +647,9 @@ impl InodeStore {
     /// Moves the id counter to at least `next` (ids restored from a device state).
     pub fn advance_next_id(&self, next: u64) {
         self.next_id.fetch_max(next, Ordering::Relaxed);
+        if let Some(j) = journal::get() {
+            j.next_ids(Some(next), None);
+        }
     }
 
     /// Live node ids of `share`.

@@ -31,6 +31,7 @@ fn child(store: &InodeStore, parent: &InodeData, ino: u64) -> io::Result<Arc<Ino
         key(ino),
         libc::S_IFDIR,
         parent,
+        b"",
     )
 }
 

@@ -119,7 +119,7 @@ impl PassthroughFs {
         let dir = self.inode(parent)?;
         check_entry_name(name, libc::EISDIR)?;
         let file = self.create_or_open(ctx, &dir, name, &args)?;
-        let (entry, fh) = self.register_open(&dir, file)?;
+        let (entry, fh) = self.register_open(&dir, file, name.to_bytes())?;
         Ok((entry, Some(fh), self.open_options(false), None))
     }
 
@@ -279,7 +279,7 @@ impl PassthroughFs {
             let _creds = self.caller_creds(ctx)?;
             sys::openat(&dir_fd, c".", flags & !libc::O_NOFOLLOW, mode)?
         };
-        let (entry, fh) = self.register_open(&dir, file)?;
+        let (entry, fh) = self.register_open(&dir, file, b"")?;
         Ok((entry, fh, self.open_options(false)))
     }
 

@@ -276,6 +276,36 @@ impl PassthroughFs {
         self.handles.get(fh, nodeid)
     }
 
+    /// Whether node `nodeid` is the inode (`dev`, `ino`); if it is another now, it is
+    /// lost (ESTALE from now on). A node the load did not find again is not.
+    pub fn is_inode(&self, nodeid: u64, dev: u64, ino: u64) -> bool {
+        let Ok(data) = self.inodes.get(nodeid) else {
+            return false;
+        };
+        let key = data.key();
+        if (key.dev, key.ino) == (dev, ino) {
+            return true;
+        }
+        log::warn!(
+            "{}: node {nodeid} leads to another file than the guest held (renamed over \
+             since it was recorded?): ESTALE",
+            crate::state::VolumeLabel(&data.share.name)
+        );
+        drop(data);
+        self.lose_node(nodeid);
+        false
+    }
+
+    /// Whether the guest's handle `fh` of `nodeid` writes at the end of the file
+    /// (its host file is `O_APPEND`): such a WRITE is not run twice after a crash.
+    pub fn appends(&self, fh: u64, nodeid: u64) -> bool {
+        self.handle(fh, nodeid).is_ok_and(|h| {
+            // SAFETY: F_GETFL on an fd the handle owns.
+            let fl = unsafe { libc::fcntl(h.file.as_raw_fd(), libc::F_GETFL) };
+            fl >= 0 && fl & libc::O_APPEND != 0
+        })
+    }
+
     /// Reopens the inode's `O_PATH` fd with real open flags. Only regular files and
     /// directories are ever opened: a FIFO would block the queue thread, and a device
     /// node would reach the host's device. A symlink is ELOOP (as O_NOFOLLOW gives),
@@ -327,7 +357,9 @@ impl PassthroughFs {
         }
     }
 
-    fn register(&self, file: File, parent: &Arc<InodeData>) -> io::Result<Entry> {
+    /// Registers `file`, found as `name` in `parent` (empty: no name, a temporary
+    /// file), as a node.
+    fn register(&self, file: File, parent: &Arc<InodeData>, name: &[u8]) -> io::Result<Entry> {
         let st = sys::stat_fd(&file)?;
         let key = InodeKey {
             dev: st.st_dev,
@@ -336,17 +368,24 @@ impl PassthroughFs {
         };
         let file_type = st.st_mode & libc::S_IFMT;
         let inode = self.inode_ref_for(&parent.share, file, file_type, key.mnt_id)?;
-        let node = self.inodes.insert_or_ref(inode, key, file_type, parent)?;
+        let node = self
+            .inodes
+            .insert_or_ref(inode, key, file_type, parent, name)?;
         Ok(self.entry_from(&node, st, Some(parent)))
     }
 
     /// Registers the file `opened` (just created or opened in `dir`) as a node, and
     /// its open file as a handle. The node's `O_PATH` fd comes from the open file
     /// itself, so a rename racing the create cannot swap in another inode.
-    fn register_open(&self, dir: &Arc<InodeData>, opened: File) -> io::Result<(Entry, u64)> {
-        let name = ProcFdName::new(opened.as_raw_fd());
-        let path_fd = sys::openat(&self.proc_self_fd, name.as_cstr(), libc::O_PATH, 0)?;
-        let entry = self.register(path_fd, dir)?;
+    fn register_open(
+        &self,
+        dir: &Arc<InodeData>,
+        opened: File,
+        name: &[u8],
+    ) -> io::Result<(Entry, u64)> {
+        let proc_name = ProcFdName::new(opened.as_raw_fd());
+        let path_fd = sys::openat(&self.proc_self_fd, proc_name.as_cstr(), libc::O_PATH, 0)?;
+        let entry = self.register(path_fd, dir, name)?;
         let node = self.inode(entry.inode)?;
         match self.handles.insert(node, opened) {
             Ok(fh) => Ok((entry, fh)),

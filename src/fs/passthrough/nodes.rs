@@ -82,7 +82,7 @@ impl PassthroughFs {
             let _caller = self.as_caller(ctx)?;
             sys::openat(&*parent_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0)?
         };
-        self.register(file, parent)
+        self.register(file, parent, name.to_bytes())
     }
 
     /// A guest kernel never sends `LOOKUP ..`; a malicious one may. It may only reach a
@@ -123,7 +123,7 @@ impl PassthroughFs {
         let dup = data.inode_ref().try_clone()?;
         let node = self
             .inodes
-            .insert_or_ref(dup, data.key(), data.file_type(), data)?;
+            .insert_or_ref(dup, data.key(), data.file_type(), data, b"")?;
         Ok(self.entry_from(&node, st, None))
     }
 

@@ -107,6 +107,10 @@ impl PassthroughFs {
             }
             // Where to open it from, checked as hostile input.
             let (from, components, path) = match &node.location {
+                // A parent the load lost: no path leads here (its file handle may).
+                Location::Child { parent, .. } if lost_ids.contains(parent) => {
+                    (None, Vec::new(), Vec::new())
+                }
                 Location::Child { parent, name } => {
                     let parent = restored.get(parent).ok_or_else(|| {
                         invalid(format!(
@@ -137,7 +141,18 @@ impl PassthroughFs {
                 Location::Root => unreachable!("checked above"),
             };
             let root = root_of[node.volume as usize].as_deref();
-            let result = self.find_node(root, from.as_deref(), &components, node);
+            let result = self
+                .find_node(root, from.as_deref(), &components, node)
+                .or_else(|why| {
+                    // After a crash the path is where the node was found, and a
+                    // rename may have moved it since: its file handle finds it.
+                    let by_handle = opts.after_crash && node.file_handle.is_some();
+                    if by_handle && !components.is_empty() {
+                        self.find_node(root, None, &[], node)
+                    } else {
+                        Err(why)
+                    }
+                });
             match result.and_then(|file| self.register_restored(share, file, node)) {
                 Ok(data) => {
                     restored.insert(node.id, Restored { data, path });
@@ -269,7 +284,7 @@ impl PassthroughFs {
             };
             let done = outcome.and_then(|(f, handed_over)| {
                 self.locks
-                    .insert_restored(node.data.clone(), owner, f, &ranges)
+                    .insert_restored(node.data.clone(), owner, access, f, &ranges)
                     .map(|_| handed_over)
                     .map_err(at("registering it"))
             });

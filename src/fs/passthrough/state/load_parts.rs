@@ -2,6 +2,7 @@
 //! taken again or waited for.
 
 use super::super::super::file_handle::{open_raw_handle, raw_handle_of};
+use super::super::super::inodes::FoundAt;
 use super::super::super::lock_ranges::HeldRange;
 use super::super::super::share::Share;
 use super::super::prelude::*;
@@ -118,8 +119,23 @@ impl PassthroughFs {
         };
         let file_type = st.st_mode & libc::S_IFMT;
         let inode = self.inode_ref_for(share, file, file_type, key.mnt_id)?;
+        let at_place = match &node.location {
+            format::Location::Child { parent, name } => FoundAt {
+                parent: *parent,
+                name,
+            },
+            _ => FoundAt::NOWHERE,
+        };
         self.inodes
-            .insert_restored(node.id, inode, key, file_type, share.clone(), node.lookups)
+            .insert_restored(
+                node.id,
+                inode,
+                key,
+                file_type,
+                share.clone(),
+                node.lookups,
+                at_place,
+            )
             .map_err(at("registering it"))
     }
 
