@@ -10,6 +10,7 @@
 //! cost and reply are the file system's, asked through `fs/request.rs`.
 
 pub mod dirty_log;
+pub mod inflight;
 pub mod later;
 pub mod memory;
 pub mod queue;
@@ -91,6 +92,11 @@ pub struct FsBackend {
     exit_events: Vec<EventFd>,
     /// The features of the last SET_FEATURES ([`NO_FEATURES`] before the first).
     features: AtomicU64,
+    /// Per queue: its requests taken and not answered, under a keeper.
+    inflight: Vec<inflight::InFlight>,
+    /// Per queue: a serving process killed under this session left requests on it
+    /// unanswered, answered (or failed) when its ring runs here (`later/recovered.rs`).
+    recovering: Vec<AtomicBool>,
 }
 
 /// No SET_FEATURES yet: never a real set, since vhost-user-backend refuses features
@@ -129,7 +135,67 @@ impl FsBackend {
                 .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
                 .collect::<io::Result<_>>()?,
             features: AtomicU64::new(NO_FEATURES),
+            inflight: (0..total).map(inflight::InFlight::of).collect(),
+            recovering: (0..total).map(|_| AtomicBool::new(false)).collect(),
         })
+    }
+
+    /// This process takes over from one killed under a guest's session: the
+    /// session it recorded in journal `half` is loaded (on the state thread), and
+    /// each queue's requests left unanswered are answered once its ring runs here.
+    pub fn recover(
+        &self,
+        half: crate::recovery::region::Half,
+    ) -> Result<(), state_transfer::TransferError> {
+        let loaded = self.state.recover(half);
+        for (r, q) in self.recovering.iter().zip(&self.inflight) {
+            r.store(q.is_kept(), Ordering::Release);
+        }
+        loaded
+    }
+
+    /// The requests the dead process left unanswered on queue `index`, whose ring
+    /// runs: the ring continues after them, and each is run again or failed.
+    fn recover_queue(
+        &self,
+        index: usize,
+        queue: &QueueRef,
+        state: &mut ring::Locked,
+        mem: &GuestMem,
+    ) {
+        use virtio_queue::QueueT;
+        use vm_memory::{Bytes, GuestAddress};
+        let guest = mem.memory();
+        let q = state.get_queue();
+        let (table, size, used_ring) = (q.desc_table(), q.size(), q.used_ring());
+        let Ok(used_idx) = q.used_idx(&*guest, Ordering::Acquire) else {
+            warn!("queue {index}: its used ring cannot be read: nothing recovered");
+            return;
+        };
+        // A used element is 8 bytes, after the ring's flags and index.
+        let used_id = |i: u16| {
+            let at = used_ring.checked_add(4 + 8 * u64::from(i % size.max(1)))?;
+            guest.read_obj::<u32>(GuestAddress(at)).ok()
+        };
+        let left = self.inflight[index].unanswered(table, size, used_idx.0, used_id);
+        state.get_queue_mut().set_next_avail(left.next_avail);
+        if left.heads.is_empty() {
+            return;
+        }
+        info!(
+            "queue {index}: {} requests the killed serving process had taken are answered              here",
+            left.heads.len()
+        );
+        if let Err(e) = later::answer_recovered(
+            &self.server,
+            mem,
+            &queue.ring,
+            &queue.later,
+            state,
+            &left.heads,
+        ) {
+            warn!("queue {index}: {e}");
+        }
     }
 
     /// The event id of the workers' wake timers: above the queues and the exit event,
@@ -246,6 +312,7 @@ impl FsBackend {
                 event_idx: self.event_idx.load(Ordering::Relaxed),
                 counters: &self.stats.queues[index],
                 health: &self.health[index],
+                inflight: self.inflight[index],
             },
             later: Later {
                 room: throttled.then(|| &self.rooms[index]),
@@ -393,6 +460,9 @@ impl VhostUserBackend for FsBackend {
         debug!("device reset by the frontend: the guest session ends");
         self.drop_waiting();
         self.server.start_over();
+        for q in &self.inflight {
+            q.clear();
+        }
     }
 
     fn set_device_state_fd(
@@ -493,8 +563,11 @@ impl VhostUserBackend for FsBackend {
         // session's node ids, handles and locks go, once per device start. A resume
         // after a pause keeps its ring position, so it keeps its session.
         if self.health[index].check_restart(&state) == QueueStart::NewDriver {
-            // Its throttled requests belong to the old ring.
+            // Its throttled requests belong to the old ring, and so do the ones a
+            // killed process left.
             self.rooms[index].lock().unwrap().clear();
+            self.inflight[index].clear();
+            self.recovering[index].store(false, Ordering::Release);
             let start = self.starts.load(Ordering::Acquire);
             if self.reset_in_start.swap(start, Ordering::AcqRel) != start {
                 debug!("queue {index}: a new driver started the device");
@@ -508,6 +581,10 @@ impl VhostUserBackend for FsBackend {
         }
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);
+        let runs = virtio_queue::QueueT::ready(state.get_queue()) && state.is_enabled();
+        if runs && self.recovering[index].swap(false, Ordering::AcqRel) {
+            self.recover_queue(index, &queue, &mut state, &mem);
+        }
         if self.parked.has_incoming() {
             // A loaded state's requests go first: the guest sent them first.
             self.answer_incoming(index, &queue, &mut state);

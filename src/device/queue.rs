@@ -127,6 +127,7 @@ fn drain(
                 break;
             };
             let head = chain.head_index();
+            ring.inflight.taken(ring_id.table, head);
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
             let taken = with_buffer(|buf| -> Result<Taken, Broken> {

@@ -15,6 +15,7 @@ use vhost_user_backend::VringState;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryLoadGuard;
 
+use super::inflight::InFlight;
 use super::memory::{GuestMem, GuestMmap, Vring};
 
 /// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
@@ -50,6 +51,8 @@ pub struct RingRef<'a> {
     pub counters: &'a QueueCounters,
     /// The queue's health, shared with the lock waits on threads of their own.
     pub health: &'a Arc<QueueHealth>,
+    /// Its requests taken and not answered, under a keeper.
+    pub inflight: InFlight,
 }
 
 /// The state a queue keeps across kicks.
@@ -218,6 +221,7 @@ impl QueueHealth {
 pub(crate) struct Completions {
     index: usize,
     event_idx: bool,
+    inflight: InFlight,
     unsignalled: usize,
     bytes: usize,
 }
@@ -232,6 +236,7 @@ impl Completions {
         Completions {
             index: ring.index,
             event_idx: ring.event_idx,
+            inflight: ring.inflight,
             unsignalled: 0,
             bytes: 0,
         }
@@ -240,6 +245,7 @@ impl Completions {
     /// Returns the chain `head` with a reply of `len` bytes.
     pub(crate) fn add(&mut self, state: &mut Locked, head: u16, len: u32) -> io::Result<()> {
         state.add_used(head, len).map_err(queue_err(self.index))?;
+        self.inflight.answered(head, state.get_queue().next_used());
         self.unsignalled += 1;
         self.bytes += len as usize;
         if self.unsignalled == SIGNAL_BATCH || self.bytes >= SIGNAL_BATCH_BYTES {

@@ -42,6 +42,8 @@ pub struct StateConfig {
 enum Job {
     Save(File),
     Load(File),
+    /// Serve on the session a killed serving process recorded in a journal half.
+    Recover(crate::recovery::region::Half),
 }
 
 /// Why a save or a load failed; CHECK_DEVICE_STATE answers it to the VMM as an
@@ -114,6 +116,7 @@ impl StateTransfer {
                     let result = match job {
                         Job::Save(file) => save(&server, &cfg, &device, file),
                         Job::Load(file) => load(&server, &cfg, &device, file),
+                        Job::Recover(half) => recover(&server, &cfg, half),
                     };
                     if let Err(e) = &result {
                         // The VMM learns only that it failed: the why is here.
@@ -167,6 +170,20 @@ impl StateTransfer {
         if let Some(handoff) = self.handoff.get() {
             handoff.withdraw();
         }
+    }
+
+    /// Serves on the guest's session that a serving process killed under it recorded
+    /// in journal `half`, on the state thread (confined for loading states); waits.
+    pub fn recover(&self, half: crate::recovery::region::Half) -> Result<(), TransferError> {
+        let gone = || TransferError::Load(LoadError::Io("the state thread is gone".into()));
+        let (done_tx, done_rx) = mpsc::channel();
+        {
+            let jobs = self.jobs.lock().unwrap();
+            let jobs = jobs.as_ref().ok_or_else(gone)?;
+            jobs.send((Job::Recover(half), done_tx))
+                .map_err(|_| gone())?;
+        }
+        done_rx.recv().map_err(|_| gone())?
     }
 
     /// CHECK_DEVICE_STATE: the outcome of the last transfer, once it is over.
@@ -282,6 +299,30 @@ fn load(
         bytes.len(),
         read.as_secs_f64() * 1e3,
         (start.elapsed() - read).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn recover(
+    server: &FsServer,
+    cfg: &StateConfig,
+    half: crate::recovery::region::Half,
+) -> Result<(), TransferError> {
+    let start = Instant::now();
+    let region = crate::recovery::region()
+        .ok_or_else(|| LoadError::Io("no session region: no keeper".into()))?;
+    let (report, dropped) = server.recover_session(region.half(half), &cfg.view)?;
+    info!(
+        "the guest's session taken over from the killed serving process's journal: {} \
+         nodes, {} handles, {} locks; lost {} nodes and {} handles (ESTALE), {} records \
+         named what is not here; in {:.1} ms",
+        report.nodes,
+        report.handles,
+        report.locks,
+        report.lost_nodes,
+        report.lost_handles,
+        dropped,
+        start.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
 }

@@ -11,6 +11,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, QueueT};
 
 use super::{Parked, Taken, PAUSED_POLL};
+use crate::device::inflight::InFlight;
 use crate::device::memory::Vring;
 use crate::device::ring::{notify, Answer, Mem, QueueHealth, RingId, RingRef};
 use crate::fs::request::LateReply;
@@ -55,6 +56,7 @@ pub(super) fn wait_off_thread(
     let server = server.clone();
     let vring = ring.vring.clone();
     let health = ring.health.clone();
+    let inflight = ring.inflight;
     let mut copy = request.to_vec();
     let taken = chain.clone();
     // Known until answered: a device state saved meanwhile carries it.
@@ -65,7 +67,12 @@ pub(super) fn wait_off_thread(
         .spawn(move || {
             crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
             let answer = server.wait(&mut copy);
-            answer_when_running(&vring, &health, ring_id, taken, answer, index);
+            let answer = Answered {
+                chain: taken,
+                reply: answer,
+                inflight,
+            };
+            answer_when_running(&vring, &health, ring_id, answer, index);
             on_thread.lock_wait_done(id);
             LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
         });
@@ -83,14 +90,26 @@ pub(super) fn wait_off_thread(
 /// VM, a migration's switch-over) is looked at again every [`PAUSED_POLL`] until the
 /// frontend starts it again on the same rings; a ring set up anew (a new driver)
 /// or reset never gets the answer.
+/// A wait's answer, with the chain it goes into and its ring's record of requests in
+/// flight.
+pub(crate) struct Answered {
+    pub chain: DescriptorChain<Mem>,
+    pub reply: LateReply,
+    pub inflight: InFlight,
+}
+
 pub(crate) fn answer_when_running(
     vring: &Vring,
     health: &QueueHealth,
     ring: RingId,
-    chain: DescriptorChain<Mem>,
-    answer: LateReply,
+    answer: Answered,
     index: usize,
 ) {
+    let Answered {
+        chain,
+        reply: answer,
+        inflight,
+    } = answer;
     loop {
         {
             let mut state = vring.get_mut();
@@ -98,8 +117,11 @@ pub(crate) fn answer_when_running(
                 Answer::Now => {
                     let len = VirtioFsWriter::new(chain.memory(), chain.clone())
                         .map_or(0, |w| answer.write(w.into()));
-                    if let Err(e) = state.add_used(chain.head_index(), len) {
-                        warn!("queue {index}: returning a lock wait: {e}");
+                    match state.add_used(chain.head_index(), len) {
+                        Ok(()) => {
+                            inflight.answered(chain.head_index(), state.get_queue().next_used())
+                        }
+                        Err(e) => warn!("queue {index}: returning a lock wait: {e}"),
                     }
                     let event_idx = state.get_queue().event_idx_enabled();
                     let _ = notify(&mut state, event_idx, index);

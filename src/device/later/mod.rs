@@ -17,6 +17,7 @@
 mod lines;
 mod lock_waits;
 mod parked;
+mod recovered;
 mod timer;
 
 use std::io;
@@ -36,6 +37,7 @@ use crate::state::format::ParkedRequest;
 pub use lines::WaitRoom;
 pub use lock_waits::lock_waiters;
 pub use parked::{chain_at, Parked};
+pub use recovered::answer_recovered;
 pub use timer::{WakeTimer, WakeTimers};
 
 /// What waits on one queue, beside its ring.

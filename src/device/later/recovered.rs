@@ -1,0 +1,77 @@
+//! The requests a serving process killed under the guest had taken off a ring and
+//! not answered (`device/inflight.rs` found them): each is answered on the same ring,
+//! from its chain in guest memory, as the file system decides
+//! ([`AfterCrash`]): run again when it is idempotent, answered EIO when it may have
+//! been applied, returned without a reply when it owes none. Counted in the session
+//! region's counters (`/metrics`).
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuse_backend_rs::transport::VirtioFsWriter;
+use log::{info, warn};
+
+use super::{chain_at, Later};
+use crate::device::memory::GuestMem;
+use crate::device::request::{copy_request, with_buffer};
+use crate::device::ring::{Broken, Completions, Locked, RingRef};
+use crate::fs::request::{AfterCrash, LateReply};
+use crate::fs::FsServer;
+
+/// Answers the chains `heads` (in the order they were taken) on the ring `state`,
+/// which runs.
+pub fn answer_recovered(
+    server: &Arc<FsServer>,
+    mem: &GuestMem,
+    ring: &RingRef,
+    later: &Later,
+    state: &mut Locked,
+    heads: &[u16],
+) -> io::Result<()> {
+    let mut done = Completions::new(ring);
+    crate::metrics::start_batch();
+    let (mut rerun, mut failed) = (0u64, 0u64);
+    for &head in heads {
+        let Some(chain) = chain_at(mem, state, head) else {
+            warn!(
+                "queue {}: a request left by the killed serving process names descriptor \
+                 {head}, which is no chain of this ring: dropped",
+                ring.index
+            );
+            continue;
+        };
+        let outcome = with_buffer(|buf| -> io::Result<()> {
+            if let Err(Broken(why)) = copy_request(&chain, buf) {
+                ring.health.stop_after_chain(ring.index, &why);
+                return Ok(());
+            }
+            match server.after_crash(buf) {
+                AfterCrash::Rerun => {
+                    rerun += 1;
+                    later.serve_late(server, ring, state, &mut done, chain, buf)
+                }
+                AfterCrash::Fail => {
+                    failed += 1;
+                    let len = VirtioFsWriter::new(chain.memory(), chain.clone())
+                        .map_or(0, |w| LateReply::failed_by_crash(buf).write(w.into()));
+                    ring.counters.served.fetch_add(1, Ordering::Relaxed);
+                    done.add(state, head, len)
+                }
+                AfterCrash::Drop => done.add(state, head, 0),
+            }
+        });
+        outcome?;
+    }
+    if let Some(region) = crate::recovery::region() {
+        let c = &region.header().counters;
+        c.requests_rerun.fetch_add(rerun, Ordering::Relaxed);
+        c.requests_failed.fetch_add(failed, Ordering::Relaxed);
+    }
+    info!(
+        "queue {}: of the requests the killed serving process left, {rerun} ran again and \
+         {failed} were answered EIO (not idempotent)",
+        ring.index
+    );
+    done.flush(state)
+}
