@@ -2,8 +2,7 @@
 //! process (src/keeper/). Here: everything the guest does goes through it unchanged,
 //! in each sandbox mode the fixture runs, the daemon ends as without it, a serving
 //! process that dies while the keeper waits for a frontend is replaced (up to a crash
-//! loop), and one that dies with a frontend's session ends the daemon (recovering a
-//! connected guest is not built yet).
+//! loop). One that dies under a frontend's session is taken over: crash_recovery.rs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -83,30 +82,6 @@ fn keep_serving_through_the_keeper_serves_the_next_frontend() {
     )
     .unwrap();
     exits_cleanly(&mut d);
-}
-
-#[test]
-fn a_killed_serving_process_ends_the_daemon_and_its_socket() {
-    if is_virtiofsd() {
-        return;
-    }
-    let mut d = Daemon::start("upgradable-killed", &["--upgradable"]);
-    let mut c = d.client();
-    c.lookup(ROOT, ".").ok();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(d.pid()),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let status = d.wait_exit(Duration::from_secs(10));
-    assert!(status.is_some_and(|s| !s.success()), "{}", d.log());
-    assert!(!d.dir.socket().exists(), "{}", d.log());
-    assert!(
-        d.log().contains("with the frontend's session: ending"),
-        "{}",
-        d.log()
-    );
-    drop(c);
 }
 
 /// The serving process below the keeper, once the keeper has forked it (the

@@ -372,15 +372,18 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_channel_fd: Option<i32>,
 
-    /// With it: how many serving processes of this daemon crashed so far (shown in
-    /// /metrics).
+    /// With it: the session region's fd (src/recovery/region.rs).
     #[arg(long, hide = true)]
-    pub keeper_crashes: Option<u64>,
+    pub keeper_region_fd: Option<i32>,
 
-    /// With it: how many upgrades of this daemon were done, the one that started this
-    /// process included (shown in /metrics).
-    #[arg(long, hide = true)]
-    pub keeper_upgrades: Option<u64>,
+    /// With it: the journal half this process records into (0 or 1).
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(0..=1))]
+    pub keeper_journal: Option<u32>,
+
+    /// With it, after a crash under a guest's session: the journal half the killed
+    /// process recorded into, to serve the guest on from.
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(0..=1))]
+    pub keeper_recover: Option<u32>,
 
     /// With it: the volumes the previous serving process had attached (JSON, as the
     /// control API keeps them): attached first, in place of the command line's.

@@ -271,8 +271,7 @@ impl Api {
             lock_waits: crate::device::later::lock_waiters(),
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
-            keeper_crashes: crate::keeper::crash::before(),
-            keeper_upgrades: crate::keeper::crash::upgrades(),
+            keeper: crate::metrics::exposition::KeeperStats::read(),
         };
         Reply {
             status: 200,

@@ -18,6 +18,10 @@ pub enum DaemonError {
     Control(ControlError),
     /// `--upgradable`: the keeper could not be started.
     Keeper(crate::keeper::Error),
+    /// The session region the keeper passed (`recovery/region.rs`).
+    Region(crate::recovery::region::RegionError),
+    /// The guest's session a killed serving process recorded could not be loaded.
+    Recover(crate::device::state_transfer::TransferError),
     /// A host call on the vhost-user socket failed. `socket`: `--socket-path P`,
     /// `--fd N`, or the path of a socket file; `step`: None for the call that names
     /// it (stat, fstat).
@@ -77,6 +81,11 @@ impl fmt::Display for DaemonError {
             DaemonError::Logging(e) => write!(f, "{e}"),
             DaemonError::Control(e) => write!(f, "{e}"),
             DaemonError::Keeper(e) => write!(f, "--upgradable: starting the keeper: {e}"),
+            DaemonError::Region(e) => write!(f, "--upgradable: {e}"),
+            DaemonError::Recover(e) => write!(
+                f,
+                "--upgradable: taking over the session of the killed serving process: {e}"
+            ),
             DaemonError::Socket {
                 socket,
                 step: Some(step),

@@ -65,10 +65,14 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // launcher waits for the socket file, and the namespaces and the fork cost about a
     // millisecond it need not wait for. The control socket first: once the vhost-user
     // socket exists, a launcher may expect both.
-    if let Some(n) = config.keeper_crashes {
-        crate::keeper::crash::set_before(n);
-        // A process the keeper started: the first one has no upgrades behind it.
-        crate::keeper::crash::set_upgrades(config.keeper_upgrades.unwrap_or(0));
+    // Started by the keeper: the session region it shares with it, and the journal
+    // half to record into (the first serving process got both through the fork).
+    if let Some(k) = config.keeper_region {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(k.fd) };
+        let region = crate::recovery::region::Region::open(fd).map_err(DaemonError::Region)?;
+        let region = crate::recovery::set_region(region);
+        crate::fs::journal::start(region, k.journal);
     }
     if let Some(fd) = config.keeper_channel_fd {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
@@ -284,6 +288,11 @@ fn serve(
                 .map_err(|e| DaemonError::host("starting the state thread", e))
         }
     })?;
+    // Started by the keeper after a crash under the guest's session: the session the
+    // killed process recorded is served on, before the keeper sets up the rings.
+    if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
+        backend.recover(half).map_err(DaemonError::Recover)?;
+    }
     // The main thread, and the vhost-user thread `start` creates, from here on.
     sandbox::confine_thread(ThreadRole::Main)?;
 

@@ -3,13 +3,13 @@
 //! panic, the OOM killer, or in namespace mode a supervisor that reports its child's
 //! death with status 1). A crash while the keeper waits for a frontend (none has
 //! this process's session) is recovered: a new serving process is started in its
-//! place. A crash with a frontend's session on it still ends the daemon: its rings
-//! cannot be taken over yet (docs/UPGRADE.md, "What is left"). Neither can a crash
-//! loop: [`CRASH_LOOP`] crashes within [`CRASH_WINDOW`] end the daemon.
+//! place; a crash under a frontend's session is recovered by a new process that
+//! takes over the same rings and the guest's session from the session region
+//! (`process.rs`, `recovery/`). A crash loop is not: [`CRASH_LOOP`] crashes within
+//! [`CRASH_WINDOW`] end the daemon.
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -18,34 +18,6 @@ use nix::sys::signal::Signal;
 pub const CRASH_LOOP: usize = 3;
 /// ... within this long are a crash loop.
 pub const CRASH_WINDOW: Duration = Duration::from_secs(10);
-
-/// In a serving process under a keeper: the serving processes that crashed before
-/// it (`/metrics`). Unset without a keeper.
-static BEFORE: OnceLock<u64> = OnceLock::new();
-
-/// Sets [`before`], once, at start.
-pub fn set_before(n: u64) {
-    let _ = BEFORE.set(n);
-}
-
-/// The crashes before this serving process, if it has a keeper.
-pub fn before() -> Option<u64> {
-    BEFORE.get().copied()
-}
-
-/// In a serving process under a keeper: the upgrades done so far, the one that
-/// started it included (`/metrics`).
-static UPGRADES: OnceLock<u64> = OnceLock::new();
-
-/// Sets [`upgrades`], once, at start.
-pub fn set_upgrades(n: u64) {
-    let _ = UPGRADES.set(n);
-}
-
-/// The upgrades so far, if this process has a keeper.
-pub fn upgrades() -> Option<u64> {
-    UPGRADES.get().copied()
-}
 
 /// How a serving process ended.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]

@@ -19,6 +19,7 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 use log::{info, warn};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -30,8 +31,10 @@ use vhost::vhost_user::Listener;
 use super::channel;
 use super::crash::{Crashes, Ending, CRASH_LOOP, CRASH_WINDOW};
 use super::relay::{Flow, Relay};
-use super::upgrade::{self, Command};
+use super::replay;
+use super::upgrade::{self, Command, STEP_TIMEOUT};
 use super::Error;
+use crate::recovery::region::{Half, PauseKind, Region};
 
 /// Signals the keeper passes on to the serving process.
 const FORWARDED: [Signal; 4] = [
@@ -57,6 +60,9 @@ pub struct Keep<'a> {
 /// on and its end of the keeper's channel; the keeper never returns. Call while the
 /// process has one thread.
 pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Error> {
+    // The session region outlives every serving process: the keeper makes it, the
+    // first serving process shares it through the fork (recovery/region.rs).
+    let region = Region::create().map_err(|e| Error::io("the session region", io_error(e)))?;
     let private = Private::bind()?;
     let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
     // Blocked before the fork so that none is lost; the child restores its mask.
@@ -82,8 +88,8 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             }
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
                 .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
-            super::crash::set_before(0);
-            super::crash::set_upgrades(0);
+            let region = crate::recovery::set_region(region);
+            crate::fs::journal::start(region, Half::A);
             // Only the keeper accepts the frontend. Not dropped: the Listener would
             // remove the socket file.
             let fd = frontend.as_raw_fd();
@@ -109,9 +115,10 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     command,
                     channel: Some(channel),
                     volumes: None,
-                    upgrades: 0,
+                    region,
                     served: false,
                     crashes: Crashes::default(),
+                    backend_gone: None,
                 }
                 .run(sigfd, private),
                 Err(e) => {
@@ -166,12 +173,25 @@ struct Keeper<'a> {
     /// The volumes the serving process last said it has attached (JSON): a process
     /// started after an upgrade or a crash attaches them first.
     volumes: Option<String>,
-    /// Upgrades done so far (`/metrics` of the processes it starts).
-    upgrades: u64,
+    /// The session region: its header says which journal half the serving process
+    /// records into, and holds the counters every serving process shows.
+    region: Region,
     /// The serving process has (or had, until it ended the connection) a
-    /// frontend's session: a crash loses it.
+    /// frontend's session.
     served: bool,
     crashes: Crashes,
+    /// When the serving process's end of the relay closed with a frontend still
+    /// connected: it died (its end comes first, SIGCHLD after), or it ended the
+    /// session itself. The frontend's messages wait until SIGCHLD tells.
+    backend_gone: Option<std::time::Instant>,
+}
+
+/// How long the keeper waits for SIGCHLD after the serving process closed its end
+/// of a frontend's session: one that closed it without dying ended the session.
+const DEATH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn io_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
 }
 
 impl Keeper<'_> {
@@ -188,11 +208,17 @@ impl Keeper<'_> {
             });
             let at = fds.len();
             match &relay {
+                // The serving process's end closed: nothing is relayed until SIGCHLD
+                // says whether it died.
+                Some(_) if self.backend_gone.is_some() => {}
                 Some(r) => fds.extend([r.frontend().as_raw_fd(), r.backend().as_raw_fd()]),
                 None if accepting => fds.push(self.frontend.as_raw_fd()),
                 None => {}
             }
-            let ready = match poll(&fds) {
+            let timeout = self
+                .backend_gone
+                .map(|t| DEATH_WAIT.saturating_sub(t.elapsed()));
+            let ready = match poll(&fds, timeout) {
                 Ok(r) => r,
                 Err(e) => self.fail(&format!("poll: {e}")),
             };
@@ -200,7 +226,7 @@ impl Keeper<'_> {
             // Polled again after any signal: a serving process replaced after a
             // crash has a new channel (the old one's hang-up is stale).
             if ready[0] {
-                if self.on_signal(&mut sigfd, waiting) {
+                if self.on_signal(&mut sigfd, waiting, &mut relay) {
                     let outcome = self.upgrade(relay.as_mut());
                     self.finish(outcome);
                 }
@@ -210,7 +236,16 @@ impl Keeper<'_> {
                 self.on_channel(relay.as_mut());
                 continue;
             }
+            if self.backend_gone.is_some_and(|t| t.elapsed() >= DEATH_WAIT) {
+                // It closed the session and lives on (it ended the session itself).
+                self.backend_gone = None;
+                info!("keeper: the serving process ended the connection");
+                self.session_over(&mut relay);
+                accepting = self.keep.keep_serving;
+                continue;
+            }
             let flow = match (&mut relay, ready.get(at), ready.get(at + 1)) {
+                (Some(_), _, _) if self.backend_gone.is_some() => continue,
                 (Some(r), Some(true), _) => r.relay_frontend(),
                 (Some(r), _, Some(true)) => r.relay_backend(),
                 (None, Some(true), _) => {
@@ -226,13 +261,28 @@ impl Keeper<'_> {
                     self.served = false;
                     "the frontend disconnected".to_string()
                 }
-                Ok(Flow::BackendClosed) => "the serving process ended the connection".to_string(),
+                Ok(Flow::BackendClosed) => {
+                    // Died, most likely: SIGCHLD decides (on_end).
+                    self.backend_gone = Some(std::time::Instant::now());
+                    continue;
+                }
                 Err(e) => format!("relaying: {e}"),
             };
             info!("keeper: {why}");
             // Both connections close: the serving process sees its frontend leave.
-            relay = None;
+            self.session_over(&mut relay);
             accepting = self.keep.keep_serving;
+        }
+    }
+
+    /// The frontend's session ended: both connections close, and what the region
+    /// kept of the rings goes (the serving process forgets its journal itself).
+    fn session_over(&mut self, relay: &mut Option<Relay>) {
+        *relay = None;
+        self.backend_gone = None;
+        self.region.header().set_in_session(false);
+        if let Err(e) = self.region.clear_queues() {
+            warn!("keeper: {e}");
         }
     }
 
@@ -244,7 +294,11 @@ impl Keeper<'_> {
             Err(e) => self.fail(&format!("accepting the frontend: {e}")),
         };
         match UnixStream::connect(&self.private) {
-            Ok(backend) => Some(Relay::new(frontend, backend)),
+            Ok(backend) => {
+                let _ = self.region.clear_queues();
+                self.region.header().set_in_session(true);
+                Some(Relay::new(frontend, backend))
+            }
             Err(e) => {
                 warn!("keeper: connecting to the serving process: {e}");
                 None
@@ -254,7 +308,12 @@ impl Keeper<'_> {
 
     /// Handles a signal; true for SIGHUP, which asks for an upgrade. `waiting`: the
     /// keeper waits for a frontend (a crash then is recovered).
-    fn on_signal(&mut self, sigfd: &mut SignalFd, waiting: bool) -> bool {
+    fn on_signal(
+        &mut self,
+        sigfd: &mut SignalFd,
+        waiting: bool,
+        relay: &mut Option<Relay>,
+    ) -> bool {
         let Ok(Some(info)) = sigfd.read_signal() else {
             return false;
         };
@@ -280,34 +339,38 @@ impl Keeper<'_> {
                 info!("keeper: former serving process {pid} ended ({how})");
                 continue;
             }
-            self.on_end(how, waiting);
+            self.on_end(how, waiting, relay);
         }
         false
     }
 
     /// The serving process ended: the keeper ends too, or starts a new one in its
-    /// place (a crash while it waits for a frontend).
-    fn on_end(&mut self, how: Ending, waiting: bool) {
+    /// place: one that takes over the guest's session on the same rings after a
+    /// crash under it, or a fresh one while the keeper waits for a frontend.
+    fn on_end(&mut self, how: Ending, waiting: bool, relay: &mut Option<Relay>) {
         let code = match how {
             Ending::Exited(code) => code,
             Ending::Killed(_) => 1,
         };
+        let died_at = self
+            .backend_gone
+            .take()
+            .unwrap_or_else(std::time::Instant::now);
         if !how.is_crash() {
             self.exit(code);
         }
-        if self.served {
-            eprintln!(
-                "volfsd: keeper: the serving process {how}, with the frontend's session: \
-                 ending (a connected guest's rings cannot be taken over after a crash yet)"
-            );
-            self.exit(code);
-        }
-        if !waiting {
+        if relay.is_none() && !waiting {
             // Its frontend left without --keep-serving: it was ending anyway.
             eprintln!("volfsd: keeper: the serving process {how} after its frontend left");
             self.exit(code);
         }
-        if self.crashes.record(std::time::Instant::now()) {
+        let loops = self.crashes.record(std::time::Instant::now());
+        self.region
+            .header()
+            .counters
+            .crashes
+            .store(self.crashes.total(), Ordering::Relaxed);
+        if loops {
             eprintln!(
                 "volfsd: keeper: the serving process {how}: {CRASH_LOOP} crashes within {} s, \
                  a crash loop: ending",
@@ -316,84 +379,168 @@ impl Keeper<'_> {
             self.exit(code);
         }
         let old = self.child;
-        match self.replace() {
-            Ok(()) => warn!(
-                "keeper: the serving process {old} {how}; serving process {} took its \
-                 place (crash {}, {} within {} s)",
+        let with_session = relay.is_some();
+        let replaced = match relay.as_mut() {
+            Some(r) => self.recover(r, died_at).map(Some),
+            None => self.replace().map(|()| None).map_err(|e| e.to_string()),
+        };
+        let tally = format!(
+            "crash {}, {} within {} s",
+            self.crashes.total(),
+            self.crashes.recent(),
+            CRASH_WINDOW.as_secs()
+        );
+        match replaced {
+            Ok(Some(pause)) => warn!(
+                "keeper: the serving process {old} {how} under the guest's session; serving \
+                 process {} took over its rings and the guest's session (the guest waited \
+                 {} ms; {tally})",
                 self.child,
-                self.crashes.total(),
-                self.crashes.recent(),
-                CRASH_WINDOW.as_secs()
+                pause.as_millis()
             ),
+            Ok(None) => warn!(
+                "keeper: the serving process {old} {how}; serving process {} took its \
+                 place ({tally})",
+                self.child
+            ),
+            Err(e) if with_session => {
+                self.fail(&format!("the serving process {how}, with the frontend's session: the guest's session could not be taken over: {e}"))
+            }
             Err(e) => self.fail(&format!("the serving process {how}; starting another: {e}")),
         }
     }
 
-    /// Starts a new serving process, with no session, in place of a dead one.
-    fn replace(&mut self) -> Result<(), Error> {
-        let command = self.command.as_ref().ok_or(Error::NoBinary)?;
-        let private = Private::bind()?;
-        let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
-        let inherited = upgrade::Inherited {
-            listener: private.listener.as_raw_fd(),
-            control: self.keep.control,
-            channel: theirs.as_raw_fd(),
-            crashes: self.crashes.total(),
-            upgrades: self.upgrades,
-            volumes: self.volumes.clone(),
-        };
-        let started = upgrade::start(command, &inherited);
-        drop((private.listener, theirs));
-        let pid = started.inspect_err(|_| Private::remove(&private.path))?;
-        Private::remove(&self.private);
-        (self.child, self.private) = (pid, private.path);
-        self.channel = Some(channel);
-        self.served = false;
-        Ok(())
-    }
-
-    /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
-    /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
-    fn upgrade(&self, relay: Option<&mut Relay>) -> Result<Pending, String> {
-        let (Some(relay), Some(command)) = (relay, &self.command) else {
-            return Err("no frontend is connected (nothing to hand over)".into());
-        };
+    /// Starts a new serving process with the fds it inherits, its journal half
+    /// cleared first; connects to it for a session to hand over (`connect`).
+    fn spawn(
+        &self,
+        journal: Half,
+        recover: Option<Half>,
+        connect: bool,
+    ) -> Result<Spawned, String> {
+        let command = self
+            .command
+            .as_ref()
+            .ok_or_else(|| Error::NoBinary.to_string())?;
+        self.region.clear_half(journal).map_err(|e| e.to_string())?;
         let private = Private::bind().map_err(|e| e.to_string())?;
         let (channel, theirs) = channel::pair().map_err(|e| format!("socketpair: {e}"))?;
         let inherited = upgrade::Inherited {
             listener: private.listener.as_raw_fd(),
             control: self.keep.control,
             channel: theirs.as_raw_fd(),
-            crashes: self.crashes.total(),
-            // This process counts itself: it serves only if the upgrade succeeds.
-            upgrades: self.upgrades + 1,
+            region: self.region.fd().as_raw_fd(),
+            journal,
+            recover,
             volumes: self.volumes.clone(),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
+            if !connect {
+                return Ok((pid, None));
+            }
             let new = UnixStream::connect(&private.path).map_err(|e| {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
                 Error::io("connecting to the new serving process", e)
             })?;
-            Ok((pid, new))
+            Ok((pid, Some(new)))
         });
         drop((private.listener, theirs));
-        let (pid, new) = started.map_err(|e| {
+        let (pid, stream) = started.map_err(|e| {
             Private::remove(&private.path);
             format!("starting the new serving process: {e}")
         })?;
-        match upgrade::hand_over(relay, new) {
+        Ok(Spawned {
+            pid,
+            private: private.path,
+            channel,
+            stream,
+            journal,
+        })
+    }
+
+    /// From now on `new` is the serving process: its half is the journal of record.
+    fn adopt(&mut self, new: Spawned) {
+        Private::remove(&self.private);
+        let old_half = self.region.header().current();
+        self.region.header().set_current(new.journal);
+        if old_half != new.journal {
+            // The old process's records: its successor has its own now.
+            let _ = self.region.clear_half(old_half);
+        }
+        (self.child, self.private) = (new.pid, new.private);
+        self.channel = Some(new.channel);
+    }
+
+    /// Starts a new serving process, with no session, in place of a dead one.
+    fn replace(&mut self) -> Result<(), String> {
+        let half = self.region.header().current();
+        let new = self.spawn(half, None, false)?;
+        self.adopt(new);
+        self.served = false;
+        Ok(())
+    }
+
+    /// After a crash under the guest's session: a new serving process serves the
+    /// guest on from the journal the dead one left, on the same rings, which the
+    /// keeper sets up in it as the frontend did; the requests the dead one had
+    /// taken are answered there. The frontend sees no disconnect. The guest's pause
+    /// counts from `died_at` to the rings running again.
+    fn recover(
+        &mut self,
+        relay: &mut Relay,
+        died_at: std::time::Instant,
+    ) -> Result<std::time::Duration, String> {
+        if let Some(why) = &relay.session().unreplayable {
+            return Err(format!("the session cannot be replayed: {why}"));
+        }
+        let from = self.region.header().current();
+        let mut new = self.spawn(from.other(), Some(from), true)?;
+        let stream = new.stream.take().expect("connected");
+        let set_up = replay::ready(&stream, STEP_TIMEOUT)
+            .and_then(|()| {
+                replay::set_up(&stream, relay.session(), &Default::default(), STEP_TIMEOUT)
+            })
+            .and_then(|()| replay::run(&stream, &replay::start(relay.session()), STEP_TIMEOUT));
+        if let Err(e) = set_up {
+            let pid = new.pid;
+            Private::remove(&new.private);
+            drop((new, stream));
+            return Err(format!("{e}{}", ended(pid)));
+        }
+        replay::nudge(relay.session());
+        drop(relay.switch(stream));
+        self.adopt(new);
+        let pause = died_at.elapsed();
+        let c = &self.region.header().counters;
+        c.recoveries.fetch_add(1, Ordering::Relaxed);
+        c.add_pause(PauseKind::Recovery, pause);
+        // The frontend's message the dead process did not answer, if one.
+        if let Err(e) = relay.resend_unanswered() {
+            warn!("keeper: the frontend's message the dead process did not answer: {e}");
+        }
+        Ok(pause)
+    }
+
+    /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
+    /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
+    fn upgrade(&self, relay: Option<&mut Relay>) -> Result<Pending, String> {
+        let Some(relay) = relay else {
+            return Err("no frontend is connected (nothing to hand over)".into());
+        };
+        let mut new = self.spawn(self.region.header().current().other(), None, true)?;
+        let stream = new.stream.take().expect("connected");
+        match upgrade::hand_over(relay, stream) {
             Ok(done) => Ok(Pending {
-                pid,
-                private: private.path,
-                channel,
+                new,
                 old: done.old,
                 pause: done.pause,
             }),
-            Err((e, new)) => {
+            Err((e, stream)) => {
+                drop(stream);
+                let pid = new.pid;
+                Private::remove(&new.private);
                 drop(new);
-                let ended = ended(pid);
-                Private::remove(&private.path);
-                Err(format!("{e}{ended}"))
+                Err(format!("{e}{}", ended(pid)))
             }
         }
     }
@@ -402,27 +549,28 @@ impl Keeper<'_> {
     /// its frontend gone, it exits (with --keep-serving it would wait for the next
     /// one: told to go).
     fn finish(&mut self, outcome: Result<Pending, String>) {
+        let counters = &self.region.header().counters;
         let done = match outcome {
             Ok(done) => done,
             Err(why) => {
+                counters.upgrades_failed.fetch_add(1, Ordering::Relaxed);
                 return warn!(
                     "keeper: upgrade failed, serving process {} serves on: {why}",
                     self.child
-                )
+                );
             }
         };
         info!(
             "keeper: upgraded: serving process {} took over from {} (the guest waited {} ms)",
-            done.pid,
+            done.new.pid,
             self.child,
             done.pause.as_millis()
         );
-        self.upgrades += 1;
+        counters.upgrades.fetch_add(1, Ordering::Relaxed);
+        counters.add_pause(PauseKind::Upgrade, done.pause);
         drop(done.old);
         let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
-        Private::remove(&self.private);
-        (self.child, self.private) = (done.pid, done.private);
-        self.channel = Some(done.channel);
+        self.adopt(done.new);
     }
 
     /// A request on the serving process's channel (`PUT /upgrade`).
@@ -470,11 +618,22 @@ impl Keeper<'_> {
     }
 }
 
+/// A serving process the keeper started, connected.
+struct Spawned {
+    pid: Pid,
+    /// Its private socket.
+    private: PathBuf,
+    /// The keeper's end of its channel.
+    channel: UnixStream,
+    /// The keeper's connection to it, for a session to hand over.
+    stream: Option<UnixStream>,
+    /// The journal half it records into.
+    journal: Half,
+}
+
 /// An upgrade done but for letting the old process go.
 struct Pending {
-    pid: Pid,
-    private: PathBuf,
-    channel: UnixStream,
+    new: Spawned,
     old: UnixStream,
     pause: std::time::Duration,
 }
@@ -504,8 +663,10 @@ fn ended(pid: Pid) -> String {
     }
 }
 
-/// Waits until one of `fds` is readable or hung up; says which.
-fn poll(fds: &[RawFd]) -> Result<Vec<bool>, std::io::Error> {
+/// Waits until one of `fds` is readable or hung up (or `timeout` passed); says
+/// which.
+fn poll(fds: &[RawFd], timeout: Option<std::time::Duration>) -> Result<Vec<bool>, std::io::Error> {
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -516,7 +677,7 @@ fn poll(fds: &[RawFd]) -> Result<Vec<bool>, std::io::Error> {
         .collect();
     loop {
         // SAFETY: `p` is a valid array of pollfds of the given length.
-        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, -1) };
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
         if n >= 0 {
             return Ok(p.iter().map(|p| p.revents != 0).collect());
         }

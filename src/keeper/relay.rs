@@ -39,6 +39,9 @@ pub struct Relay {
     session: Session,
     /// The features the backend offered (GET_FEATURES), for the REPLY_ACK rule.
     offered: u64,
+    /// A frontend message whose reply the backend never sent (it died meanwhile):
+    /// sent again to the process that takes over, whose reply the frontend gets.
+    unanswered: Option<Message>,
 }
 
 impl Relay {
@@ -48,6 +51,7 @@ impl Relay {
             backend,
             session: Session::new(),
             offered: 0,
+            unanswered: None,
         }
     }
 
@@ -69,16 +73,36 @@ impl Relay {
         let Some(msg) = wire::recv(&self.frontend)? else {
             return Ok(Flow::FrontendClosed);
         };
+        self.pass_on(msg)
+    }
+
+    /// Forwards `msg` from the frontend, then its reply if it has one, and records
+    /// both. A backend that is gone keeps the message unanswered.
+    fn pass_on(&mut self, msg: Message) -> Result<Flow, Error> {
         match wire::forward(&self.backend, &msg) {
             Ok(()) => {}
-            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EPIPE) => {
-                return Ok(Flow::BackendClosed)
+            Err(Error::Io { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) =>
+            {
+                self.unanswered = Some(msg);
+                return Ok(Flow::BackendClosed);
             }
             Err(e) => return Err(e),
         }
         if self.answered(&msg) {
-            let Some(reply) = wire::recv(&self.backend)? else {
-                return Ok(Flow::BackendClosed);
+            let reply = match wire::recv(&self.backend) {
+                Ok(Some(reply)) => reply,
+                Ok(None) => {
+                    self.unanswered = Some(msg);
+                    return Ok(Flow::BackendClosed);
+                }
+                Err(Error::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ECONNRESET) =>
+                {
+                    self.unanswered = Some(msg);
+                    return Ok(Flow::BackendClosed);
+                }
+                Err(e) => return Err(e),
             };
             if msg.header.request == u32::from(FrontendReq::GET_FEATURES) {
                 self.offered = reply.u64().unwrap_or(0);
@@ -166,6 +190,15 @@ impl Relay {
     /// returns the old one.
     pub fn switch(&mut self, backend: UnixStream) -> UnixStream {
         std::mem::replace(&mut self.backend, backend)
+    }
+
+    /// Sends the frontend's message the dead backend did not answer to the one that
+    /// took over (after [`Self::switch`]); its reply goes to the frontend.
+    pub fn resend_unanswered(&mut self) -> Result<Flow, Error> {
+        match self.unanswered.take() {
+            Some(msg) => self.pass_on(msg),
+            None => Ok(Flow::Relayed),
+        }
     }
 }
 

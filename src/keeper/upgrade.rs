@@ -31,6 +31,7 @@ use vhost::vhost_user::message::FrontendReq;
 use super::relay::Relay;
 use super::replay::{self, Step};
 use super::Error;
+use crate::recovery::region::Half;
 
 /// How long each message of the hand-over may take (the first waits for the new
 /// process to start and confine itself).
@@ -43,10 +44,13 @@ pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
 pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 /// And the fd of its end of the keeper's channel (`channel.rs`).
 pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
-/// And how many serving processes crashed before it (`crash.rs`).
-pub const CRASHES_FLAG: &str = "--keeper-crashes";
-/// The upgrades so far, this process's own included.
-pub const UPGRADES_FLAG: &str = "--keeper-upgrades";
+/// And the fd of the session region (`recovery/region.rs`).
+pub const REGION_FD_FLAG: &str = "--keeper-region-fd";
+/// And the journal half it records into (0 or 1; the keeper cleared it).
+pub const JOURNAL_FLAG: &str = "--keeper-journal";
+/// And, after a crash under a guest's session, the half the dead process recorded
+/// into: the new process serves the guest on from it.
+pub const RECOVER_FLAG: &str = "--keeper-recover";
 /// The volumes to attach first (the control API's bodies), as the old process had.
 pub const VOLUMES_FLAG: &str = "--keeper-volumes";
 
@@ -190,10 +194,11 @@ pub struct Inherited {
     pub listener: RawFd,
     pub control: Option<RawFd>,
     pub channel: RawFd,
-    /// Not an fd: the crashes so far, for the new process's `/metrics`.
-    pub crashes: u64,
-    /// Not an fd: the upgrades so far, this one included, for its `/metrics`.
-    pub upgrades: u64,
+    pub region: RawFd,
+    /// Not an fd: the journal half it records into.
+    pub journal: Half,
+    /// Not an fd: the half it recovers a killed process's session from.
+    pub recover: Option<Half>,
     /// The volumes the old process had attached (JSON), when it said.
     pub volumes: Option<String>,
 }
@@ -204,14 +209,17 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
         (LISTEN_FD_FLAG, Some(inherited.listener)),
         (CONTROL_FD_FLAG, inherited.control),
         (CHANNEL_FD_FLAG, Some(inherited.channel)),
+        (REGION_FD_FLAG, Some(inherited.region)),
     ]
     .into_iter()
     .filter_map(|(flag, fd)| Some((flag, fd?)))
     .collect();
     let mut args = cmd.args.clone();
     args.extend(fds.iter().map(|(flag, fd)| format!("{flag}={fd}").into()));
-    args.push(format!("{CRASHES_FLAG}={}", inherited.crashes).into());
-    args.push(format!("{UPGRADES_FLAG}={}", inherited.upgrades).into());
+    args.push(format!("{JOURNAL_FLAG}={}", inherited.journal.index()).into());
+    if let Some(half) = inherited.recover {
+        args.push(format!("{RECOVER_FLAG}={}", half.index()).into());
+    }
     if let Some(volumes) = &inherited.volumes {
         args.push(format!("{VOLUMES_FLAG}={volumes}").into());
     }

@@ -41,11 +41,120 @@ pub struct Snapshot<'a> {
     /// Host fds held for the guest across volumes, and the most it may hold.
     pub fds: (usize, usize),
     pub process: Option<ProcessStats>,
-    /// Under a keeper (`--upgradable`): serving processes that crashed before this
-    /// one.
-    pub keeper_crashes: Option<u64>,
-    /// Under a keeper: the upgrades done, the one that started this process included.
-    pub keeper_upgrades: Option<u64>,
+    /// Under a keeper (`--upgradable`): its counters over the daemon's life.
+    pub keeper: Option<KeeperStats>,
+}
+
+/// The keeper's counters (the session region's), over the daemon's life.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeeperStats {
+    pub upgrades: u64,
+    pub upgrades_failed: u64,
+    pub crashes: u64,
+    pub recoveries: u64,
+    pub requests_rerun: u64,
+    pub requests_failed: u64,
+    /// Upgrades', then recoveries' pauses: count, total, longest, last (seconds).
+    pub pauses: [(u64, f64, f64, f64); 2],
+}
+
+impl KeeperStats {
+    /// This process's keeper's counters, if it has one.
+    pub fn read() -> Option<KeeperStats> {
+        use crate::recovery::region::PauseKind;
+        let c = &crate::recovery::region()?.header().counters;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let pauses = [PauseKind::Upgrade, PauseKind::Recovery].map(|k| {
+            let p = c.pauses(k);
+            let s = |a| load(a) as f64 / 1e6;
+            (load(&p.count), s(&p.total_us), s(&p.max_us), s(&p.last_us))
+        });
+        Some(KeeperStats {
+            upgrades: load(&c.upgrades),
+            upgrades_failed: load(&c.upgrades_failed),
+            crashes: load(&c.crashes),
+            recoveries: load(&c.recoveries),
+            requests_rerun: load(&c.requests_rerun),
+            requests_failed: load(&c.requests_failed),
+            pauses,
+        })
+    }
+}
+
+/// The keeper's families.
+fn render_keeper(out: &mut String, k: &KeeperStats) {
+    let counters: [(&str, &str, u64); 6] = [
+        (
+            "volfsd_keeper_upgrades_total",
+            "Upgrades in place done by the keeper (--upgradable).",
+            k.upgrades,
+        ),
+        (
+            "volfsd_keeper_upgrades_failed_total",
+            "Upgrades that failed: the old serving process served on (the log says why).",
+            k.upgrades_failed,
+        ),
+        (
+            "volfsd_keeper_crashes_total",
+            "Serving processes that crashed and were replaced by the keeper.",
+            k.crashes,
+        ),
+        (
+            "volfsd_keeper_recoveries_total",
+            "Crashes under a guest's session that a new serving process took over, on the same rings.",
+            k.recoveries,
+        ),
+        (
+            "volfsd_keeper_requests_rerun_total",
+            "Requests a crashed serving process had taken and not answered, run again (idempotent).",
+            k.requests_rerun,
+        ),
+        (
+            "volfsd_keeper_requests_failed_total",
+            "Requests a crashed serving process had taken and not answered, answered EIO (not idempotent).",
+            k.requests_failed,
+        ),
+    ];
+    for (name, help, n) in counters {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name} {n}");
+    }
+    use crate::recovery::region::PauseKind;
+    let kinds = [PauseKind::Upgrade.label(), PauseKind::Recovery.label()];
+    family(
+        out,
+        "volfsd_keeper_pause_seconds",
+        "summary",
+        "How long the guest's requests waited in each upgrade and recovery.",
+    );
+    for (kind, (count, total, _, _)) in kinds.iter().zip(k.pauses) {
+        let _ = writeln!(
+            out,
+            "volfsd_keeper_pause_seconds_sum{{kind=\"{kind}\"}} {total}"
+        );
+        let _ = writeln!(
+            out,
+            "volfsd_keeper_pause_seconds_count{{kind=\"{kind}\"}} {count}"
+        );
+    }
+    for (name, help, pick) in [
+        (
+            "volfsd_keeper_pause_max_seconds",
+            "The longest pause of the guest's requests, by kind.",
+            2usize,
+        ),
+        (
+            "volfsd_keeper_pause_last_seconds",
+            "The last pause of the guest's requests, by kind.",
+            3,
+        ),
+    ] {
+        family(out, name, "gauge", help);
+        for (kind, p) in kinds.iter().zip(k.pauses) {
+            let v = if pick == 2 { p.2 } else { p.3 };
+            let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {v}");
+        }
+    }
 }
 
 /// A family with one sample per volume: name, type, help, and its value.
@@ -308,23 +417,8 @@ pub fn render(s: &Snapshot) -> String {
         "Blocking lock requests (SETLKW) waiting on threads of their own, off the queues.",
     );
     let _ = writeln!(out, "volfsd_lock_waits {}", s.lock_waits);
-    if let Some(n) = s.keeper_crashes {
-        family(
-            &mut out,
-            "volfsd_keeper_crashes_total",
-            "counter",
-            "Serving processes that crashed and were replaced by the keeper (--upgradable).",
-        );
-        let _ = writeln!(out, "volfsd_keeper_crashes_total {n}");
-    }
-    if let Some(n) = s.keeper_upgrades {
-        family(
-            &mut out,
-            "volfsd_keeper_upgrades_total",
-            "counter",
-            "Upgrades in place done by the keeper (--upgradable); each one's pause is logged.",
-        );
-        let _ = writeln!(out, "volfsd_keeper_upgrades_total {n}");
+    if let Some(k) = &s.keeper {
+        render_keeper(&mut out, k);
     }
 
     if let Some(p) = &s.process {
@@ -391,12 +485,21 @@ mod tests {
             lock_waits: 0,
             fds: (4, 1000),
             process: None,
-            keeper_crashes: Some(2),
-            keeper_upgrades: Some(3),
+            keeper: Some(KeeperStats {
+                upgrades: 3,
+                crashes: 2,
+                requests_failed: 4,
+                pauses: [(3, 0.03, 0.02, 0.005), (1, 0.5, 0.5, 0.5)],
+                ..Default::default()
+            }),
         };
         let text = render(&s);
         assert!(text.contains("volfsd_keeper_crashes_total 2\n"));
         assert!(text.contains("volfsd_keeper_upgrades_total 3\n"));
+        assert!(text.contains("volfsd_keeper_requests_failed_total 4\n"));
+        assert!(text.contains("volfsd_keeper_pause_seconds_count{kind=\"upgrade\"} 3\n"));
+        assert!(text.contains("volfsd_keeper_pause_max_seconds{kind=\"upgrade\"} 0.02\n"));
+        assert!(text.contains("volfsd_keeper_pause_last_seconds{kind=\"recovery\"} 0.5\n"));
         assert!(
             text.contains("volfsd_requests_total{volume=\"data\",op=\"lookup\",result=\"ok\"} 1\n")
         );
