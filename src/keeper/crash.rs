@@ -8,16 +8,18 @@
 //! (`process.rs`, `recovery/`). A crash loop is not: [`CRASH_LOOP`] crashes within
 //! [`CRASH_WINDOW`] end the daemon.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-/// So many crashes ...
+/// So many crashes in a row ...
 pub const CRASH_LOOP: usize = 3;
-/// ... within this long are a crash loop.
-pub const CRASH_WINDOW: Duration = Duration::from_secs(10);
+/// ... each of a serving process that died this soon after it started (the first
+/// of them excepted) are a crash loop: a binary that cannot run, or a request
+/// that kills every process that serves it again. One that served longer made
+/// progress: the count starts again from its crash.
+pub const QUICK: Duration = Duration::from_secs(1);
 
 /// How a serving process ended.
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
@@ -42,31 +44,30 @@ impl fmt::Display for Ending {
     }
 }
 
-/// The recent crashes, to tell a crash loop.
+/// The crashes so far, to tell a crash loop.
 #[derive(Debug, Default)]
 pub struct Crashes {
-    recent: VecDeque<Instant>,
+    /// Crashes in a row, each but the first within [`QUICK`] of its process's start.
+    in_a_row: usize,
     total: u64,
 }
 
 impl Crashes {
-    /// Records a crash at `now`; true when it makes a crash loop.
-    pub fn record(&mut self, now: Instant) -> bool {
+    /// Records the crash at `now` of a serving process started at `started`; true
+    /// when it makes a crash loop.
+    pub fn record(&mut self, now: Instant, started: Instant) -> bool {
         self.total += 1;
-        self.recent.push_back(now);
-        while self
-            .recent
-            .front()
-            .is_some_and(|&t| now.duration_since(t) >= CRASH_WINDOW)
-        {
-            self.recent.pop_front();
+        if now.saturating_duration_since(started) < QUICK {
+            self.in_a_row += 1;
+        } else {
+            self.in_a_row = 1;
         }
-        self.recent.len() >= CRASH_LOOP
+        self.in_a_row >= CRASH_LOOP
     }
 
-    /// Crashes within the window, the last one included.
-    pub fn recent(&self) -> usize {
-        self.recent.len()
+    /// Crashes in a row, this one included.
+    pub fn in_a_row(&self) -> usize {
+        self.in_a_row
     }
 
     /// Crashes since the daemon started.
@@ -80,28 +81,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn three_crashes_within_ten_seconds_are_a_loop() {
+    fn three_quick_crashes_in_a_row_are_a_loop() {
         let t = Instant::now();
+        let ms = |n| Duration::from_millis(n);
         let mut c = Crashes::default();
-        assert!(!c.record(t));
-        assert!(!c.record(t + Duration::from_secs(4)));
-        assert!(c.record(t + Duration::from_secs(9)));
-        assert_eq!((c.recent(), c.total()), (3, 3));
+        // A process that served for a minute, then two that died at once.
+        assert!(!c.record(t + Duration::from_secs(60), t));
+        let t = t + Duration::from_secs(60);
+        assert!(!c.record(t + ms(300), t + ms(50)));
+        assert!(c.record(t + ms(700), t + ms(350)));
+        assert_eq!((c.in_a_row(), c.total()), (3, 3));
     }
 
     #[test]
-    fn crashes_spread_out_are_not() {
-        let t = Instant::now();
+    fn crashes_of_processes_that_served_a_while_are_not() {
+        // Killed every 2 s, twenty times (the VM crash suite): never a loop.
+        let mut t = Instant::now();
         let mut c = Crashes::default();
-        for i in 0..10 {
-            assert!(!c.record(t + Duration::from_secs(5 * i)), "crash {i}");
+        for i in 0..20 {
+            let started = t;
+            t += Duration::from_secs(2);
+            assert!(!c.record(t, started), "crash {i}");
         }
-        assert_eq!((c.recent(), c.total()), (2, 10));
-        // Exactly ten seconds apart: the first has left the window.
-        let mut c = Crashes::default();
-        assert!(!c.record(t));
-        assert!(!c.record(t + Duration::from_secs(5)));
-        assert!(!c.record(t + CRASH_WINDOW));
+        assert_eq!((c.in_a_row(), c.total()), (1, 20));
+        // A quick one after them counts from the last.
+        let started = t;
+        assert!(!c.record(t + Duration::from_millis(10), started));
+        assert_eq!(c.in_a_row(), 2);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use vhost::vhost_user::Listener;
 
 use super::channel;
-use super::crash::{Crashes, Ending, CRASH_LOOP, CRASH_WINDOW};
+use super::crash::{Crashes, Ending, CRASH_LOOP, QUICK};
 use super::relay::{Flow, Relay};
 use super::replay;
 use super::upgrade::{self, Command, STEP_TIMEOUT};
@@ -118,6 +118,7 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
                     region,
                     served: false,
                     crashes: Crashes::default(),
+                    started: std::time::Instant::now(),
                     backend_gone: None,
                 }
                 .run(sigfd, private),
@@ -180,6 +181,8 @@ struct Keeper<'a> {
     /// frontend's session.
     served: bool,
     crashes: Crashes,
+    /// When the serving process started (a crash soon after is a quick one).
+    started: std::time::Instant,
     /// When the serving process's end of the relay closed with a frontend still
     /// connected: it died (its end comes first, SIGCHLD after), or it ended the
     /// session itself. The frontend's messages wait until SIGCHLD tells.
@@ -364,7 +367,7 @@ impl Keeper<'_> {
             eprintln!("volfsd: keeper: the serving process {how} after its frontend left");
             self.exit(code);
         }
-        let loops = self.crashes.record(std::time::Instant::now());
+        let loops = self.crashes.record(std::time::Instant::now(), self.started);
         self.region
             .header()
             .counters
@@ -372,9 +375,9 @@ impl Keeper<'_> {
             .store(self.crashes.total(), Ordering::Relaxed);
         if loops {
             eprintln!(
-                "volfsd: keeper: the serving process {how}: {CRASH_LOOP} crashes within {} s, \
-                 a crash loop: ending",
-                CRASH_WINDOW.as_secs()
+                "volfsd: keeper: the serving process {how}: {CRASH_LOOP} crashes in a row, \
+                 each within {} s of its start: a crash loop: ending",
+                QUICK.as_secs()
             );
             self.exit(code);
         }
@@ -385,10 +388,9 @@ impl Keeper<'_> {
             None => self.replace().map(|()| None).map_err(|e| e.to_string()),
         };
         let tally = format!(
-            "crash {}, {} within {} s",
+            "crash {}, {} in a row",
             self.crashes.total(),
-            self.crashes.recent(),
-            CRASH_WINDOW.as_secs()
+            self.crashes.in_a_row()
         );
         match replaced {
             Ok(Some(pause)) => warn!(
@@ -451,6 +453,7 @@ impl Keeper<'_> {
         })?;
         Ok(Spawned {
             pid,
+            started: std::time::Instant::now(),
             private: private.path,
             channel,
             stream,
@@ -469,6 +472,7 @@ impl Keeper<'_> {
         }
         (self.child, self.private) = (new.pid, new.private);
         self.channel = Some(new.channel);
+        self.started = new.started;
     }
 
     /// Starts a new serving process, with no session, in place of a dead one.
@@ -621,6 +625,7 @@ impl Keeper<'_> {
 /// A serving process the keeper started, connected.
 struct Spawned {
     pid: Pid,
+    started: std::time::Instant,
     /// Its private socket.
     private: PathBuf,
     /// The keeper's end of its channel.

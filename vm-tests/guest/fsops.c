@@ -1292,6 +1292,164 @@ static int cmd_lockwatch(int argc, char **argv)
 	return 0;
 }
 
+
+/* The crash suite's metadata loop (suites/crash.sh): round after round until
+ * STOPFILE exists, in DIR: create f.N exclusively (O_CREAT|O_EXCL), write N, close,
+ * rename to g.N, stat it, read N back, unlink it, mkdir d.N, rmdir it. A request
+ * the daemon had taken when it was killed, and that is not idempotent, is answered
+ * EIO: the step may or may not have happened, so the rest of that round finds out
+ * which (and cleans up) instead of counting the consequences. Counted: rounds,
+ * steps, EIOs, EEXIST on an exclusive create (the daemon ran one twice: must be
+ * 0), and any other failure of a step not after an EIO (must be 0). Writes
+ * DIR/progress (round number, renamed in) every round. Prints one summary line:
+ * "rounds R steps S eio E eexist X unexpected U". */
+static unsigned long ml_eio, ml_eexist, ml_unexpected, ml_steps;
+
+/* One step's outcome: 1 done, 0 EIO (state unknown), -1 another failure. */
+static int ml_step(int ret, const char *what, unsigned long round, int after_eio)
+{
+	ml_steps++;
+	if (ret >= 0)
+		return 1;
+	int e = errno;
+	if (e == EIO) {
+		ml_eio++;
+		return 0;
+	}
+	if (!after_eio) {
+		if (ml_unexpected++ < 5)
+			printf("round %lu: %s: %s (%s)\n", round, what, strerror(e), errname(e));
+	}
+	return -1;
+}
+
+/* A clean-up call: ENOENT is fine; an EIO is counted like any other. */
+static void ml_cleanup(int ret)
+{
+	if (ret < 0 && errno == EIO)
+		ml_eio++;
+}
+
+static int cmd_metaloop(int argc, char **argv)
+{
+	if (argc != 3)
+		usage_exit("metaloop DIR STOPFILE");
+	const char *dir = argv[1], *stop = argv[2];
+	char f[PATH_MAX], g[PATH_MAX], d[PATH_MAX], p[PATH_MAX], ptmp[PATH_MAX], buf[32];
+	unsigned long n = 0;
+	snprintf(p, sizeof p, "%s/progress", dir);
+	snprintf(ptmp, sizeof ptmp, "%s/.progress.tmp", dir);
+	while (access(stop, F_OK) != 0) {
+		n++;
+		int eio = 0, r;
+		snprintf(f, sizeof f, "%s/f.%lu", dir, n);
+		snprintf(g, sizeof g, "%s/g.%lu", dir, n);
+		snprintf(d, sizeof d, "%s/d.%lu", dir, n);
+		int len = snprintf(buf, sizeof buf, "%lu", n);
+		int fd = open(f, O_CREAT | O_EXCL | O_WRONLY, 0644);
+		if (fd < 0 && errno == EEXIST) {
+			ml_steps++;
+			if (ml_eexist++ < 5)
+				printf("round %lu: EEXIST on its own exclusive create\n", n);
+			continue;
+		}
+		r = ml_step(fd, "create", n, 0);
+		if (r == 1) {
+			if (ml_step(write(fd, buf, len) == len ? 0 : -1, "write", n, 0) != 1)
+				eio = 1;
+			close(fd);
+		} else {
+			eio = 1;
+		}
+		if (!eio) {
+			r = ml_step(rename(f, g), "rename", n, 0);
+			if (r == 0)
+				eio = 1;
+		}
+		if (!eio) {
+			struct stat st;
+			char back[32] = {0};
+			ml_step(stat(g, &st), "stat", n, 0);
+			int rfd = open(g, O_RDONLY);
+			if (ml_step(rfd, "open to read", n, 0) == 1) {
+				ssize_t got = read(rfd, back, sizeof back - 1);
+				ml_step(got, "read", n, 0);
+				close(rfd);
+				if (got >= 0 && strcmp(back, buf)) {
+					if (ml_unexpected++ < 5)
+						printf("round %lu: read back '%s', want '%s'\n", n, back, buf);
+				}
+			}
+			if (ml_step(unlink(g), "unlink", n, 0) == 0)
+				eio = 1;
+		}
+		if (eio) {
+			/* Whatever of this round happened: gone now. */
+			ml_cleanup(unlink(f));
+			ml_cleanup(unlink(g));
+		}
+		int deio = 0;
+		r = ml_step(mkdir(d, 0755), "mkdir", n, 0);
+		if (r == 0)
+			deio = 1;
+		if (r == 1 && ml_step(rmdir(d), "rmdir", n, 0) == 0)
+			deio = 1;
+		if (deio)
+			ml_cleanup(rmdir(d));
+		/* Progress, for the host (counted as steps too: every EIO the guest
+		 * gets is one the daemon counts). */
+		int pfd = open(ptmp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+		if (ml_step(pfd, "progress create", n, 0) == 1) {
+			ml_step(write(pfd, buf, len) == len ? 0 : -1, "progress write", n, 0);
+			close(pfd);
+			if (ml_step(rename(ptmp, p), "progress rename", n, 0) == 0)
+				ml_cleanup(unlink(ptmp));
+		} else {
+			ml_cleanup(unlink(ptmp));
+		}
+	}
+	printf("rounds %lu steps %lu eio %lu eexist %lu unexpected %lu\n", n, ml_steps, ml_eio,
+	       ml_eexist, ml_unexpected);
+	return 0;
+}
+
+/* durable FILE STOPFILE DONEFILE: record after record until STOPFILE: record N
+ * (64 bytes, "record N" padded) written at offset N*64 with pwrite, then fsync;
+ * once fsync returned 0, N is written to DONEFILE (outside the share: the last
+ * record the guest was told is durable). Prints "records N eio E other O". */
+static int cmd_durable(int argc, char **argv)
+{
+	if (argc != 4)
+		usage_exit("durable FILE STOPFILE DONEFILE");
+	int fd = open(argv[1], O_CREAT | O_WRONLY, 0644);
+	if (fd < 0)
+		die(argv[1]);
+	unsigned long n = 0, eio = 0, other = 0;
+	char rec[64];
+	while (access(argv[2], F_OK) != 0) {
+		memset(rec, ' ', sizeof rec);
+		int len = snprintf(rec, sizeof rec, "record %lu", n + 1);
+		rec[len] = ' ';
+		rec[63] = '\n';
+		if (pwrite(fd, rec, sizeof rec, (off_t)(n + 1) * 64) != (ssize_t)sizeof rec || fsync(fd) != 0) {
+			if (errno == EIO)
+				eio++;
+			else if (other++ < 5)
+				printf("record %lu: %s (%s)\n", n + 1, strerror(errno), errname(errno));
+			continue;
+		}
+		n++;
+		FILE *done = fopen(argv[3], "w");
+		if (done) {
+			fprintf(done, "%lu\n", n);
+			fclose(done);
+		}
+	}
+	close(fd);
+	printf("records %lu eio %lu other %lu\n", n, eio, other);
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -1341,6 +1499,8 @@ static const struct {
 	{"dirhold", cmd_dirhold, "DIR N GOFILE (N entries read, the rest after GOFILE; prints entries T dups D)"},
 	{"holdio", cmd_holdio, "FILE GOFILE (open O_RDWR until GOFILE, then pread/pwrite: prints read=E write=E)"},
 	{"mmaphold", cmd_mmaphold, "FILE GOFILE (shared map written and msynced every 100 ms until GOFILE)"},
+	{"metaloop", cmd_metaloop, "DIR STOPFILE (the crash suite's metadata loop: counts EIO, EEXIST, unexpected failures)"},
+	{"durable", cmd_durable, "FILE STOPFILE DONEFILE (pwrite+fsync record after record; DONEFILE: the last one fsynced)"},
 	{"lockwatch", cmd_lockwatch, "FILE STOPFILE [MS] (host: try a POSIX lock and an flock every MS until STOPFILE)"},
 };
 
