@@ -23,6 +23,10 @@ pub mod control {
 pub mod device {
     pub use crate::device::{DeviceStats, GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
 
+    pub mod inflight {
+        pub use crate::device::inflight::InFlight;
+    }
+
     pub mod later {
         pub use crate::device::later::{Later, Parked, WaitRoom, WakeTimer};
     }

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
+use volfsd::exports::device::inflight::InFlight;
 use volfsd::exports::device::later::{Later, Parked, WaitRoom, WakeTimer};
 use volfsd::exports::device::queue::{self, QueueRef};
 use volfsd::exports::device::ring::{QueueCounters, QueueHealth, RingRef};
@@ -157,6 +158,8 @@ pub fn run_virtqueue(data: &[u8]) {
             event_idx,
             counters: &counters,
             health: &health,
+            // No keeper: nothing is marked.
+            inflight: InFlight::default(),
         },
         later: Later {
             room: (!hiprio).then_some(&room),
