@@ -221,8 +221,15 @@ fn replace_binary(binary: &std::path::Path, with: &[u8]) {
 
 /// `volfsd ctl upgrade`: its exit status and its output.
 fn ctl_upgrade(d: &Daemon) -> (bool, String) {
+    ctl_upgrade_with(d, &[])
+}
+
+/// `volfsd ctl upgrade EXTRA...`.
+fn ctl_upgrade_with(d: &Daemon, extra: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(daemon_binary())
-        .args(["ctl", "upgrade", "--control-socket"])
+        .args(["ctl", "upgrade"])
+        .args(extra)
+        .arg("--control-socket")
         .arg(d.dir.control_socket())
         .stdin(std::process::Stdio::null())
         .output()
@@ -395,6 +402,67 @@ fn a_new_binary_that_fails_leaves_the_old_process_serving() {
     assert!(host_sees_lock(&d.host("data/f")));
     c.disconnect();
     exits_cleanly(&mut d);
+}
+
+#[test]
+fn ctl_upgrade_binary_runs_a_binary_of_the_operators_choice_only_a_safe_one() {
+    if is_virtiofsd() {
+        return;
+    }
+    let (d, _binary) = start_from_copy("upgrade-binary");
+    let mut c = d.client();
+    let data = c.lookup(ROOT, "data").expect("lookup data").nodeid;
+    let (e, open) = c.create(data, "f", RDWR, 0o644).expect("create");
+    let before = d.pid();
+    let other_dir = d.dir.root.join("v2");
+    std::fs::create_dir(&other_dir).unwrap();
+    let other = other_dir.join("volfsd");
+    std::fs::copy(daemon_binary(), &other).unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    // Refused: a relative path, one writable by others, one in a directory others
+    // may write to. The old process serves on.
+    let (ok, out) = ctl_upgrade_with(&d, &["--binary", "v2/volfsd"]);
+    assert!(!ok && out.contains("not an absolute path"), "{out}");
+    mode(&other, 0o777);
+    let path = other.to_str().unwrap();
+    let (ok, out) = ctl_upgrade_with(&d, &["--binary", path]);
+    assert!(
+        !ok && out.contains("writable by its group or others"),
+        "{out}"
+    );
+    mode(&other, 0o755);
+    mode(&other_dir, 0o777);
+    let (ok, out) = ctl_upgrade_with(&d, &["--binary", path]);
+    assert!(!ok && out.contains("its directory"), "{out}");
+    mode(&other_dir, 0o755);
+    assert_eq!(d.pid(), before);
+    c.write(e.nodeid, open.fh, 0, b"still served")
+        .expect("write");
+    // A safe one: the new serving process runs it, and so does the next upgrade.
+    let (ok, out) = ctl_upgrade_with(&d, &["--binary", path]);
+    assert!(ok, "{out}\n{}", d.log());
+    wait_log(&d, "keeper: upgraded", 1);
+    // The serving process's binary, once the old one is gone (until then the
+    // keeper has two children).
+    let serving_exe = || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pid = d.pid();
+            if pid != d.launched_pid() || Instant::now() > deadline {
+                return std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert_eq!(serving_exe(), other.canonicalize().unwrap());
+    c.write(e.nodeid, open.fh, 0, b"served by v2")
+        .expect("write");
+    sighup(&d);
+    wait_log(&d, "keeper: upgraded", 2);
+    assert_eq!(serving_exe(), other.canonicalize().unwrap(), "{}", d.log());
+    c.disconnect();
 }
 
 #[test]

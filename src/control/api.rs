@@ -132,9 +132,34 @@ impl Reply {
 
 /// `PUT /upgrade` (`volfsd ctl upgrade`): the keeper starts a new serving process
 /// that takes over; this process answers how it went, then exits (src/keeper/).
-fn upgrade() -> Reply {
+/// A body `{"binary": PATH}` names the binary to run: only root and the daemon's
+/// own user (`uid`, the client's) may, since the keeper runs it as the daemon's
+/// user, outside the sandbox.
+fn upgrade(uid: u32, own: u32, body: &[u8]) -> Reply {
     use crate::keeper::channel::{ask_upgrade, AskError};
-    match ask_upgrade() {
+    let binary = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            binary: Option<String>,
+        }
+        match serde_json::from_slice::<Body>(body) {
+            Ok(b) => b.binary,
+            Err(e) => return Reply::error(400, format!("PUT /upgrade: {e}")),
+        }
+    };
+    if binary.is_some() && uid != 0 && uid != own {
+        return Reply::error(
+            403,
+            format!(
+                "uid {uid} may not choose the binary an upgrade runs (root and the \
+                 daemon's own user may)"
+            ),
+        );
+    }
+    match ask_upgrade(binary.as_deref()) {
         Ok(pause) => Reply::json(
             200,
             &serde_json::json!({ "pause_ms": pause.as_millis() as u64 }),
@@ -153,6 +178,9 @@ pub struct Api {
     device: Arc<DeviceStats>,
     /// The serving process's /proc files, for its gauges in `/metrics`.
     process: Option<ProcessFiles>,
+    /// The daemon's own uid (read at start: the control threads' seccomp filter
+    /// has no geteuid).
+    own_uid: u32,
 }
 
 impl Api {
@@ -168,6 +196,8 @@ impl Api {
             local_root,
             device,
             process: None,
+            // SAFETY: geteuid cannot fail.
+            own_uid: unsafe { libc::geteuid() },
         }
     }
 
@@ -177,7 +207,13 @@ impl Api {
         self
     }
 
+    /// Serves one request of a client whose uid is not known to be privileged.
     pub fn handle(&self, method: &str, path: &str, body: &[u8]) -> Reply {
+        self.handle_from(u32::MAX, method, path, body)
+    }
+
+    /// Serves one request of a client of uid `uid` (SO_PEERCRED, already admitted).
+    pub fn handle_from(&self, uid: u32, method: &str, path: &str, body: &[u8]) -> Reply {
         let path = path.split('?').next().unwrap_or(path);
         let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
         match (method, segments.as_slice()) {
@@ -188,7 +224,7 @@ impl Api {
             ("PUT", ["volumes", name]) => self.attach(name, body),
             ("PATCH", ["volumes", name]) => self.patch(name, body),
             ("DELETE", ["volumes", name]) => self.detach(name),
-            ("PUT", ["upgrade"]) => upgrade(),
+            ("PUT", ["upgrade"]) => upgrade(uid, self.own_uid, body),
             (_, ["health"])
             | (_, ["metrics"])
             | (_, ["volumes"])
@@ -523,3 +559,23 @@ impl std::fmt::Display for NotExpected {
 }
 
 impl std::error::Error for NotExpected {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_and_the_daemons_user_may_name_the_binary_of_an_upgrade() {
+        let body = br#"{"binary": "/usr/bin/volfsd"}"#;
+        let own = 1000;
+        let r = upgrade(4242, own, body);
+        assert_eq!(r.status, 403, "{}", r.body);
+        assert!(r.body.contains("may not choose the binary"), "{}", r.body);
+        // Without a keeper, root and the daemon's own user get as far as the keeper.
+        assert_eq!(upgrade(own, own, body).status, 409);
+        assert_eq!(upgrade(0, own, body).status, 409);
+        let anyone = upgrade(4242, own, b"");
+        assert_eq!(anyone.status, 409, "no binary named: anyone allowed");
+        assert_eq!(upgrade(own, own, br#"{"bin": 1}"#).status, 400);
+    }
+}

@@ -360,7 +360,7 @@ impl Serving {
             .name("volfsd-ctl-client".to_string())
             .spawn(move || {
                 crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Control);
-                serve_client(stream, &api);
+                serve_client(stream, &api, uid);
                 clients.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
@@ -370,7 +370,7 @@ impl Serving {
     }
 }
 
-fn serve_client(mut stream: UnixStream, api: &Api) {
+fn serve_client(mut stream: UnixStream, api: &Api, uid: u32) {
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut buf = Vec::new();
     loop {
@@ -378,7 +378,7 @@ fn serve_client(mut stream: UnixStream, api: &Api) {
         let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
         match http::read_request(&mut stream, &mut buf, Some(READ_TIMEOUT)) {
             Ok(req) => {
-                let reply = api.handle(&req.method, &req.path, &req.body);
+                let reply = api.handle_from(uid, &req.method, &req.path, &req.body);
                 debug!("control: {} {} -> {}", req.method, req.path, reply.status);
                 if reply.status >= 400 {
                     info!(

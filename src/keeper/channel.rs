@@ -5,7 +5,7 @@
 //! process can reach it (the peer credentials are the daemon's by construction).
 //!
 //! ```text
-//! serving -> keeper   "upgrade\n"
+//! serving -> keeper   "upgrade\n" or "upgrade PATH\n" (`ctl upgrade --binary`)
 //! keeper -> serving   "ok <pause in ms>\n" or "failed <why>\n"
 //! serving -> keeper   "done\n"  (after an "ok": its reply is on its way to the
 //!                      client; the keeper lets the old process go only then)
@@ -55,6 +55,9 @@ const MAX_REQUEST_LINE: usize = 1 << 20;
 pub fn read_request(keeper: &UnixStream) -> Option<String> {
     read_line(keeper, MAX_REQUEST_LINE).ok().flatten()
 }
+
+/// The request line that asks for an upgrade (followed by a binary's path, or not).
+pub const UPGRADE: &str = "upgrade";
 
 /// The request line that tells the keeper the attached volumes.
 pub const VOLUMES: &str = "volumes ";
@@ -115,16 +118,24 @@ impl std::fmt::Display for AskError {
     }
 }
 
-/// Asks the keeper for an upgrade and waits for it; the guest's pause on success.
-pub fn ask_upgrade() -> Result<Duration, AskError> {
+/// Asks the keeper for an upgrade (to `binary`, else the daemon's own) and waits
+/// for it; the guest's pause on success.
+pub fn ask_upgrade(binary: Option<&str>) -> Result<Duration, AskError> {
     let channel = SERVING.get().ok_or(AskError::NoKeeper)?;
+    let line = match binary {
+        Some(b) if b.contains('\n') => {
+            return Err(AskError::Failed("a binary path with a newline".into()))
+        }
+        Some(b) => format!("{UPGRADE} {b}\n"),
+        None => format!("{UPGRADE}\n"),
+    };
     // One at a time; a poisoned lock only means an earlier asker panicked.
     let stream = channel.lock().unwrap_or_else(|p| p.into_inner());
     stream
         .set_read_timeout(Some(ANSWER_TIMEOUT))
         .map_err(AskError::Channel)?;
     (&*stream)
-        .write_all(b"upgrade\n")
+        .write_all(line.as_bytes())
         .map_err(AskError::Channel)?;
     let line = read_line(&stream, 4096)
         .map_err(AskError::Channel)?
@@ -155,11 +166,11 @@ mod tests {
             answer(&k, &Ok(Duration::from_millis(42)));
         });
         serve_with(s.into());
-        match ask_upgrade() {
+        match ask_upgrade(None) {
             Err(AskError::Failed(why)) => assert_eq!(why, "the new binary exited with 3"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(ask_upgrade().unwrap(), Duration::from_millis(42));
+        assert_eq!(ask_upgrade(None).unwrap(), Duration::from_millis(42));
         keeper.join().unwrap();
     }
 }

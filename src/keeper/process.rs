@@ -230,7 +230,7 @@ impl Keeper<'_> {
             // crash has a new channel (the old one's hang-up is stale).
             if ready[0] {
                 if self.on_signal(&mut sigfd, waiting, &mut relay) {
-                    let outcome = self.upgrade(relay.as_mut());
+                    let outcome = self.upgrade(relay.as_mut(), None);
                     self.finish(outcome);
                 }
                 continue;
@@ -412,17 +412,18 @@ impl Keeper<'_> {
         }
     }
 
-    /// Starts a new serving process with the fds it inherits, its journal half
-    /// cleared first; connects to it for a session to hand over (`connect`).
+    /// Starts a new serving process (of `command`, else the daemon's binary) with
+    /// the fds it inherits, its journal half cleared first; connects to it for a
+    /// session to hand over (`connect`).
     fn spawn(
         &self,
         journal: Half,
         recover: Option<Half>,
         connect: bool,
+        command: Option<&Command>,
     ) -> Result<Spawned, String> {
-        let command = self
-            .command
-            .as_ref()
+        let command = command
+            .or(self.command.as_ref())
             .ok_or_else(|| Error::NoBinary.to_string())?;
         self.region.clear_half(journal).map_err(|e| e.to_string())?;
         let private = Private::bind().map_err(|e| e.to_string())?;
@@ -478,7 +479,7 @@ impl Keeper<'_> {
     /// Starts a new serving process, with no session, in place of a dead one.
     fn replace(&mut self) -> Result<(), String> {
         let half = self.region.header().current();
-        let new = self.spawn(half, None, false)?;
+        let new = self.spawn(half, None, false, None)?;
         self.adopt(new);
         self.served = false;
         Ok(())
@@ -498,7 +499,7 @@ impl Keeper<'_> {
             return Err(format!("the session cannot be replayed: {why}"));
         }
         let from = self.region.header().current();
-        let mut new = self.spawn(from.other(), Some(from), true)?;
+        let mut new = self.spawn(from.other(), Some(from), true, None)?;
         let stream = new.stream.take().expect("connected");
         let set_up = replay::ready(&stream, STEP_TIMEOUT)
             .and_then(|()| {
@@ -527,17 +528,24 @@ impl Keeper<'_> {
 
     /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
     /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
-    fn upgrade(&self, relay: Option<&mut Relay>) -> Result<Pending, String> {
+    fn upgrade(&self, relay: Option<&mut Relay>, binary: Option<&Path>) -> Result<Pending, String> {
         let Some(relay) = relay else {
             return Err("no frontend is connected (nothing to hand over)".into());
         };
-        let mut new = self.spawn(self.region.header().current().other(), None, true)?;
+        let command = match (binary, &self.command) {
+            (Some(b), Some(c)) => Some(c.with_binary(b)?),
+            (Some(_), None) => return Err(Error::NoBinary.to_string()),
+            (None, _) => None,
+        };
+        let half = self.region.header().current().other();
+        let mut new = self.spawn(half, None, true, command.as_ref())?;
         let stream = new.stream.take().expect("connected");
         match upgrade::hand_over(relay, stream) {
             Ok(done) => Ok(Pending {
                 new,
                 old: done.old,
                 pause: done.pause,
+                command,
             }),
             Err((e, stream)) => {
                 drop(stream);
@@ -574,6 +582,13 @@ impl Keeper<'_> {
         counters.add_pause(PauseKind::Upgrade, done.pause);
         drop(done.old);
         let _ = nix::sys::signal::kill(self.child, Signal::SIGTERM);
+        if let Some(c) = done.command {
+            info!(
+                "keeper: the daemon's binary is {} from now on",
+                c.binary.display()
+            );
+            self.command = Some(c);
+        }
         self.adopt(done.new);
     }
 
@@ -583,8 +598,16 @@ impl Keeper<'_> {
             return;
         };
         match channel::read_request(&ch).as_deref() {
-            Some("upgrade") => {
-                let outcome = self.upgrade(relay);
+            Some(line)
+                if line == channel::UPGRADE
+                    || line.starts_with(&format!("{} ", channel::UPGRADE)) =>
+            {
+                let binary = line
+                    .strip_prefix(channel::UPGRADE)
+                    .map(str::trim_start)
+                    .filter(|b| !b.is_empty())
+                    .map(Path::new);
+                let outcome = self.upgrade(relay, binary);
                 channel::answer(
                     &ch,
                     &outcome.as_ref().map(|p| p.pause).map_err(Clone::clone),
@@ -641,6 +664,8 @@ struct Pending {
     new: Spawned,
     old: UnixStream,
     pause: std::time::Duration,
+    /// The binary named for it (`ctl upgrade --binary`): the daemon's from now on.
+    command: Option<Command>,
 }
 
 /// Ends a new serving process an upgrade gave up on, and says how it ended if it

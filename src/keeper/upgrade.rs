@@ -72,6 +72,59 @@ impl Command {
     }
 }
 
+impl Command {
+    /// The same arguments with `binary`, an operator's choice (`ctl upgrade
+    /// --binary`), checked first: the keeper runs it as the daemon's user, outside
+    /// the sandbox, so as sudo checks what it runs: an absolute path to a regular,
+    /// executable file owned by root or the daemon's user, writable by no one else,
+    /// in a directory alike.
+    pub fn with_binary(&self, binary: &std::path::Path) -> Result<Command, String> {
+        use std::os::unix::fs::MetadataExt;
+        if !binary.is_absolute() {
+            return Err(format!(
+                "--binary {}: not an absolute path",
+                binary.display()
+            ));
+        }
+        let path = std::fs::canonicalize(binary)
+            .map_err(|e| format!("--binary {}: {e}", binary.display()))?;
+        // SAFETY: geteuid cannot fail.
+        let own = unsafe { libc::geteuid() };
+        let safe = |p: &std::path::Path, what: &str| -> Result<std::fs::Metadata, String> {
+            let m = std::fs::metadata(p).map_err(|e| format!("--binary: {}: {e}", p.display()))?;
+            if m.uid() != 0 && m.uid() != own {
+                return Err(format!(
+                    "--binary: {what} {} is owned by uid {}, not root or the daemon's user",
+                    p.display(),
+                    m.uid()
+                ));
+            }
+            if m.mode() & 0o022 != 0 {
+                return Err(format!(
+                    "--binary: {what} {} is writable by its group or others (mode {:o})",
+                    p.display(),
+                    m.mode() & 0o7777
+                ));
+            }
+            Ok(m)
+        };
+        let m = safe(&path, "the binary")?;
+        if !m.is_file() || m.mode() & 0o111 == 0 {
+            return Err(format!(
+                "--binary {}: not an executable regular file",
+                path.display()
+            ));
+        }
+        if let Some(dir) = path.parent() {
+            safe(dir, "its directory")?;
+        }
+        Ok(Command {
+            binary: path,
+            args: self.args.clone(),
+        })
+    }
+}
+
 /// A successful upgrade: the old process's connection (closing it ends that
 /// process) and how long the guest's requests waited.
 pub struct Upgraded {

@@ -72,7 +72,14 @@ pub enum CtlCommand {
     /// Replace the serving process under the running VM by a new one of the binary
     /// as it is on disk now (needs --upgradable); if it fails, the old one serves on
     /// and this says why.
-    Upgrade,
+    Upgrade {
+        /// Run this binary instead (an absolute path; a regular executable file
+        /// owned by root or the daemon's user and writable by no one else, in a
+        /// directory alike). Only root and the daemon's own user may name one. The
+        /// daemon goes on from it: a later upgrade or crash restart runs it too.
+        #[arg(long, value_name = "PATH")]
+        binary: Option<PathBuf>,
+    },
 }
 
 mod bind;
@@ -145,9 +152,12 @@ pub fn run(args: CtlArgs) -> Result<String, CtlError> {
             let vols: Vec<VolumeInfo> = decode(&r.body, "GET /volumes")?;
             Ok(table(&vols))
         }
-        CtlCommand::Upgrade => {
+        CtlCommand::Upgrade { binary } => {
+            let body = binary
+                .as_ref()
+                .map(|b| serde_json::json!({ "binary": b }).to_string());
             let r = expect(
-                request(&socket, "PUT", "/upgrade", None)?,
+                request(&socket, "PUT", "/upgrade", body.as_deref())?,
                 &[200],
                 "upgrade",
             )?;
