@@ -59,6 +59,9 @@ SUITES=(
 	# --upgradable (issue 26): 20 upgrades under fio with verify, a metadata loop and
 	# held locks, alternating two version strings; failing upgrades refused
 	"upgrade-qemu        --vmm qemu --suite upgrade"
+	# --upgradable (issue 26): SIGKILL of the serving process every 2 s, 20 times,
+	# under fio with verify, a create/rename/unlink loop and fsynced records
+	"crash-qemu          --vmm qemu --suite crash"
 	# Add more suites here, one line each.
 )
 
