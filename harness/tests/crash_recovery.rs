@@ -285,3 +285,93 @@ fn crashes_of_processes_that_served_a_while_are_no_loop() {
     wait_log(&c.d, "crash 5, 1 in a row)", 1);
     fc.disconnect();
 }
+
+#[test]
+fn a_daemon_restarted_whole_takes_the_session_back_from_the_frontends_inflight_region() {
+    if is_virtiofsd() {
+        return;
+    }
+    // cloud-hypervisor's route: the frontend keeps the inflight region the keeper
+    // gave it (GET_INFLIGHT_FD), and hands it to the backend the launcher starts
+    // after the whole daemon died (SET_INFLIGHT_FD on its reconnect).
+    let mut c = start("restart-whole", &["--num-request-queues", "1"]);
+    c.mkdir("slow");
+    c.put(
+        "slow",
+        &json!({ "path": "slow", "rate_limiter": { "ops": { "size": 1, "refill_time_ms": 60_000 } } }),
+    )
+    .expect(201);
+    let mut cfg = c.d.config();
+    cfg.inflight = true;
+    let mut fc = c.d.client_with(&cfg);
+    let data = fc.lookup(ROOT, "data").unwrap().nodeid;
+    let dir = fc.mkdir(data, "dir", 0o755).unwrap().nodeid;
+    let (f, open) = fc.create(dir, "f", RDWR, 0o644).unwrap();
+    fc.write(f.nodeid, open.fh, 0, b"before the restart")
+        .unwrap();
+    // slow's one token goes to this lookup; the GETATTR then waits in its line.
+    let slow = fc.lookup(ROOT, "slow").unwrap().nodeid;
+    let _ = fc.lookup(slow, "nothing");
+    let q = fc.request_queue(0).unwrap();
+    let waiting = q.submit(&getattr(slow)).unwrap();
+    q.kick().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.volume("slow")["qos"]["waiting_requests"] != 1 {
+        assert!(Instant::now() < deadline, "{}", c.volume("slow"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let keeper = c.d.launched_pid();
+    c.d.restart();
+    assert_ne!(c.d.launched_pid(), keeper);
+    fc.reconnect(&cfg)
+        .unwrap_or_else(|e| panic!("reconnect: {e}\n{}", c.d.log()));
+    wait_log(&c.d, "took over the guest's session from it", 1);
+    // The old node ids and handle answer in the new daemon.
+    let got = fc
+        .read(f.nodeid, open.fh, 0, 64)
+        .unwrap_or_else(|e| panic!("read after the restart: {e}\n{}", c.d.log()));
+    assert_eq!(got, b"before the restart");
+    fc.write(f.nodeid, open.fh, 18, b", and after").unwrap();
+    assert_eq!(
+        std::fs::read(c.shared().join("data/dir/f")).unwrap(),
+        b"before the restart, and after"
+    );
+    assert_eq!(
+        fc.lookup(dir, "f").unwrap().nodeid,
+        f.nodeid,
+        "the same node id"
+    );
+    // The runtime volume and its limit came back with the session; lifted, the
+    // GETATTR the dead daemon had taken is run again.
+    c.req(
+        "PATCH",
+        "/volumes/slow",
+        Some(&json!({ "rate_limiter": Value::Null }).to_string()),
+    )
+    .expect(200);
+    let q = fc.request_queue(0).unwrap();
+    assert!(outcome(q, waiting, Duration::from_secs(10)).is_ok());
+    assert_eq!(metric(&c, "volfsd_keeper_recoveries_total"), Some(1.0));
+    fc.disconnect();
+}
+
+#[test]
+fn a_restarted_daemon_given_no_region_starts_a_fresh_session() {
+    if is_virtiofsd() {
+        return;
+    }
+    // A frontend that does not keep the region (QEMU): a restarted daemon is a new
+    // device; the old node ids are unknown to it, and it says nothing was taken over.
+    let mut c = start("restart-fresh", &[]);
+    let cfg = c.d.config();
+    let mut fc = c.d.client_with(&cfg);
+    fc.lookup(ROOT, "data").unwrap();
+    c.d.restart();
+    let mut fresh = c.d.client_with(&cfg);
+    let data = fresh.lookup(ROOT, "data").unwrap().nodeid;
+    fresh.getattr(data).unwrap();
+    assert!(!c.d.log().contains("took over"), "{}", c.d.log());
+    drop(fc);
+    fresh.disconnect();
+}

@@ -183,7 +183,7 @@ impl FsBackend {
             return;
         }
         info!(
-            "queue {index}: {} requests the killed serving process had taken are answered              here",
+            "queue {index}: {} requests the killed serving process had taken are answered here",
             left.heads.len()
         );
         if let Err(e) = later::answer_recovered(
@@ -427,8 +427,10 @@ impl VhostUserBackend for FsBackend {
             | VhostUserProtocolFeatures::RESET_DEVICE
             | VhostUserProtocolFeatures::DEVICE_STATE
             // The dirty-page log comes as a shared memory fd (SET_LOG_BASE).
-            // INFLIGHT_SHMFD is not offered: vhost-user-backend 0.22 answers its
-            // messages with an error that ends the connection.
+            // INFLIGHT_SHMFD is not offered here: vhost-user-backend 0.22 answers
+            // its messages with an error that ends the connection. Under
+            // --upgradable the keeper offers it and answers them itself
+            // (src/keeper/inflight.rs): the region it hands out is the journal.
             | VhostUserProtocolFeatures::LOG_SHMFD
     }
 

@@ -14,6 +14,7 @@
 
 pub mod channel;
 pub mod crash;
+pub mod inflight;
 pub mod process;
 pub mod relay;
 pub mod replay;

@@ -264,6 +264,12 @@ impl Keeper<'_> {
                     self.served = false;
                     "the frontend disconnected".to_string()
                 }
+                Ok(Flow::HandedBack) => {
+                    if let Some(r) = relay.as_mut() {
+                        self.handed_back(r);
+                    }
+                    continue;
+                }
                 Ok(Flow::BackendClosed) => {
                     // Died, most likely: SIGCHLD decides (on_end).
                     self.backend_gone = Some(std::time::Instant::now());
@@ -300,7 +306,12 @@ impl Keeper<'_> {
             Ok(backend) => {
                 let _ = self.region.clear_queues();
                 self.region.header().set_in_session(true);
-                Some(Relay::new(frontend, backend))
+                let mut relay = Relay::new(frontend, backend);
+                match self.region.fd().try_clone_to_owned() {
+                    Ok(fd) => relay.set_region(fd),
+                    Err(e) => warn!("keeper: no inflight fd for the frontend: {e}"),
+                }
+                Some(relay)
             }
             Err(e) => {
                 warn!("keeper: connecting to the serving process: {e}");
@@ -526,6 +537,95 @@ impl Keeper<'_> {
         Ok(pause)
     }
 
+    /// The frontend handed back a session region not this keeper's
+    /// (`SET_INFLIGHT_FD`, cloud-hypervisor's reconnect after the whole daemon was
+    /// restarted: inflight.rs). One with a guest's session in it is served on;
+    /// anything else leaves the fresh session as it is. Acked either way: the
+    /// frontend goes on setting the rings up.
+    fn handed_back(&mut self, relay: &mut Relay) {
+        let Some((msg, fd)) = relay.take_handed_back() else {
+            return;
+        };
+        let t0 = std::time::Instant::now();
+        match self.resume_region(relay, fd) {
+            Ok(true) => warn!(
+                "keeper: the frontend handed back the session region of an earlier daemon \
+                 (SET_INFLIGHT_FD): serving process {} took over the guest's session from \
+                 it ({} ms; the rings start as the frontend sets them up)",
+                self.child,
+                t0.elapsed().as_millis()
+            ),
+            Ok(false) => info!(
+                "keeper: the frontend handed back a session region with no session in it: \
+                 a fresh session"
+            ),
+            Err(e) => warn!(
+                "keeper: the frontend handed back a session region (SET_INFLIGHT_FD) that \
+                 cannot be served on: {e}; a fresh session (the guest's requests in flight \
+                 then are not answered)"
+            ),
+        }
+        if let Err(e) = relay.ack(&msg) {
+            warn!("keeper: acking SET_INFLIGHT_FD: {e}");
+        }
+    }
+
+    /// Adopts the region `fd` if it holds a session: a new serving process loads the
+    /// session from its journal, is set up as the frontend has set this one up so
+    /// far, and serves in place of the fresh one. Ok(false): no session in it.
+    fn resume_region(&mut self, relay: &mut Relay, fd: OwnedFd) -> Result<bool, String> {
+        let region = Region::open(fd).map_err(|e| e.to_string())?;
+        if !region.header().in_session() {
+            return Ok(false);
+        }
+        if let Some(why) = &relay.session().unreplayable {
+            return Err(format!("the session cannot be replayed: {why}"));
+        }
+        let ours = std::mem::replace(&mut self.region, region);
+        // The volumes the earlier daemon had attached, the runtime ones included.
+        let volumes = std::mem::replace(&mut self.volumes, self.region.volumes());
+        let from = self.region.header().current();
+        let set_up = self
+            .spawn(from.other(), Some(from), true, None)
+            .and_then(|mut new| {
+                let stream = new.stream.take().expect("connected");
+                let done = replay::ready(&stream, STEP_TIMEOUT).and_then(|()| {
+                    replay::set_up(&stream, relay.session(), &Default::default(), STEP_TIMEOUT)
+                });
+                match done {
+                    Ok(()) => Ok((new, stream)),
+                    Err(e) => {
+                        let pid = new.pid;
+                        Private::remove(&new.private);
+                        drop((new, stream));
+                        Err(format!("{e}{}", ended(pid)))
+                    }
+                }
+            });
+        let (new, stream) = match set_up {
+            Ok(v) => v,
+            Err(e) => {
+                self.region = ours;
+                self.volumes = volumes;
+                return Err(e);
+            }
+        };
+        let fresh = self.child;
+        drop(relay.switch(stream));
+        match self.region.fd().try_clone_to_owned() {
+            Ok(fd) => relay.set_region(fd),
+            Err(e) => warn!("keeper: no inflight fd for the frontend: {e}"),
+        }
+        self.adopt(new);
+        // The fresh process served nothing; its region is gone with `ours`.
+        let _ = nix::sys::signal::kill(fresh, Signal::SIGKILL);
+        drop(ours);
+        let c = &self.region.header().counters;
+        c.crashes.fetch_add(1, Ordering::Relaxed);
+        c.recoveries.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
     /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
     fn upgrade(&self, relay: Option<&mut Relay>, binary: Option<&Path>) -> Result<Pending, String> {
@@ -616,7 +716,13 @@ impl Keeper<'_> {
                 self.finish(outcome);
             }
             Some(line) if line.starts_with(channel::VOLUMES) => {
-                self.volumes = Some(line[channel::VOLUMES.len()..].to_string());
+                let volumes = line[channel::VOLUMES.len()..].to_string();
+                // Also in the region: a keeper started after this one died gets it
+                // back with the region (the frontend's SET_INFLIGHT_FD).
+                if let Err(e) = self.region.set_volumes(&volumes) {
+                    warn!("keeper: keeping the attached volumes in the session region: {e}");
+                }
+                self.volumes = Some(volumes);
                 self.channel = Some(ch);
             }
             Some(other) => {

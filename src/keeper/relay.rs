@@ -9,13 +9,20 @@
 //! handler): the questions and a few others always; any other only when it asks
 //! (`NEED_REPLY`) and `REPLY_ACK` is on, that is, the backend offered
 //! `VHOST_USER_F_PROTOCOL_FEATURES` and the frontend acked `REPLY_ACK`.
+//!
+//! The inflight-fd messages are the keeper's own (`inflight.rs`): it offers
+//! `INFLIGHT_SHMFD`, answers `GET_INFLIGHT_FD` and `SET_INFLIGHT_FD` itself, and
+//! never passes the feature or the messages on (vhost-user-backend 0.22 has no
+//! handler for them).
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 
+use super::inflight::{self, Given};
 use super::replay;
 use super::session::Session;
 use super::wire::{self, Message};
@@ -30,6 +37,10 @@ pub enum Flow {
     FrontendClosed,
     /// The serving process closed its end (it exited, or refused a message).
     BackendClosed,
+    /// The frontend handed back a session region that is not this keeper's
+    /// (`SET_INFLIGHT_FD` after the whole daemon restarted): the keeper decides
+    /// ([`Relay::take_handed_back`]), then acks it ([`Relay::ack`]).
+    HandedBack,
 }
 
 /// The two connections and the session recorded from them.
@@ -42,6 +53,11 @@ pub struct Relay {
     /// A frontend message whose reply the backend never sent (it died meanwhile):
     /// sent again to the process that takes over, whose reply the frontend gets.
     unanswered: Option<Message>,
+    /// The keeper's session region, handed to a frontend that asks for an inflight
+    /// fd (None: the inflight-fd messages are passed on, as without a keeper).
+    region: Option<OwnedFd>,
+    /// A `SET_INFLIGHT_FD` with a region not the keeper's, and that region.
+    handed_back: Option<(Message, OwnedFd)>,
 }
 
 impl Relay {
@@ -52,7 +68,33 @@ impl Relay {
             session: Session::new(),
             offered: 0,
             unanswered: None,
+            region: None,
+            handed_back: None,
         }
+    }
+
+    /// The keeper's session region (a copy of its fd), given to a frontend on
+    /// `GET_INFLIGHT_FD`, and recognised when one hands it back.
+    pub fn set_region(&mut self, region: OwnedFd) {
+        self.region = Some(region);
+    }
+
+    /// The region a frontend handed back and its message ([`Flow::HandedBack`]).
+    pub fn take_handed_back(&mut self) -> Option<(Message, OwnedFd)> {
+        self.handed_back.take()
+    }
+
+    /// Acks a message the keeper answered itself, if the frontend asked for it.
+    pub fn ack(&self, msg: &Message) -> Result<(), Error> {
+        if self.answered(msg) {
+            wire::send(
+                &self.frontend,
+                wire::Header::reply_to(msg.header),
+                &0u64.to_le_bytes(),
+                &[],
+            )?;
+        }
+        Ok(())
     }
 
     pub fn frontend(&self) -> &UnixStream {
@@ -78,7 +120,39 @@ impl Relay {
 
     /// Forwards `msg` from the frontend, then its reply if it has one, and records
     /// both. A backend that is gone keeps the message unanswered.
-    fn pass_on(&mut self, msg: Message) -> Result<Flow, Error> {
+    fn pass_on(&mut self, mut msg: Message) -> Result<Flow, Error> {
+        if let Some(region) = &self.region {
+            use FrontendReq::*;
+            match FrontendReq::try_from(msg.header.request) {
+                Ok(GET_INFLIGHT_FD) => {
+                    let payload = inflight::get_reply(&msg.payload);
+                    let fd = std::os::fd::AsRawFd::as_raw_fd(region);
+                    wire::send(
+                        &self.frontend,
+                        wire::Header::reply_to(msg.header),
+                        &payload,
+                        &[fd],
+                    )?;
+                    return Ok(Flow::Relayed);
+                }
+                Ok(SET_INFLIGHT_FD) => {
+                    return match inflight::given(region, &mut msg) {
+                        Given::Ours => self.ack(&msg).map(|()| Flow::Relayed),
+                        Given::Other(fd) => {
+                            self.handed_back = Some((msg, fd));
+                            Ok(Flow::HandedBack)
+                        }
+                        Given::Unusable(why) => {
+                            log::warn!("keeper: SET_INFLIGHT_FD: {why}: ignored");
+                            self.ack(&msg).map(|()| Flow::Relayed)
+                        }
+                    };
+                }
+                // Acked by the frontend for the keeper, not the serving process.
+                Ok(SET_PROTOCOL_FEATURES) => inflight::strip(&mut msg),
+                _ => {}
+            }
+        }
         match wire::forward(&self.backend, &msg) {
             Ok(()) => {}
             Err(Error::Io { source, .. })
@@ -108,6 +182,12 @@ impl Relay {
                 self.offered = reply.u64().unwrap_or(0);
             }
             self.session.record_reply(msg.header.request, &reply);
+            let mut reply = reply;
+            if self.region.is_some()
+                && msg.header.request == u32::from(FrontendReq::GET_PROTOCOL_FEATURES)
+            {
+                inflight::offer(&mut reply);
+            }
             wire::forward(&self.frontend, &reply)?;
         }
         self.session.record(msg);

@@ -115,13 +115,6 @@ pub fn setup(session: &Session, bases: &BTreeMap<u32, u32>) -> Result<Vec<Step>,
             vec![fd.as_raw_fd()],
         ));
     }
-    if let Some(k) = &session.inflight {
-        steps.push(Step::set(
-            FrontendReq::SET_INFLIGHT_FD,
-            k.payload.clone(),
-            fds(&k.fd),
-        ));
-    }
     if let Some(c) = &session.config {
         steps.push(Step::set(FrontendReq::SET_CONFIG, c.clone(), vec![]));
     }

@@ -83,7 +83,7 @@ impl Vring {
     }
 }
 
-/// A message kept whole with its fd (`SET_LOG_BASE`, `SET_INFLIGHT_FD`).
+/// A message kept whole with its fd (`SET_LOG_BASE`).
 #[derive(Debug)]
 pub struct Kept {
     pub payload: Vec<u8>,
@@ -100,7 +100,6 @@ pub struct Session {
     pub vrings: BTreeMap<u32, Vring>,
     pub log_base: Option<Kept>,
     pub backend_req_fd: Option<OwnedFd>,
-    pub inflight: Option<Kept>,
     /// The last `SET_CONFIG`'s payload.
     pub config: Option<Vec<u8>>,
     /// Why the session cannot be replayed, if it cannot.
@@ -214,12 +213,6 @@ impl Session {
                 })
             }
             FrontendReq::SET_BACKEND_REQ_FD => self.backend_req_fd = single_fd(msg.fds),
-            FrontendReq::SET_INFLIGHT_FD => {
-                self.inflight = Some(Kept {
-                    payload: msg.payload,
-                    fd: single_fd(msg.fds),
-                })
-            }
             FrontendReq::SET_CONFIG => self.config = Some(msg.payload),
             // Questions, and the device state's transfer: they change nothing a new
             // backend must be told.
@@ -229,6 +222,8 @@ impl Session {
             | FrontendReq::GET_CONFIG
             | FrontendReq::GET_MAX_MEM_SLOTS
             | FrontendReq::GET_INFLIGHT_FD
+            // The keeper's own (inflight.rs): never a serving process's.
+            | FrontendReq::SET_INFLIGHT_FD
             | FrontendReq::GET_SHARED_OBJECT
             | FrontendReq::GET_SHMEM_CONFIG
             | FrontendReq::GET_STATUS

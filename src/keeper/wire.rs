@@ -46,6 +46,15 @@ impl Header {
         }
     }
 
+    /// The header of the reply to a message with header `request`.
+    pub fn reply_to(request: Header) -> Header {
+        Header {
+            request: request.request,
+            flags: VERSION | REPLY,
+            size: 0,
+        }
+    }
+
     pub fn is_reply(self) -> bool {
         self.flags & REPLY != 0
     }

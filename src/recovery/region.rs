@@ -10,6 +10,8 @@
 //! 0        header: magic, layout, the current journal half, counters   (4 KiB)
 //! 4 KiB    per queue: the published used index and, per descriptor, 0 or the
 //!          order in which it was taken (MAX_QUEUES x QUEUE_AREA)
+//! VOLUMES  the attached volumes (the control API's bodies, JSON), twice: the
+//!          keeper writes the slot not in use, then switches (2 x VOLUMES_SLOT)
 //! HALVES   two journal halves, each a header page and its slots
 //! ```
 //!
@@ -31,7 +33,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 /// "VOLFSDRG", the first 8 bytes.
 const MAGIC: u64 = u64::from_le_bytes(*b"VOLFSDRG");
 /// The layout this daemon reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Queues the region has room for: the hiprio queue and 63 request queues.
 pub const MAX_QUEUES: usize = 64;
 /// Descriptors per queue it has room for (the largest ring the device accepts).
@@ -57,7 +59,11 @@ pub const LARGE_SLOTS: usize = 1 << 17;
 /// A half: its header page, then its small slots, then its large ones.
 pub const HALF_HEADER: usize = PAGE;
 pub const HALF_LEN: usize = HALF_HEADER + SMALL_SLOTS * SMALL_SLOT + LARGE_SLOTS * LARGE_SLOT;
-const HALVES_OFFSET: usize = QUEUES_END.div_ceil(PAGE) * PAGE;
+/// A volumes slot: its length (u64), then the JSON; as long as the longest
+/// `volumes` line the keeper takes (keeper/channel.rs).
+pub const VOLUMES_SLOT: usize = 1 << 20;
+const VOLUMES_OFFSET: usize = QUEUES_END.div_ceil(PAGE) * PAGE;
+const HALVES_OFFSET: usize = VOLUMES_OFFSET + 2 * VOLUMES_SLOT;
 /// The whole region.
 pub const REGION_LEN: usize = HALVES_OFFSET + 2 * HALF_LEN;
 
@@ -207,6 +213,59 @@ impl Region {
         }
     }
 
+    /// Keeps `json`, the attached volumes, for a keeper started after this one
+    /// died (the region handed back by the frontend): written into the slot not in
+    /// use, which then becomes the one, so that a keeper killed while writing leaves
+    /// the previous list whole.
+    pub fn set_volumes(&self, json: &str) -> Result<(), RegionError> {
+        if json.len() + 8 > VOLUMES_SLOT {
+            return Err(RegionError::Layout(format!(
+                "{} bytes of volumes, room for {}",
+                json.len(),
+                VOLUMES_SLOT - 8
+            )));
+        }
+        let h = self.header();
+        let next = if h.volumes_slot.load(Ordering::Acquire) == 1 {
+            2
+        } else {
+            1
+        };
+        let at = VOLUMES_OFFSET + (next as usize - 1) * VOLUMES_SLOT;
+        let len = self.at(at, 8) as *const AtomicU64;
+        // SAFETY: in bounds, page-aligned, atomics only, lives as long as `self`.
+        unsafe { &*len }.store(json.len() as u64, Ordering::Relaxed);
+        for (i, b) in json.bytes().enumerate() {
+            self.byte(at + 8 + i).store(b, Ordering::Relaxed);
+        }
+        h.volumes_slot.store(next, Ordering::Release);
+        Ok(())
+    }
+
+    /// The attached volumes [`Region::set_volumes`] kept last (None: none, or not
+    /// text).
+    pub fn volumes(&self) -> Option<String> {
+        let slot = self.header().volumes_slot.load(Ordering::Acquire);
+        if slot != 1 && slot != 2 {
+            return None;
+        }
+        let at = VOLUMES_OFFSET + (slot as usize - 1) * VOLUMES_SLOT;
+        // SAFETY: as in set_volumes.
+        let len = unsafe { &*(self.at(at, 8) as *const AtomicU64) }.load(Ordering::Relaxed);
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|l| l + 8 <= VOLUMES_SLOT)?;
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| self.byte(at + 8 + i).load(Ordering::Relaxed))
+            .collect();
+        String::from_utf8(bytes).ok()
+    }
+
+    fn byte(&self, offset: usize) -> &AtomicU8 {
+        // SAFETY: in bounds (checked by `at`); a byte needs no alignment.
+        unsafe { &*(self.at(offset, 1) as *const AtomicU8) }
+    }
+
     /// Forgets what half `half` recorded: its pages are given back (zeroes).
     pub fn clear_half(&self, half: Half) -> Result<(), RegionError> {
         self.punch(HALVES_OFFSET + half.index() * HALF_LEN, HALF_LEN)
@@ -214,7 +273,7 @@ impl Region {
 
     /// Forgets every queue's requests in flight.
     pub fn clear_queues(&self) -> Result<(), RegionError> {
-        self.punch(QUEUES_OFFSET, HALVES_OFFSET - QUEUES_OFFSET)
+        self.punch(QUEUES_OFFSET, VOLUMES_OFFSET - QUEUES_OFFSET)
     }
 
     fn punch(&self, offset: usize, len: usize) -> Result<(), RegionError> {
@@ -286,7 +345,8 @@ pub struct Header {
     /// Whether a guest's session is recorded here (a frontend's rings ran): a region
     /// handed back after a restart of the whole daemon is recovered only then.
     in_session: AtomicU32,
-    _pad: AtomicU32,
+    /// The volumes slot in use: 0 none written, 1 or 2.
+    volumes_slot: AtomicU32,
     pub counters: Counters,
 }
 
@@ -299,6 +359,11 @@ impl Header {
     /// Makes `half` the one of record (the keeper, once a new process took over).
     pub fn set_current(&self, half: Half) {
         self.current.store(half.index() as u32, Ordering::Release);
+    }
+
+    /// Whether a guest's session is recorded here (see the field).
+    pub fn in_session(&self) -> bool {
+        self.in_session.load(Ordering::Acquire) != 0
     }
 
     pub fn set_in_session(&self, on: bool) {
@@ -517,6 +582,7 @@ mod tests {
     #[test]
     fn the_layout_fits_and_is_aligned() {
         assert!(std::mem::size_of::<Header>() <= HEADER_LEN);
+        assert_eq!(VOLUMES_OFFSET % PAGE, 0);
         assert_eq!(std::mem::size_of::<QueueArea>(), QUEUE_AREA);
         assert!(std::mem::size_of::<HalfHeader>() <= HALF_HEADER);
         assert_eq!(HALVES_OFFSET % PAGE, 0);
@@ -546,10 +612,16 @@ mod tests {
 
         // A half cleared reads as zeroes; the other half and the header stay.
         again.clear_half(Half::B).unwrap();
+        again.set_volumes("[]").unwrap();
         assert_eq!(slot.read_bytes(100, 4), vec![0; 4]);
         assert_eq!(r.header().counters.crashes.load(Ordering::Relaxed), 3);
         again.clear_queues().unwrap();
         assert_eq!(r.queue(5).unwrap().heads[7].load(Ordering::Relaxed), 0);
+        assert_eq!(
+            r.volumes().as_deref(),
+            Some("[]"),
+            "the volumes are no queue's"
+        );
 
         // A file that is not a region, or too small, is refused.
         let other =
@@ -560,6 +632,24 @@ mod tests {
         f.set_len(REGION_LEN as u64).unwrap();
         let e = Region::open(f.into()).err().unwrap();
         assert!(e.to_string().contains("not a volfsd session region"), "{e}");
+    }
+
+    #[test]
+    fn the_volumes_kept_are_the_last_written_and_seen_again_through_the_fd() {
+        let r = Region::create().unwrap();
+        assert_eq!(r.volumes(), None);
+        r.set_volumes(r#"[{"name":"a"}]"#).unwrap();
+        r.set_volumes(r#"[{"name":"a"},{"name":"b"}]"#).unwrap();
+        r.set_volumes("[]").unwrap();
+        let again = Region::open(r.fd().try_clone_to_owned().unwrap()).unwrap();
+        assert_eq!(again.volumes().as_deref(), Some("[]"));
+        let huge = "x".repeat(VOLUMES_SLOT);
+        assert!(r.set_volumes(&huge).is_err());
+        assert_eq!(
+            again.volumes().as_deref(),
+            Some("[]"),
+            "a refused list changes nothing"
+        );
     }
 
     #[test]

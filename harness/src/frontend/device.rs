@@ -4,12 +4,14 @@
 //! SET_VRING_ENABLE. Queue 0 is the hiprio queue, 1..=N are request queues.
 
 use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{
-    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserHeaderFlag,
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags,
+    VhostUserHeaderFlag, VhostUserInflight,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::VhostBackend;
@@ -47,6 +49,11 @@ pub struct DeviceConfig {
     /// Ack VHOST_USER_PROTOCOL_F_LOG_SHMFD if the backend offers it, as a VMM that
     /// may migrate does (then [`VhostUserFsDevice::set_log_base`] works).
     pub dirty_log: bool,
+    /// Ack VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD if the backend offers it, and at
+    /// connect ask for the inflight region (GET_INFLIGHT_FD with size 0) and set it
+    /// (SET_INFLIGHT_FD), as cloud-hypervisor does; then
+    /// [`VhostUserFsDevice::reconnect`] hands it back to a restarted backend.
+    pub inflight: bool,
     /// How long to keep retrying while the socket does not exist or refuses.
     pub connect_timeout: Duration,
     /// A device state to load before the memory table and the queues are set up, as
@@ -65,6 +72,7 @@ impl DeviceConfig {
             queue_size: 256,
             event_idx: false,
             dirty_log: false,
+            inflight: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
         }
@@ -117,6 +125,8 @@ pub struct VhostUserFsDevice {
     features: NegotiatedFeatures,
     config: Option<FsConfig>,
     last_transfer: Option<StateTransferTimes>,
+    /// The inflight region the backend gave (`DeviceConfig::inflight`).
+    inflight: Option<(VhostUserInflight, std::fs::File)>,
 }
 
 impl VhostUserFsDevice {
@@ -156,6 +166,21 @@ impl VhostUserFsDevice {
             .set_mem_table(&[region])
             .map_err(|e| Error::vhost("SET_MEM_TABLE", e))?;
 
+        let inflight = if features.acked_protocol_features
+            & VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits()
+            != 0
+        {
+            let ask = VhostUserInflight::new(0, 0, wanted_queues as u16, cfg.queue_size);
+            let (info, file) = frontend
+                .get_inflight_fd(&ask)
+                .map_err(|e| Error::vhost("GET_INFLIGHT_FD", e))?;
+            frontend
+                .set_inflight_fd(&info, file.as_raw_fd())
+                .map_err(|e| Error::vhost("SET_INFLIGHT_FD", e))?;
+            Some((info, file))
+        } else {
+            None
+        };
         let event_idx = features.acked_features & VIRTIO_RING_F_EVENT_IDX != 0;
         let mut queues = Vec::new();
         for index in 0..wanted_queues as u16 {
@@ -171,7 +196,56 @@ impl VhostUserFsDevice {
             features,
             config,
             last_transfer,
+            inflight,
         })
+    }
+
+    /// cloud-hypervisor's reconnect to a backend started again on the same socket
+    /// (its old connection closed): SET_OWNER, the negotiation, SET_MEM_TABLE,
+    /// SET_VRING_NUM of each ring, SET_INFLIGHT_FD with the region the earlier
+    /// backend gave, then each ring on the same memory from the guest's avail index
+    /// (SET_VRING_ADDR, BASE, CALL, KICK, ENABLE). `inflight` is the old device's
+    /// ([`Self::take_inflight`]).
+    pub fn reconnect(
+        cfg: &DeviceConfig,
+        memory: Arc<GuestMemory>,
+        queues: &[&SplitQueue],
+        inflight: (VhostUserInflight, std::fs::File),
+    ) -> Result<Self> {
+        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        frontend
+            .set_owner()
+            .map_err(|e| Error::vhost("SET_OWNER", e))?;
+        let features = negotiate(&mut frontend, cfg)?;
+        let region = memory.region_info()?;
+        frontend
+            .set_mem_table(&[region])
+            .map_err(|e| Error::vhost("SET_MEM_TABLE", e))?;
+        for q in queues {
+            frontend
+                .set_vring_num(usize::from(q.index()), q.size())
+                .map_err(|e| Error::vhost("SET_VRING_NUM", e))?;
+        }
+        frontend
+            .set_inflight_fd(&inflight.0, inflight.1.as_raw_fd())
+            .map_err(|e| Error::vhost("SET_INFLIGHT_FD", e))?;
+        for q in queues {
+            start_queue_at(&mut frontend, q, u32::from(q.avail_idx()?))?;
+        }
+        Ok(VhostUserFsDevice {
+            frontend,
+            memory,
+            queues: Vec::new(),
+            features,
+            config: None,
+            last_transfer: None,
+            inflight: Some(inflight),
+        })
+    }
+
+    /// The inflight region the backend gave at connect (`DeviceConfig::inflight`).
+    pub fn take_inflight(&mut self) -> Option<(VhostUserInflight, std::fs::File)> {
+        self.inflight.take()
     }
 
     /// A migration's destination VMM: connects to the backend of `cfg` (its socket,
@@ -210,6 +284,7 @@ impl VhostUserFsDevice {
             features,
             config: None,
             last_transfer: Some(times),
+            inflight: None,
         })
     }
 
@@ -368,6 +443,9 @@ fn negotiate(frontend: &mut Frontend, cfg: &DeviceConfig) -> Result<NegotiatedFe
         | VhostUserProtocolFeatures::DEVICE_STATE;
     if cfg.dirty_log {
         wanted |= VhostUserProtocolFeatures::LOG_SHMFD;
+    }
+    if cfg.inflight {
+        wanted |= VhostUserProtocolFeatures::INFLIGHT_SHMFD;
     }
     let acked_protocol = offered_protocol & wanted;
     frontend

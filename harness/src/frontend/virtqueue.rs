@@ -179,6 +179,12 @@ impl SplitQueue {
         self.load(self.used_ring.unchecked_add(2), "used idx")
     }
 
+    /// The avail index the driver published, read from guest memory (what
+    /// cloud-hypervisor sends as the base when it reconnects).
+    pub fn avail_idx(&self) -> Result<u16> {
+        self.load(self.avail_ring.unchecked_add(2), "avail idx")
+    }
+
     /// Free descriptors left for new chains.
     pub fn free_descriptor_count(&self) -> usize {
         self.free_descriptors.len()

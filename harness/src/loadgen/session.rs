@@ -32,6 +32,7 @@ impl Session {
             queue_size: 1024,
             event_idx: true,
             dirty_log: false,
+            inflight: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
         };

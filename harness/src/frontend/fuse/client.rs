@@ -147,6 +147,21 @@ impl FuseClient {
         Ok(state)
     }
 
+    /// cloud-hypervisor's reconnect after the backend was restarted on the same
+    /// socket (the old connection is dropped): the same memory and rings, each from
+    /// the guest's avail index, and the inflight region the old backend gave
+    /// (needs `DeviceConfig::inflight` at connect).
+    pub fn reconnect(&mut self, cfg: &DeviceConfig) -> Result<()> {
+        let inflight = self.device.take_inflight().ok_or_else(|| {
+            Error::InvalidArgument("the backend gave no inflight region at connect".into())
+        })?;
+        let memory = self.device.memory().clone();
+        let mut rings: Vec<&SplitQueue> = vec![self.hiprio.ring()];
+        rings.extend(self.request_queues.iter().map(|q| q.ring()));
+        self.device = VhostUserFsDevice::reconnect(cfg, memory, &rings, inflight)?;
+        Ok(())
+    }
+
     /// Saves the device state with request queue 0 paused, then resumes it where it
     /// stopped, as a VMM whose migration failed resumes the source.
     pub fn save_state_paused(&mut self) -> Result<Vec<u8>> {
