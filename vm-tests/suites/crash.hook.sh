@@ -49,6 +49,7 @@ serving() {
 }
 
 progress() { cat "$C/meta/progress" 2>/dev/null || echo 0; }
+durable_bytes() { stat -c %s "$C/durable" 2>/dev/null || echo 0; }
 
 guest_goes_on() { # the metadata loop makes 2 more rounds within 60 s
 	local n0 t0=$SECONDS
@@ -114,9 +115,10 @@ crashes() {
 
 # virtiofsd: one kill, then what the guest does.
 observe() {
-	local pid t0 p0 p1 qemu
+	local pid t0 p0 p1 d0 d1 qemu
 	pid=$(serving)
 	p0=$(progress)
+	d0=$(durable_bytes)
 	{
 		echo "daemon: $("${VMTEST_DAEMON:?}" --version 2>&1 | head -n 1)"
 		echo "killed: SIGKILL to $pid at the guest's metadata round $p0"
@@ -125,9 +127,11 @@ observe() {
 	t0=$SECONDS
 	sleep 60
 	p1=$(progress)
+	d1=$(durable_bytes)
 	qemu=$(pgrep -f "qemu-system.*$WORK" | head -n 1)
 	{
 		echo "60 s later: metadata round $p1 ($((p1 - p0)) rounds since the kill)"
+		echo "60 s later: the fsynced records file has $d1 bytes ($((d1 - d0)) more since the kill)"
 		echo "60 s later: QEMU $([[ -n $qemu ]] && echo "still runs (pid $qemu)" || echo "has exited")"
 		echo "60 s later: the daemon $(kill -0 "$pid" 2>/dev/null && echo runs || echo is gone); nothing restarts it"
 		echo "the guest's console since the kill:"
