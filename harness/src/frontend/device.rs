@@ -132,7 +132,7 @@ pub struct VhostUserFsDevice {
 impl VhostUserFsDevice {
     /// Connects to the backend and brings up hiprio + `request_queues` queues.
     pub fn connect(cfg: &DeviceConfig) -> Result<Self> {
-        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout, 1)?;
         let memory = GuestMemory::new(cfg.memory_size)?;
         frontend
             .set_owner()
@@ -201,22 +201,41 @@ impl VhostUserFsDevice {
     }
 
     /// cloud-hypervisor's reconnect to a backend started again on the same socket
-    /// (its old connection closed): SET_OWNER, the negotiation, SET_MEM_TABLE,
-    /// SET_VRING_NUM of each ring, SET_INFLIGHT_FD with the region the earlier
-    /// backend gave, then each ring on the same memory from the guest's avail index
-    /// (SET_VRING_ADDR, BASE, CALL, KICK, ENABLE). `inflight` is the old device's
-    /// ([`Self::take_inflight`]).
+    /// (its old connection closed), message for message as v52's
+    /// `reinitialize_vhost_user` (virtio-devices/src/vhost_user/vu_common_ctrl.rs):
+    /// SET_OWNER, GET_FEATURES, SET_PROTOCOL_FEATURES with the bits acked before
+    /// (no GET_PROTOCOL_FEATURES), SET_FEATURES, SET_MEM_TABLE, SET_VRING_NUM of
+    /// each ring, SET_INFLIGHT_FD with the region the earlier backend gave, then
+    /// each ring's SET_VRING_ADDR, SET_VRING_BASE (the guest's avail index),
+    /// SET_VRING_CALL and SET_VRING_KICK, then SET_VRING_ENABLE of each.
+    /// `features` and `inflight` are the old device's ([`Self::features`],
+    /// [`Self::take_inflight`]).
     pub fn reconnect(
         cfg: &DeviceConfig,
         memory: Arc<GuestMemory>,
         queues: &[&SplitQueue],
+        features: NegotiatedFeatures,
         inflight: (VhostUserInflight, std::fs::File),
     ) -> Result<Self> {
-        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        let mut frontend =
+            connect_with_retry(&cfg.socket_path, cfg.connect_timeout, queues.len() as u64)?;
         frontend
             .set_owner()
             .map_err(|e| Error::vhost("SET_OWNER", e))?;
-        let features = negotiate(&mut frontend, cfg)?;
+        frontend
+            .get_features()
+            .map_err(|e| Error::vhost("GET_FEATURES", e))?;
+        let protocol =
+            VhostUserProtocolFeatures::from_bits_truncate(features.acked_protocol_features);
+        frontend
+            .set_protocol_features(protocol)
+            .map_err(|e| Error::vhost("SET_PROTOCOL_FEATURES", e))?;
+        if protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        frontend
+            .set_features(features.acked_features)
+            .map_err(|e| Error::vhost("SET_FEATURES", e))?;
         let region = memory.region_info()?;
         frontend
             .set_mem_table(&[region])
@@ -230,7 +249,25 @@ impl VhostUserFsDevice {
             .set_inflight_fd(&inflight.0, inflight.1.as_raw_fd())
             .map_err(|e| Error::vhost("SET_INFLIGHT_FD", e))?;
         for q in queues {
-            start_queue_at(&mut frontend, q, u32::from(q.avail_idx()?))?;
+            let i = usize::from(q.index());
+            let ctx = |msg: &str| format!("queue {i}: {msg}");
+            frontend
+                .set_vring_addr(i, &q.config_data()?)
+                .map_err(|e| Error::vhost(ctx("SET_VRING_ADDR"), e))?;
+            frontend
+                .set_vring_base(i, q.avail_idx()?)
+                .map_err(|e| Error::vhost(ctx("SET_VRING_BASE"), e))?;
+            frontend
+                .set_vring_call(i, q.call_eventfd())
+                .map_err(|e| Error::vhost(ctx("SET_VRING_CALL"), e))?;
+            frontend
+                .set_vring_kick(i, q.kick_eventfd())
+                .map_err(|e| Error::vhost(ctx("SET_VRING_KICK"), e))?;
+        }
+        for q in queues {
+            frontend
+                .set_vring_enable(usize::from(q.index()), true)
+                .map_err(|e| Error::vhost("SET_VRING_ENABLE 1", e))?;
         }
         Ok(VhostUserFsDevice {
             frontend,
@@ -260,7 +297,7 @@ impl VhostUserFsDevice {
         bases: &[u32],
         state: &[u8],
     ) -> Result<Self> {
-        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout)?;
+        let mut frontend = connect_with_retry(&cfg.socket_path, cfg.connect_timeout, 1)?;
         frontend
             .set_owner()
             .map_err(|e| Error::vhost("SET_OWNER", e))?;
@@ -397,12 +434,13 @@ impl VhostUserFsDevice {
     }
 }
 
-fn connect_with_retry(path: &Path, timeout: Duration) -> Result<Frontend> {
+/// `max_queues`: the rings the frontend may name before GET_QUEUE_NUM tells it.
+fn connect_with_retry(path: &Path, timeout: Duration, max_queues: u64) -> Result<Frontend> {
     let deadline = Instant::now() + timeout;
     loop {
         // max_queue_num is only an upper bound for index checks until
         // GET_QUEUE_NUM replaces it.
-        match Frontend::connect(path, 1) {
+        match Frontend::connect(path, max_queues) {
             Ok(frontend) => return Ok(frontend),
             Err(vhost::Error::VhostUserProtocol(vhost::vhost_user::Error::SocketConnect(e)))
                 if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)

@@ -158,7 +158,8 @@ impl FuseClient {
         let memory = self.device.memory().clone();
         let mut rings: Vec<&SplitQueue> = vec![self.hiprio.ring()];
         rings.extend(self.request_queues.iter().map(|q| q.ring()));
-        self.device = VhostUserFsDevice::reconnect(cfg, memory, &rings, inflight)?;
+        let features = self.device.features();
+        self.device = VhostUserFsDevice::reconnect(cfg, memory, &rings, features, inflight)?;
         Ok(())
     }
 
