@@ -321,6 +321,11 @@ fn a_daemon_restarted_whole_takes_the_session_back_from_the_frontends_inflight_r
         std::thread::sleep(Duration::from_millis(10));
     }
 
+    assert!(
+        c.d.log().contains("asked for an inflight region"),
+        "{}",
+        c.d.log()
+    );
     let keeper = c.d.launched_pid();
     c.d.restart();
     assert_ne!(c.d.launched_pid(), keeper);

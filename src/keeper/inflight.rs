@@ -36,11 +36,13 @@ pub fn offer(reply: &mut Message) {
 }
 
 /// `SET_PROTOCOL_FEATURES` as the serving process gets it: without
-/// `INFLIGHT_SHMFD`, which it never offered.
-pub fn strip(msg: &mut Message) {
-    if let Some(features) = msg.u64() {
-        msg.payload = (features & !INFLIGHT_SHMFD).to_le_bytes().to_vec();
-    }
+/// `INFLIGHT_SHMFD`, which it never offered. Returns whether the frontend acked it.
+pub fn strip(msg: &mut Message) -> bool {
+    let Some(features) = msg.u64() else {
+        return false;
+    };
+    msg.payload = (features & !INFLIGHT_SHMFD).to_le_bytes().to_vec();
+    features & INFLIGHT_SHMFD != 0
 }
 
 /// `GET_INFLIGHT_FD`'s reply payload (the fd is the region's): the whole region, at
@@ -112,8 +114,9 @@ mod tests {
         let mut reply = Message::new(1, 0x8u64.to_le_bytes().to_vec());
         offer(&mut reply);
         assert_eq!(reply.u64(), Some(0x8 | INFLIGHT_SHMFD));
-        strip(&mut reply);
+        assert!(strip(&mut reply), "the frontend acked it");
         assert_eq!(reply.u64(), Some(0x8));
+        assert!(!strip(&mut reply), "not acked twice");
     }
 
     #[test]

@@ -125,6 +125,11 @@ impl Relay {
             use FrontendReq::*;
             match FrontendReq::try_from(msg.header.request) {
                 Ok(GET_INFLIGHT_FD) => {
+                    log::info!(
+                        "keeper: the frontend asked for an inflight region (GET_INFLIGHT_FD): \
+                         given the session region; a daemon started again after this one died \
+                         gets the guest's session back when the frontend hands it over"
+                    );
                     let payload = inflight::get_reply(&msg.payload);
                     let fd = std::os::fd::AsRawFd::as_raw_fd(region);
                     wire::send(
@@ -149,7 +154,9 @@ impl Relay {
                     };
                 }
                 // Acked by the frontend for the keeper, not the serving process.
-                Ok(SET_PROTOCOL_FEATURES) => inflight::strip(&mut msg),
+                Ok(SET_PROTOCOL_FEATURES) => {
+                    inflight::strip(&mut msg);
+                }
                 _ => {}
             }
         }
