@@ -218,11 +218,24 @@ rotated_order() {
 	fi
 }
 
+# floor_run REP: no daemon: each workload's host system calls in a tight loop on
+# the same files (volfsd-loadgen --floor), once per repetition, in the rotation.
+floor_run() {
+	local rep=$1
+	mkdir -p "$OUT/floor"
+	local lg=("$LOADGEN" --floor --shared-dir "$SHARE" --duration "$DURATION" --file-size "$FILE_SIZE"
+		--files 10000 --workload all --keep-files --json "$OUT/floor/floor-rep$rep.json")
+	echo "${lg[*]}" >"$OUT/floor/floor.cmd"
+	note_run loadgen floor "$rep"
+	"${lg[@]}" >"$OUT/floor/floor-rep$rep.txt" 2>&1 || die "the floor failed (rep $rep): $(tail -n 2 "$OUT/floor/floor-rep$rep.txt")"
+	say "floor rep $rep: $(awk 'NR>1 && !/^loadgen:/ {printf "%s %s  ", $1, $2}' "$OUT/floor/floor-rep$rep.txt")"
+}
+
 quiet_check
 if [[ $DO_LOADGEN == 1 ]]; then
 	for rep in $(seq "$REPS"); do
-		for name in $(rotated_order "$rep" "${LOADGEN_CONFIGS[@]}"); do
-			loadgen_run "$name" "$rep"
+		for name in $(rotated_order "$rep" "${LOADGEN_CONFIGS[@]}" floor); do
+			if [[ $name == floor ]]; then floor_run "$rep"; else loadgen_run "$name" "$rep"; fi
 		done
 	done
 fi

@@ -139,6 +139,55 @@ def load_loadgen(data):
     return res
 
 
+def load_floor(data):
+    """{rep: {workload: {"cpu": µs per op, "syscalls": str}}} from benches/compare.sh's
+    `volfsd-loadgen --floor` runs (floor/floor-repN.json), or {} for older data."""
+    out = {}
+    for path in glob.glob(os.path.join(data, "floor", "floor-rep*.json")):
+        m = re.match(r"floor-rep(\d+)\.json$", os.path.basename(path))
+        with open(path) as f:
+            doc = json.load(f)
+        out[int(m.group(1))] = {fl["workload"]: {"cpu": fl["cpu_us_per_op"], "syscalls": fl["syscalls"]}
+                                for fl in doc["floors"]}
+    return out
+
+
+def floor_section(P, lg, floor, readings):
+    """Each daemon's CPU per operation beyond the host floor, per repetition."""
+    P("### Beyond the host floor: each daemon's own CPU per operation (µs)\n")
+    P("The floor is the host system calls a daemon must make for one operation, made in a tight "
+      "loop on one thread on the same files, in the same repetitions (`volfsd-loadgen --floor`, "
+      "its CPU time per operation). A daemon's overhead is its CPU per operation (per request × "
+      "requests per operation) minus the floor of the same repetition: the ring, the copy, "
+      "decoding, its layers, the reply and the notification. Median over the repetitions, min–max "
+      "in brackets; the metadata workload's operation is a file (CREATE, WRITE, RELEASE, UNLINK).\n")
+    P("| workload | system calls | floor | " + " | ".join(f"{c} beyond" for c in FOUR) + " |")
+    P("|---|---|---|" + "---|" * len(FOUR))
+    for w in WORKLOADS + QD1:
+        floors = [floor[r][w]["cpu"] for r in sorted(floor) if w in floor[r]]
+        if not floors:
+            continue
+        sc = next(floor[r][w]["syscalls"] for r in sorted(floor) if w in floor[r])
+        cells = []
+        for c in FOUR:
+            over = []
+            for r, res in sorted(lg.runs.get(c, {}).items()):
+                m = res.get(w, {})
+                if r in floor and w in floor[r] and m.get("cpu") is not None and m.get("ops"):
+                    over.append(m["cpu"] * m["req"] / m["ops"] - floor[r][w]["cpu"])
+            cells.append(cell(over, 2))
+        P(f"| {w} | {sc} | {cell(floors, 2)} | " + " | ".join(cells) + " |")
+    P("")
+    for w in ("randread4k", "randwrite4k", "getattr", "lookup"):
+        a = [lg.runs["volfsd"][r][w]["cpu"] * lg.runs["volfsd"][r][w]["req"] / lg.runs["volfsd"][r][w]["ops"]
+             - floor[r][w]["cpu"]
+             for r in sorted(lg.runs.get("volfsd", {})) if r in floor and w in floor[r]
+             and w in lg.runs["volfsd"][r] and lg.runs["volfsd"][r][w].get("cpu") is not None]
+        if a:
+            readings.append(f"Beyond the host floor, volfsd spends {med(a):.2f} µs of its own CPU per {w} "
+                            "operation (its defaults).")
+
+
 def load_fio(data, sub="fio"):
     """{config: {rep: {"jobs": {..}, "meta": {..}}}}"""
     res = {}
@@ -431,6 +480,9 @@ def main():
 
     if lg.runs:
         loadgen_section(P, lg, targets, readings)
+        floor = load_floor(data)
+        if floor:
+            floor_section(P, lg, floor, readings)
         file_handles_section(P, lg, readings)
     if fp:
         footprint_section(P, fp, targets)

@@ -91,6 +91,21 @@ if [[ -x $VOLFSD && -x $LOADGEN ]]; then
 	else
 		echo "SMOKE INFO virtiofsd not installed: loadgen not checked against it"
 	fi
+	# The host floor (no daemon): every workload that has one, a report of each.
+	mkdir -p "$WORK/share-floor"
+	if "$LOADGEN" --floor --shared-dir "$WORK/share-floor" --file-size 4M --files 100 --duration 0.2 \
+		--workload all --quiet --json "$WORK/floor.json" >"$WORK/floor.log" 2>&1 &&
+		python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+got = {f["workload"] for f in d["floors"] if f["ops"] > 0 and f["cpu_us_per_op"] > 0}
+want = {"randread4k", "randwrite4k", "getattr", "lookup", "metadata"}
+sys.exit(0 if want <= got else f"floors missing: {sorted(want - got)}")
+' "$WORK/floor.json" 2>>"$WORK/floor.log" && [[ -z $(ls -A "$WORK/share-floor") ]]; then
+		pass loadgen-floor
+	else
+		fail loadgen-floor "$(tail -n 2 "$WORK/floor.log" | tr '\n' ' ') $(ls -A "$WORK/share-floor" | head -n 3 | tr '\n' ' ')"
+	fi
 else
 	fail loadgen "$VOLFSD or $LOADGEN missing (build with cargo build --release --workspace)"
 fi

@@ -13,8 +13,12 @@ use volfsd_harness::loadgen::{self, Options, Workload};
 #[command(name = "volfsd-loadgen", version, about)]
 struct Cli {
     /// vhost-user-fs socket of the backend
+    #[arg(long, required_unless_present = "floor")]
+    socket: Option<PathBuf>,
+    /// No daemon: each workload's host system calls in a tight loop on one thread,
+    /// on the same files (the host floor a daemon's overhead is measured against).
     #[arg(long)]
-    socket: PathBuf,
+    floor: bool,
     /// The backend's shared dir on the host (files are prepared and checked there)
     #[arg(long)]
     shared_dir: PathBuf,
@@ -84,6 +88,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cli.floor {
+        return floor(&cli, &opts);
+    }
     let volumes = cli
         .volumes
         .as_deref()
@@ -118,7 +125,7 @@ fn main() -> ExitCode {
 
 fn build(cli: &Cli) -> Result<Options, String> {
     Ok(Options {
-        socket: cli.socket.clone(),
+        socket: cli.socket.clone().unwrap_or_default(),
         shared_dir: cli.shared_dir.clone(),
         queues: cli.queues,
         qd: cli.qd,
@@ -134,4 +141,33 @@ fn build(cli: &Cli) -> Result<Options, String> {
         daemon_pid: cli.daemon_pid,
         hold_inodes: cli.hold_inodes,
     })
+}
+
+fn floor(cli: &Cli, opts: &Options) -> ExitCode {
+    match loadgen::floor::measure(opts) {
+        Ok(report) => {
+            println!(
+                "{:<14} {:>12} {:>12}  system calls",
+                "workload", "cpu us/op", "wall us/op"
+            );
+            for f in &report.floors {
+                println!(
+                    "{:<14} {:>12.3} {:>12.3}  {}",
+                    f.workload, f.cpu_us_per_op, f.wall_us_per_op, f.syscalls
+                );
+            }
+            if let Some(path) = &cli.json {
+                let text = serde_json::to_string_pretty(&report).expect("report serializes");
+                if let Err(e) = std::fs::write(path, text + "\n") {
+                    eprintln!("volfsd-loadgen: writing {}: {e}", path.display());
+                    return ExitCode::from(1);
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("volfsd-loadgen: floor: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -17,6 +17,7 @@
 //! the rate follows).
 
 pub mod driver;
+pub mod floor;
 mod hold;
 pub mod pattern;
 mod prepare;
