@@ -27,6 +27,10 @@ pub mod device {
         pub use crate::device::inflight::InFlight;
     }
 
+    pub mod poll {
+        pub use crate::device::poll::Poller;
+    }
+
     pub mod later {
         pub use crate::device::later::{Later, Parked, WaitRoom, WakeTimer};
     }

@@ -46,9 +46,11 @@ fn state() -> &'static State {
         std::fs::write(p.join("file"), b"x").unwrap();
         std::os::unix::fs::symlink("hidden", p.join("link")).unwrap();
         std::os::unix::fs::symlink("/etc", p.join("out")).unwrap();
-        let specs =
-            volfsd::exports::config::parse_allowed_dirs(&p, &["data".to_string(), "ro:ro".to_string()])
-                .unwrap();
+        let specs = volfsd::exports::config::parse_allowed_dirs(
+            &p,
+            &["data".to_string(), "ro:ro".to_string()],
+        )
+        .unwrap();
         let stack = fs::build(
             &p,
             Some(&specs),

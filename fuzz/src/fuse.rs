@@ -195,9 +195,11 @@ fn state() -> &'static Mutex<State> {
         let _ = xattr_set(&ro.join("f"), "user.tag", b"v");
         std::fs::create_dir_all(p.join("hidden")).unwrap();
         std::fs::write(p.join("hidden/secret"), b"SECRET").unwrap();
-        let specs =
-            volfsd::exports::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
-                .unwrap();
+        let specs = volfsd::exports::config::parse_allowed_dirs(
+            &p,
+            &["rw".to_string(), "ro:ro".to_string()],
+        )
+        .unwrap();
         // SAFETY: memfd_create with a valid name; the fd is owned by the File.
         let replies = unsafe {
             let fd = libc::memfd_create(c"volfsd-fuzz-replies".as_ptr(), libc::MFD_CLOEXEC);

@@ -55,9 +55,11 @@ fn state() -> &'static Mutex<State> {
         std::fs::write(p.join("hidden/secret"), b"SECRET").unwrap();
         let _ = std::os::unix::fs::symlink("/etc", p.join("rw/out"));
         let _ = std::os::unix::fs::symlink("../hidden", p.join("rw/up"));
-        let specs =
-            volfsd::exports::config::parse_allowed_dirs(&p, &["rw".to_string(), "ro:ro".to_string()])
-                .unwrap();
+        let specs = volfsd::exports::config::parse_allowed_dirs(
+            &p,
+            &["rw".to_string(), "ro:ro".to_string()],
+        )
+        .unwrap();
         // SAFETY: memfd_create with a valid name; the fd is owned by the File.
         let replies = unsafe {
             let fd = libc::memfd_create(c"volfsd-fuzz-state".as_ptr(), libc::MFD_CLOEXEC);

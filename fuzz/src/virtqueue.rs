@@ -29,6 +29,7 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use volfsd::exports::device::inflight::InFlight;
 use volfsd::exports::device::later::{Later, Parked, WaitRoom, WakeTimer};
+use volfsd::exports::device::poll::Poller;
 use volfsd::exports::device::queue::{self, QueueRef};
 use volfsd::exports::device::ring::{QueueCounters, QueueHealth, RingRef};
 use volfsd::exports::device::{GuestMem, GuestMmap, Vring, MAX_QUEUE_SIZE};
@@ -129,6 +130,7 @@ pub fn run_virtqueue(data: &[u8]) {
     let server = Arc::new(FsServer::new(&stack));
     drop(stack);
     let health = Arc::new(QueueHealth::default());
+    let poller = Poller::default();
     let counters = QueueCounters::default();
     let served = &counters.served;
 
@@ -160,6 +162,8 @@ pub fn run_virtqueue(data: &[u8]) {
             health: &health,
             // No keeper: nothing is marked.
             inflight: InFlight::default(),
+            // No polling: each input is drained once.
+            poller: &poller,
         },
         later: Later {
             room: (!hiprio).then_some(&room),

@@ -174,6 +174,14 @@ pub struct Args {
           value_parser = clap::value_parser!(u16).range(1..=MAX_REQUEST_QUEUES as i64))]
     pub num_request_queues: u16,
 
+    /// After a queue's ring runs dry, watch it this many microseconds for the next
+    /// request before sleeping, while requests keep coming (the last one came
+    /// within the window): such a request is served without the guest's kick and
+    /// the worker's wake-up. An idle queue never polls. 0: never.
+    #[arg(long, value_name = "US", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub poll_us: u64,
+
     /// Most node ids the guest may hold in one volume (each keeps a host fd open,
     /// unless kept by file handle); past it, lookups of new files get ENFILE.
     #[arg(long, value_name = "N", default_value_t = Limits::DEFAULT.max_nodes,

@@ -43,6 +43,8 @@ pub struct Config {
     pub control_allow_uids: Vec<u32>,
     pub cache: CacheMode,
     pub num_request_queues: usize,
+    /// `--poll-us`: each queue's polling window after its ring ran dry.
+    pub poll: std::time::Duration,
     pub limits: Limits,
     pub readonly: bool,
     pub xattr: bool,
@@ -273,6 +275,7 @@ impl Args {
             control_allow_uids: self.control_allow_uid,
             cache: self.cache.into(),
             num_request_queues: self.num_request_queues as usize,
+            poll: std::time::Duration::from_micros(self.poll_us),
             limits: Limits {
                 max_nodes: self.max_inodes,
                 max_handles: self.max_handles,

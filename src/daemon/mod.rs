@@ -240,7 +240,7 @@ fn serve(
     })?;
 
     let backend = Arc::new(
-        FsBackend::new(&stack, config.num_request_queues)
+        FsBackend::new(&stack, config.num_request_queues, config.poll)
             .map_err(|e| DaemonError::host("creating the queue workers' wake timers", e))?,
     );
     let stats = backend.stats();

@@ -13,6 +13,7 @@ pub mod dirty_log;
 pub mod inflight;
 pub mod later;
 pub mod memory;
+pub mod poll;
 pub mod queue;
 pub mod request;
 pub mod ring;
@@ -22,6 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -45,7 +47,7 @@ use state_transfer::{StateConfig, StateTransfer};
 
 /// How often a worker looks whether the rings a loaded state's unanswered requests
 /// belong to run yet.
-const INCOMING_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+const INCOMING_POLL: Duration = Duration::from_millis(20);
 
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
 /// mask, and the hiprio queue takes one bit.
@@ -94,6 +96,8 @@ pub struct FsBackend {
     features: AtomicU64,
     /// Per queue: its requests taken and not answered, under a keeper.
     inflight: Vec<inflight::InFlight>,
+    /// Each queue's adaptive polling (`--poll-us`).
+    pollers: Vec<poll::Poller>,
     /// Per queue: a serving process killed under this session left requests on it
     /// unanswered, answered (or failed) when its ring runs here (`later/recovered.rs`).
     recovering: Vec<AtomicBool>,
@@ -105,7 +109,9 @@ const NO_FEATURES: u64 = u64::MAX;
 
 impl FsBackend {
     /// Fails only when the wake timers cannot be made (out of fds).
-    pub fn new(stack: &Stack, num_request_queues: usize) -> io::Result<Self> {
+    /// `poll`: each queue's polling window after its ring ran dry (`poll.rs`; zero:
+    /// none).
+    pub fn new(stack: &Stack, num_request_queues: usize, poll: Duration) -> io::Result<Self> {
         let total = num_request_queues + 1;
         let stats = DeviceStats {
             queues: (0..total).map(|_| QueueCounters::default()).collect(),
@@ -136,6 +142,7 @@ impl FsBackend {
                 .collect::<io::Result<_>>()?,
             features: AtomicU64::new(NO_FEATURES),
             inflight: (0..total).map(inflight::InFlight::of).collect(),
+            pollers: (0..total).map(|_| poll::Poller::new(poll)).collect(),
             recovering: (0..total).map(|_| AtomicBool::new(false)).collect(),
         })
     }
@@ -313,6 +320,7 @@ impl FsBackend {
                 counters: &self.stats.queues[index],
                 health: &self.health[index],
                 inflight: self.inflight[index],
+                poller: &self.pollers[index],
             },
             later: Later {
                 room: throttled.then(|| &self.rooms[index]),

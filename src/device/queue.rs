@@ -117,6 +117,9 @@ fn drain(
     let counters = ring.counters;
     let ring_id = ring.health.ring(state);
     crate::metrics::start_batch();
+    // Polling needs the guest's notifications off while the worker watches: with
+    // EVENT_IDX they are.
+    let polling = event_idx && ring.poller.keeps_coming();
     loop {
         if event_idx {
             state.disable_notification().map_err(queue_err(index))?;
@@ -144,6 +147,10 @@ fn drain(
             )?;
         }
         done.flush(state)?;
+        ring.poller.ran_dry();
+        if polling && ring.poller.watch(|| has_pending(mem, state))? {
+            continue;
+        }
         if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
             return Ok(());
         }
@@ -179,6 +186,15 @@ fn check_layout(state: &VringState<GuestMem>) -> Result<(), Broken> {
         }
     }
     Ok(())
+}
+
+/// Whether the driver has published a chain not popped yet (the poll's watch).
+fn has_pending(mem: &Mem, state: &Locked) -> Result<bool, DrainError> {
+    let q = state.get_queue();
+    let avail = q
+        .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
+        .map_err(|e| DrainError::BrokenRing(Broken(format!("unreadable avail ring: {e}"))))?;
+    Ok(avail != Wrapping(q.next_avail()))
 }
 
 /// Pops the next chain after checking the avail index: one further ahead than the

@@ -17,6 +17,7 @@ use vm_memory::GuestMemoryLoadGuard;
 
 use super::inflight::InFlight;
 use super::memory::{GuestMem, GuestMmap, Vring};
+use super::poll::Poller;
 
 /// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -53,6 +54,8 @@ pub struct RingRef<'a> {
     pub health: &'a Arc<QueueHealth>,
     /// Its requests taken and not answered, under a keeper.
     pub inflight: InFlight,
+    /// Whether and how long it watches the ring after it ran dry (`poll.rs`).
+    pub poller: &'a Poller,
 }
 
 /// The state a queue keeps across kicks.

@@ -1,0 +1,125 @@
+//! Adaptive polling (`--poll-us`): after a drain runs its ring dry, the worker
+//! watches the avail index for a short window before it sleeps on the kick
+//! eventfd, with the guest's notifications still off, but only while requests
+//! keep coming: when the last request came within the window of the ring running
+//! dry. A request that comes during the window is served without the guest's kick
+//! (a VM exit in a real VM) and without the worker's wake-up; one that comes after
+//! it costs what it costs without polling, and the next drain does not poll.
+//!
+//! An idle queue never polls (no drain, no window), and a queue whose requests
+//! come further apart than the window polls at most once per request, then stops.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// One queue's polling: the window, and when its ring last ran dry.
+#[derive(Debug, Default)]
+pub struct Poller {
+    window_ns: u64,
+    /// Nanoseconds since [`epoch`] when the ring last ran dry (0: never).
+    last_dry_ns: AtomicU64,
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    // At least 1: 0 means never.
+    u64::try_from(epoch().elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+impl Poller {
+    pub fn new(window: Duration) -> Poller {
+        Poller {
+            window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            last_dry_ns: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.window_ns > 0
+    }
+
+    /// At a drain's start: whether this drain polls, that is, whether this request
+    /// came within the window of the ring running dry.
+    pub fn keeps_coming(&self) -> bool {
+        if !self.is_on() {
+            return false;
+        }
+        let dry = self.last_dry_ns.load(Ordering::Relaxed);
+        dry != 0 && now_ns().saturating_sub(dry) <= self.window_ns
+    }
+
+    /// The ring ran dry now. One worker per queue: a plain store.
+    pub fn ran_dry(&self) {
+        if self.is_on() {
+            self.last_dry_ns.store(now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Watches `pending` until it is true (Ok(true)) or the window since the ring
+    /// ran dry has passed (Ok(false)). An error of `pending` ends the watch.
+    pub fn watch<E>(&self, mut pending: impl FnMut() -> Result<bool, E>) -> Result<bool, E> {
+        let dry = self.last_dry_ns.load(Ordering::Relaxed);
+        loop {
+            if pending()? {
+                return Ok(true);
+            }
+            if now_ns().saturating_sub(dry) > self.window_ns {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_never_polls() {
+        let p = Poller::default();
+        p.ran_dry();
+        assert!(!p.keeps_coming());
+    }
+
+    #[test]
+    fn a_request_within_the_window_polls_and_one_after_it_does_not() {
+        let p = Poller::new(Duration::from_millis(200));
+        assert!(
+            !p.keeps_coming(),
+            "never dry yet: the first drain does not poll"
+        );
+        p.ran_dry();
+        assert!(p.keeps_coming());
+        let p = Poller::new(Duration::from_micros(1));
+        p.ran_dry();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!p.keeps_coming(), "came after the window");
+    }
+
+    #[test]
+    fn the_watch_ends_at_a_request_or_at_the_window() {
+        let p = Poller::new(Duration::from_millis(5));
+        p.ran_dry();
+        let mut n = 0;
+        assert_eq!(
+            p.watch(|| -> Result<bool, ()> {
+                n += 1;
+                Ok(n == 3)
+            }),
+            Ok(true)
+        );
+        assert_eq!(p.watch(|| -> Result<bool, ()> { Ok(false) }), Ok(false));
+        assert_eq!(
+            p.watch(|| -> Result<bool, &str> { Err("broken") }),
+            Err("broken")
+        );
+    }
+}
