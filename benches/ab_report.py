@@ -29,8 +29,8 @@ def env_of(out):
 
 
 def rows(out):
-    """Per workload: (workload, A ops/s, B ops/s, ops ratios, A cpu, B cpu, cpu ratios),
-    the ratios A/B taken per pair."""
+    """Per workload: (workload, A ops/s, B ops/s, ops ratios, A cpu, B cpu, cpu ratios,
+    A p50, B p50, p50 ratios), the ratios A/B taken per pair."""
     pairs = pairs_of(out)
 
     def load(side, pair):
@@ -42,10 +42,12 @@ def rows(out):
     for w in data["a"][0]:
         ops = {s: [d[w]["ops_per_sec"] for d in data[s]] for s in "ab"}
         cpu = {s: [d[w]["daemon_cpu_us_per_request"] for d in data[s]] for s in "ab"}
+        p50 = {s: [d[w]["latency"]["p50_us"] for d in data[s]] for s in "ab"}
         result.append((
             w,
             ops["a"], ops["b"], [x / y for x, y in zip(ops["a"], ops["b"])],
             cpu["a"], cpu["b"], [x / y for x, y in zip(cpu["a"], cpu["b"])],
+            p50["a"], p50["b"], [x / y for x, y in zip(p50["a"], p50["b"]) if y],
         ))
     return result
 
@@ -54,13 +56,16 @@ def table(out):
     """The markdown table and the run's environment as a list."""
     med = statistics.median
     lines = [
-        "| workload | A ops/s | B ops/s | ops/s A/B (range) | A CPU µs/req | B CPU µs/req | CPU A/B (range) |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | A ops/s | B ops/s | ops/s A/B (range) | A CPU µs/req | B CPU µs/req | CPU A/B (range) "
+        "| A p50 µs | B p50 µs | p50 A/B (range) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for w, oa, ob, ro, ca, cb, rc in rows(out):
+    for w, oa, ob, ro, ca, cb, rc, la, lb, rl in rows(out):
+        lat = (f"{med(rl):.3f} ({min(rl):.3f}–{max(rl):.3f})" if rl else "–")
         lines.append(
             f"| {w} | {med(oa):,.0f} | {med(ob):,.0f} | {med(ro):.3f} ({min(ro):.3f}–{max(ro):.3f}) "
-            f"| {med(ca):.3f} | {med(cb):.3f} | {med(rc):.3f} ({min(rc):.3f}–{max(rc):.3f}) |")
+            f"| {med(ca):.3f} | {med(cb):.3f} | {med(rc):.3f} ({min(rc):.3f}–{max(rc):.3f}) "
+            f"| {med(la):.1f} | {med(lb):.1f} | {lat} |")
     lines.append("")
     lines.extend(f"- {line}" for line in env_of(out))
     lines.append(f"- pairs with both sides: {len(pairs_of(out))}")

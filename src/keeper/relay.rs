@@ -155,7 +155,12 @@ impl Relay {
                 }
                 // Acked by the frontend for the keeper, not the serving process.
                 Ok(SET_PROTOCOL_FEATURES) => {
-                    inflight::strip(&mut msg);
+                    let acked = msg.u64().unwrap_or(0);
+                    let inflight = inflight::strip(&mut msg);
+                    log::debug!(
+                        "keeper: the frontend acked protocol features {acked:#x} (INFLIGHT_SHMFD: {})",
+                        if inflight { "yes" } else { "no" }
+                    );
                 }
                 _ => {}
             }
