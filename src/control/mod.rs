@@ -386,16 +386,16 @@ fn serve_client(mut stream: UnixStream, api: &Api, uid: u32) {
                         req.method, req.path, reply.status, reply.body
                     );
                 }
-                if http::write_response(
+                let written = http::write_response(
                     &mut stream,
                     reply.status,
                     reply.content_type,
                     &reply.body,
                     req.close,
-                )
-                .is_err()
-                    || req.close
-                {
+                );
+                // After PUT /upgrade's "ok": the keeper ends this process only now.
+                crate::keeper::channel::reply_sent();
+                if written.is_err() || req.close {
                     return;
                 }
             }

@@ -7,8 +7,9 @@
 //! ```text
 //! serving -> keeper   "upgrade\n" or "upgrade PATH\n" (`ctl upgrade --binary`)
 //! keeper -> serving   "ok <pause in ms>\n" or "failed <why>\n"
-//! serving -> keeper   "done\n"  (after an "ok": its reply is on its way to the
-//!                      client; the keeper lets the old process go only then)
+//! serving -> keeper   "done\n"  (after an "ok", once the control API's reply is
+//!                      written to the client ([`reply_sent`]); the keeper lets the
+//!                      old process go only then, so the client gets its answer)
 //! serving -> keeper   "volumes <json>\n"  (after each attach, detach or limit
 //!                      change: the volumes a process it starts must attach first)
 //! ```
@@ -16,6 +17,7 @@
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -91,6 +93,8 @@ pub fn answer(keeper: &UnixStream, outcome: &Result<Duration, String>) {
 
 /// The serving process's end, once set.
 static SERVING: OnceLock<Mutex<UnixStream>> = OnceLock::new();
+/// An "ok" came and its "done" is owed once the client has its reply.
+static DONE_OWED: AtomicBool = AtomicBool::new(false);
 
 /// Sets the serving process's end (it runs under a keeper).
 pub fn serve_with(fd: OwnedFd) {
@@ -142,13 +146,26 @@ pub fn ask_upgrade(binary: Option<&str>) -> Result<Duration, AskError> {
         .ok_or_else(|| AskError::Channel(io::ErrorKind::UnexpectedEof.into()))?;
     match line.trim_end().split_once(' ') {
         Some(("ok", ms)) => {
-            let _ = (&*stream).write_all(b"done\n");
+            // "done" once the reply is written: the keeper ends this process then.
+            DONE_OWED.store(true, Ordering::Release);
             Ok(Duration::from_millis(ms.parse().unwrap_or(0)))
         }
         Some(("failed", why)) => Err(AskError::Failed(why.to_string())),
         _ => Err(AskError::Channel(io::Error::other(format!(
             "the keeper answered {line:?}"
         )))),
+    }
+}
+
+/// The control API wrote a reply to its client: if it was an upgrade's "ok", tells
+/// the keeper it may end this process now (its reply is in the client's socket).
+pub fn reply_sent() {
+    if !DONE_OWED.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    if let Some(channel) = SERVING.get() {
+        let stream = channel.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = (&*stream).write_all(b"done\n");
     }
 }
 
@@ -164,6 +181,10 @@ mod tests {
             answer(&k, &Err("the new binary exited\nwith 3".into()));
             assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
             answer(&k, &Ok(Duration::from_millis(42)));
+            // answer() took the "done"; nothing more came.
+            k.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            assert_eq!(read_request(&k), None);
         });
         serve_with(s.into());
         match ask_upgrade(None) {
@@ -171,6 +192,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(ask_upgrade(None).unwrap(), Duration::from_millis(42));
+        reply_sent();
         keeper.join().unwrap();
     }
 }
