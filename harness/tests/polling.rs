@@ -83,7 +83,7 @@ fn without_polling_an_unkicked_request_waits_for_its_kick() {
     if is_virtiofsd() {
         return;
     }
-    let d = Daemon::start("poll-off", &["--num-request-queues", "1"]);
+    let d = Daemon::start("poll-off", &["--num-request-queues", "1", "--poll-us", "0"]);
     let mut cfg = d.config();
     cfg.event_idx = true;
     let mut fc = d.client_with(&cfg);
