@@ -111,12 +111,26 @@ impl Region {
     pub fn create() -> Result<Region, RegionError> {
         let fd = nix::sys::memfd::memfd_create(
             c"volfsd-session",
-            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC
+                | nix::sys::memfd::MemFdCreateFlag::MFD_ALLOW_SEALING,
         )
         .map_err(|e| host("memfd_create")(e.into()))?;
         let file = File::from(fd);
         file.set_len(REGION_LEN as u64)
             .map_err(host("sizing the memfd"))?;
+        // Its size for good: a mapping of a file that shrinks faults (SIGBUS), and
+        // the fd goes to the frontend (GET_INFLIGHT_FD), which could truncate it.
+        // SAFETY: fcntl on our own fd.
+        let sealed = unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if sealed != 0 {
+            return Err(host("sealing the memfd")(io::Error::last_os_error()));
+        }
         let region = Region::map(file)?;
         let h = region.header();
         h.version.store(VERSION, Ordering::Relaxed);
@@ -131,6 +145,15 @@ impl Region {
     /// that kept it), checked to be one of this layout.
     pub fn open(fd: OwnedFd) -> Result<Region, RegionError> {
         let file = File::from(fd);
+        // Only a region sealed at its size is mapped: one handed back by a frontend
+        // could otherwise be truncated under the mapping (SIGBUS in the keeper).
+        // SAFETY: fcntl on an fd we own.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(RegionError::Layout(
+                "not a volfsd session region: not a memfd sealed against shrinking".into(),
+            ));
+        }
         let len = file.metadata().map_err(host("fstat"))?.len();
         if len < REGION_LEN as u64 {
             return Err(RegionError::Layout(format!(
@@ -632,6 +655,25 @@ mod tests {
         f.set_len(REGION_LEN as u64).unwrap();
         let e = Region::open(f.into()).err().unwrap();
         assert!(e.to_string().contains("not a volfsd session region"), "{e}");
+        // The region's own fd cannot be shrunk (it goes to the frontend).
+        let ours = File::from(r.fd().try_clone_to_owned().unwrap());
+        assert!(ours.set_len(4096).is_err(), "sealed against shrinking");
+        // A memfd sealed at the size with another layout is refused by its header.
+        let sealed = nix::sys::memfd::memfd_create(
+            c"sealed",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC
+                | nix::sys::memfd::MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )
+        .unwrap();
+        let f = File::from(sealed);
+        f.set_len(REGION_LEN as u64).unwrap();
+        // SAFETY: fcntl on our own fd.
+        assert_eq!(
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+            0
+        );
+        let e = Region::open(f.into()).err().unwrap();
+        assert!(e.to_string().contains("layout"), "{e}");
     }
 
     #[test]
