@@ -26,9 +26,9 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
-fn now_ns() -> u64 {
-    // At least 1: 0 means never.
-    u64::try_from(epoch().elapsed().as_nanos())
+/// `at` as nanoseconds since [`epoch`], at least 1 (0 means never).
+fn ns(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_nanos())
         .unwrap_or(u64::MAX)
         .max(1)
 }
@@ -45,20 +45,18 @@ impl Poller {
         self.window_ns > 0
     }
 
-    /// At a drain's start: whether this drain polls, that is, whether this request
-    /// came within the window of the ring running dry.
-    pub fn keeps_coming(&self) -> bool {
-        if !self.is_on() {
-            return false;
-        }
+    /// At a drain's start (`now`): whether this drain polls, that is, whether
+    /// this request came within the window of the ring running dry.
+    pub fn keeps_coming(&self, now: Instant) -> bool {
         let dry = self.last_dry_ns.load(Ordering::Relaxed);
-        dry != 0 && now_ns().saturating_sub(dry) <= self.window_ns
+        self.is_on() && dry != 0 && ns(now).saturating_sub(dry) <= self.window_ns
     }
 
-    /// The ring ran dry now. One worker per queue: a plain store.
-    pub fn ran_dry(&self) {
+    /// The ring ran dry `at` (a recent clock: the last request's end). One worker
+    /// per queue: a plain store.
+    pub fn ran_dry(&self, at: Instant) {
         if self.is_on() {
-            self.last_dry_ns.store(now_ns(), Ordering::Relaxed);
+            self.last_dry_ns.store(ns(at), Ordering::Relaxed);
         }
     }
 
@@ -70,7 +68,7 @@ impl Poller {
             if pending()? {
                 return Ok(true);
             }
-            if now_ns().saturating_sub(dry) > self.window_ns {
+            if ns(Instant::now()).saturating_sub(dry) > self.window_ns {
                 return Ok(false);
             }
             std::hint::spin_loop();
@@ -85,29 +83,29 @@ mod tests {
     #[test]
     fn off_never_polls() {
         let p = Poller::default();
-        p.ran_dry();
-        assert!(!p.keeps_coming());
+        p.ran_dry(Instant::now());
+        assert!(!p.keeps_coming(Instant::now()));
     }
 
     #[test]
     fn a_request_within_the_window_polls_and_one_after_it_does_not() {
         let p = Poller::new(Duration::from_millis(200));
         assert!(
-            !p.keeps_coming(),
+            !p.keeps_coming(Instant::now()),
             "never dry yet: the first drain does not poll"
         );
-        p.ran_dry();
-        assert!(p.keeps_coming());
+        p.ran_dry(Instant::now());
+        assert!(p.keeps_coming(Instant::now()));
         let p = Poller::new(Duration::from_micros(1));
-        p.ran_dry();
+        p.ran_dry(Instant::now());
         std::thread::sleep(Duration::from_millis(2));
-        assert!(!p.keeps_coming(), "came after the window");
+        assert!(!p.keeps_coming(Instant::now()), "came after the window");
     }
 
     #[test]
     fn the_watch_ends_at_a_request_or_at_the_window() {
         let p = Poller::new(Duration::from_millis(5));
-        p.ran_dry();
+        p.ran_dry(Instant::now());
         let mut n = 0;
         assert_eq!(
             p.watch(|| -> Result<bool, ()> {

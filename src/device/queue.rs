@@ -116,10 +116,16 @@ fn drain(
     let (index, event_idx) = (ring.index, ring.event_idx);
     let counters = ring.counters;
     let ring_id = ring.health.ring(state);
-    crate::metrics::start_batch();
     // Polling needs the guest's notifications off while the worker watches: with
-    // EVENT_IDX they are.
-    let polling = event_idx && ring.poller.keeps_coming();
+    // EVENT_IDX they are. Its clock read is the first request's too.
+    let polling = if event_idx && ring.poller.is_on() {
+        let now = std::time::Instant::now();
+        crate::metrics::start_batch_at(now);
+        ring.poller.keeps_coming(now)
+    } else {
+        crate::metrics::start_batch();
+        false
+    };
     loop {
         if event_idx {
             state.disable_notification().map_err(queue_err(index))?;
@@ -147,7 +153,7 @@ fn drain(
             )?;
         }
         done.flush(state)?;
-        ring.poller.ran_dry();
+        ring.poller.ran_dry(crate::metrics::recent_clock());
         if polling && ring.poller.watch(|| has_pending(mem, state))? {
             continue;
         }

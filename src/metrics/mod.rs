@@ -27,6 +27,12 @@ pub fn start_batch() {
     LAST_END.with(|c| c.set(None));
 }
 
+/// As [`start_batch`], for a worker that read the clock as it woke (to decide on
+/// polling): the first request's clock starts at `now`, read once for both.
+pub fn start_batch_at(now: Instant) {
+    LAST_END.with(|c| c.set(Some(now)));
+}
+
 /// The start of a request's clock: the end of this thread's previous volume request
 /// in the batch (back to back, so one clock read per request serves as the end of
 /// one and the start of the next), else now. A request's duration therefore also
