@@ -173,18 +173,21 @@ pub fn reply_sent() {
 mod tests {
     use super::*;
 
+    // One test: the serving end is process-wide (set once).
     #[test]
-    fn a_request_and_its_answers() {
+    fn a_request_its_answers_and_the_done_after_the_reply() {
         let (k, s) = UnixStream::pair().unwrap();
         let keeper = std::thread::spawn(move || {
             assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
             answer(&k, &Err("the new binary exited\nwith 3".into()));
+            // An "ok": no "done" until the control API wrote its reply.
             assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
-            answer(&k, &Ok(Duration::from_millis(42)));
-            // answer() took the "done"; nothing more came.
-            k.set_read_timeout(Some(Duration::from_millis(100)))
+            (&k).write_all(b"ok 42\n").unwrap();
+            k.set_read_timeout(Some(Duration::from_millis(200)))
                 .unwrap();
-            assert_eq!(read_request(&k), None);
+            let before = read_request(&k);
+            k.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            (before, read_request(&k))
         });
         serve_with(s.into());
         match ask_upgrade(None) {
@@ -192,7 +195,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(ask_upgrade(None).unwrap(), Duration::from_millis(42));
+        std::thread::sleep(Duration::from_millis(400));
         reply_sent();
-        keeper.join().unwrap();
+        reply_sent(); // owed once
+        let (before, after) = keeper.join().unwrap();
+        assert_eq!(before, None, "done before the reply was written");
+        assert_eq!(after.as_deref(), Some("done"));
     }
 }
