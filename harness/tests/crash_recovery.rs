@@ -367,7 +367,8 @@ fn a_restarted_daemon_given_no_region_starts_a_fresh_session() {
         return;
     }
     // A frontend that does not keep the region (QEMU): a restarted daemon is a new
-    // device; the old node ids are unknown to it, and it says nothing was taken over.
+    // device that serves a new connection from the root, and says nothing was
+    // taken over.
     let mut c = start("restart-fresh", &[]);
     let cfg = c.d.config();
     let mut fc = c.d.client_with(&cfg);

@@ -107,14 +107,7 @@ fn main() -> ExitCode {
     match loadgen::run_volumes(&opts, &volumes) {
         Ok(report) => {
             print!("{}", loadgen::table(&report));
-            if let Some(path) = &cli.json {
-                let text = serde_json::to_string_pretty(&report).expect("report serializes");
-                if let Err(e) = std::fs::write(path, text + "\n") {
-                    eprintln!("volfsd-loadgen: writing {}: {e}", path.display());
-                    return ExitCode::from(1);
-                }
-            }
-            ExitCode::SUCCESS
+            write_json(cli.json.as_deref(), &report)
         }
         Err(e) => {
             eprintln!("volfsd-loadgen: FAILED: {e}");
@@ -156,17 +149,25 @@ fn floor(cli: &Cli, opts: &Options) -> ExitCode {
                     f.workload, f.cpu_us_per_op, f.wall_us_per_op, f.syscalls
                 );
             }
-            if let Some(path) = &cli.json {
-                let text = serde_json::to_string_pretty(&report).expect("report serializes");
-                if let Err(e) = std::fs::write(path, text + "\n") {
-                    eprintln!("volfsd-loadgen: writing {}: {e}", path.display());
-                    return ExitCode::from(1);
-                }
-            }
-            ExitCode::SUCCESS
+            write_json(cli.json.as_deref(), &report)
         }
         Err(e) => {
             eprintln!("volfsd-loadgen: floor: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The report as JSON into `path`, if given.
+fn write_json(path: Option<&std::path::Path>, report: &impl serde::Serialize) -> ExitCode {
+    let Some(path) = path else {
+        return ExitCode::SUCCESS;
+    };
+    let text = serde_json::to_string_pretty(report).expect("report serializes");
+    match std::fs::write(path, text + "\n") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("volfsd-loadgen: writing {}: {e}", path.display());
             ExitCode::from(1)
         }
     }

@@ -117,6 +117,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
             let f = File::open(wd.join(READ_FILE)).map_err(e(READ_FILE))?;
             Box::new(move || {
                 let off = (next() % blocks * 4096) as libc::off_t;
+                // SAFETY: reads into our own 4 KiB buffer.
                 check(unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), 4096, off) })
             })
         }
@@ -134,6 +135,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                 .map_err(e(target.display()))?;
             Box::new(move || {
                 let off = (next() % blocks * 4096) as libc::off_t;
+                // SAFETY: writes from our own 4 KiB buffer.
                 check(unsafe { libc::pwrite(f.as_raw_fd(), buf.as_ptr().cast(), 4096, off) })
             })
         }
@@ -149,6 +151,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
             let mut i = 0usize;
             Box::new(move || {
                 i = (i + 1) % names.len();
+                // SAFETY: a NUL-terminated name; the fd is closed below.
                 let fd = unsafe {
                     libc::openat(
                         dir.as_raw_fd(),
@@ -158,6 +161,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                 };
                 check(fd as isize)?;
                 let r = fstat_empty(fd);
+                // SAFETY: the fd opened above, closed once.
                 unsafe { libc::close(fd) };
                 r
             })
@@ -171,6 +175,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
             Box::new(move || {
                 n += 1;
                 let name = CString::new(format!("m{n}")).expect("no NUL");
+                // SAFETY: a NUL-terminated name; the fd is closed below.
                 let fd = unsafe {
                     libc::openat(
                         dir.as_raw_fd(),
@@ -180,10 +185,15 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                     )
                 };
                 check(fd as isize)?;
-                let w = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), 4096, 0) };
-                unsafe { libc::close(fd) };
+                // SAFETY: our own buffer and the fd opened above, closed once; a
+                // NUL-terminated name.
+                let (w, u) = unsafe {
+                    let w = libc::pwrite(fd, buf.as_ptr().cast(), 4096, 0);
+                    libc::close(fd);
+                    (w, libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0))
+                };
                 check(w)?;
-                check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } as isize)
+                check(u as isize)
             })
         }
         other => return Err(format!("no floor for {}", other.name())),
@@ -192,6 +202,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
 
 fn open_path(path: &Path, flags: i32) -> LgResult<OwnedFd> {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| "NUL in a path")?;
+    // SAFETY: a NUL-terminated path.
     let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
     if fd < 0 {
         return Err(format!(
@@ -206,6 +217,7 @@ fn open_path(path: &Path, flags: i32) -> LgResult<OwnedFd> {
 
 fn fstat_empty(fd: RawFd) -> LgResult<()> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstatat fills the stat buffer it is given.
     check(unsafe { libc::fstatat(fd, c"".as_ptr(), st.as_mut_ptr(), libc::AT_EMPTY_PATH) } as isize)
 }
 
