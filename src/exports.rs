@@ -39,6 +39,10 @@ pub mod device {
         pub use crate::device::queue::{process, QueueRef};
     }
 
+    pub mod request {
+        pub use crate::device::request::serve_popped;
+    }
+
     pub mod ring {
         pub use crate::device::ring::{QueueCounters, QueueHealth, RingRef};
     }

@@ -1,6 +1,6 @@
 //! What the dirty-page log's bitmap costs a request when no migration runs. One
 //! binary serves the same requests the way a queue worker does (pop the chain, copy
-//! the request out, `FsServer::handle_request` with fuse-backend-rs's
+//! the request out, `FsServer::handle_local` into fuse-backend-rs's
 //! `VirtioFsWriter`, put it in the used ring) on guest memory of three types: no
 //! bitmap (`GuestMemoryMmap<()>`, what the daemon used before), vhost-user-backend's
 //! `BitmapMmapRegion`, and the daemon's own `LogBitmap` (`src/device/dirty_log.rs`),
@@ -136,7 +136,7 @@ where
             mem.read_slice(&mut local[start..], d.addr()).unwrap();
         }
         let w = VirtioFsWriter::new(&mem, chain).unwrap();
-        let len = server.handle_request(&mut local, None, w.into()).unwrap();
+        let len = server.handle_local(&mut local, w.into()).unwrap();
         q.add_used(&mem, head, len as u32).unwrap();
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
@@ -161,7 +161,7 @@ fn call(file: &std::fs::File, server: &FsServer, req: &[u8], reply: u32) -> Vec<
     let chain = q.pop_descriptor_chain(&mem).expect("a chain");
     let mut local = req.to_vec();
     let w = VirtioFsWriter::new(&mem, chain).unwrap();
-    server.handle_request(&mut local, None, w.into()).unwrap();
+    server.handle_local(&mut local, w.into()).unwrap();
     let h: OutHeader = driver.read_obj(GuestAddress(HEADER_AT)).unwrap();
     assert_eq!(h.error, 0, "request failed: {h:?}");
     let mut body = vec![0u8; reply as usize];

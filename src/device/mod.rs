@@ -10,6 +10,7 @@
 //! cost and reply are the file system's, asked through `fs/request.rs`.
 
 pub mod dirty_log;
+pub mod guest_buffers;
 pub mod inflight;
 pub mod later;
 pub mod memory;

@@ -35,9 +35,10 @@ use vhost_user_backend::VringState;
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestAddressSpace;
 
+use super::guest_buffers::read_chain;
 use super::later::{complete, release_waiting, Later, Taken, Wake};
 use super::memory::GuestMem;
-use super::request::{copy_request, with_buffer};
+use super::request::with_buffer;
 use super::ring::{queue_err, Broken, Completions, Locked, Mem, RingRef};
 use crate::fs::FsServer;
 
@@ -140,8 +141,8 @@ fn drain(
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
             let taken = with_buffer(|buf| -> Result<Taken, Broken> {
-                copy_request(&chain, buf)?;
-                queue.later.take(server, ring, ring_id, chain, buf)
+                let bufs = read_chain(mem, &chain, buf)?;
+                queue.later.take(server, ring, ring_id, chain, buf, bufs)
             });
             counters.in_flight.store(0, Ordering::Relaxed);
             complete(

@@ -1,15 +1,18 @@
-//! One request off a ring: its local copy, made in one walk of its chain, and its
-//! reply, written by the file system into the chain's buffers (`fs/request.rs`,
-//! the transport's one door to it).
+//! One request off a ring: its local copy, made in the one walk of its chain that
+//! finds its buffers (`guest_buffers.rs`), and its reply, written by the file system
+//! into those buffers (`fs/request.rs`, the transport's one door to it).
 
 use std::cell::RefCell;
+use std::ops::Deref;
 
-use fuse_backend_rs::transport::{Reader, VirtioFsWriter};
+use fuse_backend_rs::transport::VirtioFsWriter;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestMemory};
 
-use super::ring::{Broken, Mem};
-use crate::fs::request::{copy_limit, has_write_data, HEADER_LEN, MAX_REQUEST, WRITE_PREFIX};
+use super::guest_buffers::{chain_buffers, read_chain, ChainBuffers, GuestData, GuestReply};
+use super::memory::GuestMmap;
+use super::ring::Broken;
+use crate::fs::buffers::WriteData;
+use crate::fs::request::{has_write_data, WRITE_PREFIX};
 use crate::fs::FsServer;
 
 thread_local! {
@@ -35,67 +38,65 @@ pub(crate) fn with_buffer<T>(f: impl FnOnce(&mut Vec<u8>) -> T) -> T {
     })
 }
 
-/// Copies the readable part of `chain` into `buf` in one walk: the whole request,
-/// or as much as [`copy_limit`] says once the header is in (a WRITE's data is read
-/// in place later). A chain whose walk ends on a descriptor that still names a next
-/// one (a loop, an index past the table, memory the guest does not have) is broken.
-pub(crate) fn copy_request<M>(chain: &DescriptorChain<M>, buf: &mut Vec<u8>) -> Result<(), Broken>
-where
-    M: std::ops::Deref + Clone,
-    M::Target: GuestMemory,
-{
-    let mem = chain.memory();
-    buf.clear();
-    // The largest request, until its header says how much of it to keep.
-    let mut limit = MAX_REQUEST;
-    let mut header_seen = false;
-    let mut last_has_next = false;
-    for desc in chain.clone() {
-        last_has_next = desc.has_next();
-        if desc.is_write_only() || buf.len() >= limit {
-            continue;
-        }
-        let start = buf.len();
-        let n = (desc.len() as usize).min(limit - start);
-        buf.resize(start + n, 0);
-        mem.read_slice(&mut buf[start..], desc.addr())
-            .map_err(|e| Broken(format!("descriptor at {:#x}: {e}", desc.addr().0)))?;
-        if !header_seen && buf.len() >= HEADER_LEN {
-            header_seen = true;
-            limit = copy_limit(buf);
-            buf.truncate(limit.min(buf.len()));
-        }
-    }
-    if last_has_next {
-        return Err(Broken(
-            "a descriptor chain loops or leaves the descriptor table".into(),
-        ));
-    }
-    Ok(())
+/// Copies the readable part of `chain` into `buf` (see [`read_chain`]), for a
+/// request whose buffers are looked at again later.
+pub(crate) fn copy_request<M: Deref<Target = GuestMmap> + Clone>(
+    chain: &DescriptorChain<M>,
+    buf: &mut Vec<u8>,
+) -> Result<(), Broken> {
+    read_chain(chain.memory(), chain, buf).map(|_| ())
 }
 
-/// Serves the request whose local copy is `request`, popped as `chain`, and returns
-/// its reply's length for the used ring. A chain whose reply buffers or WRITE data
-/// cannot be walked is broken.
-pub(crate) fn serve(
+/// Serves the request whose local copy is `request`, popped as `chain` (`bufs`: its
+/// buffers, when the walk that copied it found them), and returns its reply's length
+/// for the used ring. A chain whose buffers cannot be walked is broken.
+pub(crate) fn serve<M: Deref<Target = GuestMmap> + Clone>(
     server: &FsServer,
-    chain: &DescriptorChain<Mem>,
+    chain: &DescriptorChain<M>,
     request: &mut [u8],
+    bufs: Option<ChainBuffers>,
 ) -> Result<u32, Broken> {
+    match bufs {
+        Some(bufs) => Ok(serve_in(server, chain, request, &bufs)),
+        None => Ok(serve_in(
+            server,
+            chain,
+            request,
+            &chain_buffers(chain.memory(), chain)?,
+        )),
+    }
+}
+
+fn serve_in<M: Deref<Target = GuestMmap> + Clone>(
+    server: &FsServer,
+    chain: &DescriptorChain<M>,
+    request: &mut [u8],
+    bufs: &ChainBuffers,
+) -> u32 {
     let mem = chain.memory();
-    let writer = VirtioFsWriter::new(mem, chain.clone())
-        .map_err(|e| Broken(format!("reply buffers: {e}")))?;
-    let write_data = if has_write_data(request) {
-        match Reader::from_descriptor_chain(mem, chain.clone()) {
-            // An error here leaves None: the WRITE then fails its size check.
-            Ok(mut r) => r.split_at(WRITE_PREFIX).ok(),
-            Err(e) => return Err(Broken(format!("write data: {e}"))),
-        }
-    } else {
-        None
-    };
-    let rewrite = || VirtioFsWriter::new(mem, chain.clone()).ok().map(Into::into);
-    Ok(server.serve(request, write_data, writer.into(), rewrite))
+    let mut reply = GuestReply::new(&bufs.writable);
+    let mut data = has_write_data(request).then(|| GuestData::new(&bufs.readable, WRITE_PREFIX));
+    let server_writer = || VirtioFsWriter::new(mem, chain.clone()).ok().map(Into::into);
+    server.serve(
+        request,
+        data.as_mut().map(|d| d as &mut dyn WriteData),
+        &mut reply,
+        server_writer,
+    )
+}
+
+/// Serves a chain popped from a ring as a queue worker does (its request copied
+/// and its buffers found in one walk, then served), for the harness's benches and
+/// comparison tests. Returns the reply's length, or why the chain is broken.
+pub fn serve_popped<M: Deref<Target = GuestMmap> + Clone>(
+    server: &FsServer,
+    chain: &DescriptorChain<M>,
+) -> Result<u32, String> {
+    with_buffer(|buf| {
+        let bufs = read_chain(chain.memory(), chain, buf)?;
+        serve(server, chain, buf, Some(bufs))
+    })
+    .map_err(|Broken(why)| why)
 }
 
 #[cfg(test)]

@@ -11,11 +11,10 @@ use fuse_backend_rs::abi::fuse_abi::{
     CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, Opcode, OpenOut, WriteOut,
 };
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
-use fuse_backend_rs::transport::{Reader, Writer};
-use vm_memory::{bitmap::BitmapSlice, ByteValued};
+use vm_memory::ByteValued;
 
+use super::buffers::{self, Reply};
 use super::ops::{CopyRange, ExtraOps};
-use super::reply::reply;
 
 /// Opcodes fuse-backend-rs 0.14's `Opcode` enum lacks.
 pub const OPCODE_SYNCFS: u32 = 50;
@@ -33,18 +32,28 @@ pub fn handles(opcode: u32) -> bool {
     )
 }
 
-/// Serves one request whose header is already read. Returns the reply length.
-pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSlice>(
+/// The fixed-size arguments after the header of `request`, its local copy.
+fn args<T: ByteValued + Default>(request: &[u8]) -> io::Result<T> {
+    let start = std::mem::size_of::<InHeader>();
+    let bytes = request
+        .get(start..start + std::mem::size_of::<T>())
+        .ok_or_else(einval)?;
+    let mut value = T::default();
+    value.as_mut_slice().copy_from_slice(bytes);
+    Ok(value)
+}
+
+/// Serves one request (`request`: its local copy, header included). Returns the
+/// reply length.
+pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, R: Reply>(
     fs: &F,
     header: &InHeader,
-    r: &mut Reader<'_, S>,
-    w: &mut Writer<'_, S>,
+    request: &[u8],
+    w: &mut R,
 ) -> io::Result<usize> {
     let ctx = Context::from(header);
     let result: io::Result<Vec<u8>> = match header.opcode {
-        OPCODE_COPY_FILE_RANGE => r
-            .read_obj::<CopyFileRangeIn>()
-            .map_err(|_| einval())
+        OPCODE_COPY_FILE_RANGE => args::<CopyFileRangeIn>(request)
             .and_then(|a| {
                 fs.copy_file_range(
                     &ctx,
@@ -69,10 +78,8 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
                 .to_vec()
             }),
         OPCODE_SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
-        OPCODE_SETLKW => setlkw(fs, header, r).map(|_| Vec::new()),
-        OPCODE_TMPFILE => r
-            .read_obj::<CreateIn>()
-            .map_err(|_| einval())
+        OPCODE_SETLKW => setlkw(fs, header, request).map(|_| Vec::new()),
+        OPCODE_TMPFILE => args::<CreateIn>(request)
             .and_then(|args| fs.tmpfile(&ctx, header.nodeid, args))
             .map(|(entry, fh, opts)| {
                 let mut out = EntryOut::from(entry).as_slice().to_vec();
@@ -89,22 +96,19 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSl
         _ => Err(io::Error::from_raw_os_error(libc::ENOSYS)),
     };
     match result {
-        Ok(body) => reply(w, header.unique, 0, &body),
-        Err(e) => {
-            let code = e.raw_os_error().unwrap_or(libc::EIO);
-            reply(w, header.unique, -code, &[])
-        }
+        Ok(body) => buffers::ok(w, header.unique, &body),
+        Err(e) => buffers::error(w, header.unique, e.raw_os_error().unwrap_or(libc::EIO)),
     }
 }
 
 /// Decodes and runs a SETLKW: it blocks until the lock is granted, the wait is
 /// interrupted (a detach, a new session) or fails. Its reply has no body.
-pub fn setlkw<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, S: BitmapSlice>(
+pub fn setlkw<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>>(
     fs: &F,
     header: &InHeader,
-    r: &mut Reader<'_, S>,
+    request: &[u8],
 ) -> io::Result<()> {
-    let a = r.read_obj::<LkIn>().map_err(|_| einval())?;
+    let a = args::<LkIn>(request)?;
     fs.setlkw(
         &Context::from(header),
         header.nodeid,

@@ -20,6 +20,8 @@
 //! `extra_ops.rs`; the first three reach the stack through [`ExtraOps`]. This file
 //! only declares the modules and re-exports what the rest of the crate uses.
 
+pub mod buffers;
+pub mod dispatch;
 pub mod extra_ops;
 pub mod file_handle;
 pub mod handles;
@@ -37,7 +39,6 @@ pub mod options;
 pub mod passthrough;
 pub mod readonly;
 pub mod registry;
-pub mod reply;
 pub mod request;
 pub mod server;
 pub mod session;

@@ -13,12 +13,12 @@ use std::mem::size_of;
 use std::sync::Arc;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, ReadIn, WriteIn};
-use fuse_backend_rs::transport::{Reader, Writer};
+use fuse_backend_rs::transport::Writer;
 use log::debug;
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::reply;
+use super::buffers::{self, Reply, WriteData};
 use super::server::{parse_header, FsServer, RequestError, MAX_PAYLOAD};
 use super::share::Share;
 use crate::qos::Cost;
@@ -125,18 +125,19 @@ impl FsServer {
     }
 
     /// Serves one request from a ring: `request` is its local copy, `write_data` a
-    /// WRITE's data left in guest memory, `writer` the chain's reply buffers. Returns
-    /// the reply's length for the used ring (0: no reply is owed). A request that
-    /// failed without a reply but whose header was readable is owed one: it is
-    /// answered EINVAL, written anew from the start of the buffers (`rewrite`).
-    pub fn serve<'a, S: BitmapSlice + Default>(
+    /// WRITE's data left in guest memory, `reply` the chain's reply buffers (and
+    /// `server_writer` a fuse-backend-rs writer over them, for the requests its
+    /// server decodes). Returns the reply's length for the used ring (0: no reply is
+    /// owed). A request that failed without a reply but whose header was readable is
+    /// owed one: it is answered EINVAL, written anew from the start of the buffers.
+    pub fn serve<'a, S: BitmapSlice + Default + 'a, R: Reply>(
         &self,
         request: &'a mut [u8],
-        write_data: Option<Reader<'a, S>>,
-        writer: Writer<'a, S>,
-        rewrite: impl FnOnce() -> Option<Writer<'a, S>>,
+        write_data: Option<&mut dyn WriteData>,
+        reply: &mut R,
+        server_writer: impl FnOnce() -> Option<Writer<'a, S>>,
     ) -> u32 {
-        match self.handle_request(request, write_data, writer) {
+        match self.handle_request(request, write_data, reply, server_writer) {
             Ok(n) => n as u32,
             Err(RequestError::NoHeader) => 0,
             Err(RequestError::Failed {
@@ -150,9 +151,7 @@ impl FsServer {
                 }
                 // A completion with no bytes would read as a zeroed header, i.e.
                 // success.
-                rewrite()
-                    .and_then(|mut w| reply::reply_error(&mut w, unique, libc::EINVAL).ok())
-                    .map_or(0, |n| n as u32)
+                buffers::error(reply, unique, libc::EINVAL).map_or(0, |n| n as u32)
             }
         }
     }
@@ -197,8 +196,9 @@ impl LateReply {
     }
 
     /// Writes the reply; returns its length (0 when the buffers cannot take it).
-    pub fn write<S: BitmapSlice>(&self, mut w: Writer<'_, S>) -> u32 {
-        reply::reply(&mut w, self.unique, self.error, &[]).map_or(0, |n| n as u32)
+    pub fn write<R: Reply>(&self, reply: &mut R) -> u32 {
+        reply.clear_body();
+        buffers::finish(reply, self.unique, self.error).map_or(0, |n| n as u32)
     }
 
     /// The answer to a request failed by a crash ([`AfterCrash::Fail`]): EIO.

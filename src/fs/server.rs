@@ -13,8 +13,10 @@
 //!   session); INIT is answered by [`init`], DESTROY here;
 //! - WRITE: decoded here, with the data read in place;
 //! - IOCTL: ENOTTY here, without decoding its sizes;
+//! - the frequent requests (lookups, attributes, opens, reads, creates, removals,
+//!   forgets): [`dispatch`], replies written straight into their buffers;
 //! - COPY_FILE_RANGE, SYNCFS, TMPFILE, SETLKW: [`extra_ops`];
-//! - everything else: fuse-backend-rs's `Server`.
+//! - everything else: fuse-backend-rs's `Server`, through a writer of its own.
 
 use std::io::{self, Read};
 use std::mem::size_of;
@@ -24,16 +26,16 @@ use std::sync::{Arc, Mutex};
 use fuse_backend_rs::abi::fuse_abi::{
     InHeader, Opcode, ReadIn, WriteIn, WriteOut, WRITE_CACHE, WRITE_LOCKOWNER,
 };
-use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyReader};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 use fuse_backend_rs::api::server::{Server, MAX_BUFFER_SIZE};
-use fuse_backend_rs::common::file_traits::FileReadWriteVolatile;
 use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
+use super::buffers::{self, LocalData, LocalReply, Reply, WriteData};
 use super::stack::{Stack, VolFs};
 use super::volumes::Volumes;
-use super::{extra_ops, init, reply};
+use super::{dispatch, extra_ops, init};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -70,26 +72,6 @@ pub enum RequestError {
 /// The header of a request held in local memory.
 pub fn parse_header(request: &[u8]) -> Option<InHeader> {
     InHeader::from_slice(request.get(..size_of::<InHeader>())?).copied()
-}
-
-/// A WRITE's data: a reader over the guest's buffers, consumed straight into the file.
-struct WriteData<'a, S: BitmapSlice>(Reader<'a, S>);
-
-impl<S: BitmapSlice> ZeroCopyReader for WriteData<'_, S> {
-    fn read_to(
-        &mut self,
-        f: &mut dyn FileReadWriteVolatile,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        self.0.read_to_at(f, count, off)
-    }
-}
-
-impl<S: BitmapSlice> io::Read for WriteData<'_, S> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
 }
 
 fn local_reader<S: BitmapSlice + Default>(bytes: &mut [u8]) -> Reader<'_, S> {
@@ -144,24 +126,58 @@ impl FsServer {
         self.handle_local(&mut bytes, writer)
     }
 
-    /// Serves one request held whole in local memory, header included; returns the
-    /// number of reply bytes written.
+    /// Serves one request held whole in local memory, header included, with its
+    /// reply written to a fuse-backend-rs writer in one piece; returns the number of
+    /// reply bytes written.
     pub fn handle_local<S: BitmapSlice + Default>(
         &self,
         request: &mut [u8],
         writer: Writer<'_, S>,
     ) -> Result<usize, RequestError> {
-        self.handle_request(request, None, writer)
+        let mut reply = LocalReply::new(writer.available_bytes());
+        let mut writer = Some(writer);
+        let n = self.handle_request(request, None, &mut reply, || writer.take())?;
+        match (reply.bytes(), writer.as_mut()) {
+            (Some(_), Some(w)) => reply.send(w).map_err(|e| RequestError::Failed {
+                opcode: parse_header(request).map_or(0, |h| h.opcode),
+                unique: parse_header(request).map_or(0, |h| h.unique),
+                why: e.to_string(),
+            }),
+            // Answered through the writer itself (fuse-backend-rs's server), or no
+            // reply is owed.
+            _ => Ok(n),
+        }
+    }
+
+    /// Serves one request held whole in local memory with fuse-backend-rs's own
+    /// server, also for the requests volfsd decodes itself ([`dispatch`]): the
+    /// reference `harness/tests/dispatch.rs` compares those replies with.
+    pub fn handle_with_library<S: BitmapSlice + Default>(
+        &self,
+        request: &mut [u8],
+        writer: Writer<'_, S>,
+    ) -> Result<usize, RequestError> {
+        let header = parse_header(request).ok_or(RequestError::NoHeader)?;
+        self.server
+            .handle_message(local_reader(request), writer, None, None)
+            .map_err(|e| RequestError::Failed {
+                opcode: header.opcode,
+                unique: header.unique,
+                why: e.to_string(),
+            })
     }
 
     /// Serves one request: `request` is its local copy (header included); for a
     /// WRITE, `write_data` is its data left in guest memory (None: the data follows
-    /// the WriteIn in `request`).
-    pub fn handle_request<'a, S: BitmapSlice + Default>(
+    /// the WriteIn in `request`). The reply goes into `reply`, or, for the requests
+    /// fuse-backend-rs's server decodes, into the writer `server_writer` makes over
+    /// the same buffers.
+    pub fn handle_request<'a, S: BitmapSlice + Default + 'a, R: Reply>(
         &self,
         request: &'a mut [u8],
-        write_data: Option<Reader<'a, S>>,
-        writer: Writer<'a, S>,
+        write_data: Option<&mut dyn WriteData>,
+        reply: &mut R,
+        server_writer: impl FnOnce() -> Option<Writer<'a, S>>,
     ) -> Result<usize, RequestError> {
         let header = parse_header(request).ok_or(RequestError::NoHeader)?;
         let failed = |why: String| RequestError::Failed {
@@ -169,10 +185,7 @@ impl FsServer {
             unique: header.unique,
             why,
         };
-        let mut writer = writer;
-        let reply_errno = |w: &mut Writer<'a, S>, errno: i32| {
-            reply::reply_error(w, header.unique, errno).map_err(|e| failed(e.to_string()))
-        };
+        let answered = |r: io::Result<usize>| r.map_err(|e| failed(e.to_string()));
         if header.opcode == Opcode::Init as u32 {
             // Marked before the reply goes out: the kernel sends its next requests as
             // soon as it reads the reply, possibly to another worker thread.
@@ -184,8 +197,8 @@ impl FsServer {
             }
             let body = init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]);
             let answer = match &body {
-                Ok((body, _)) => reply::reply(&mut writer, header.unique, 0, body),
-                Err(errno) => reply::reply_error(&mut writer, header.unique, *errno),
+                Ok((body, _)) => buffers::ok(reply, header.unique, body),
+                Err(errno) => buffers::error(reply, header.unique, *errno),
             };
             if !was && (body.is_err() || answer.is_err()) {
                 self.initialized.store(false, Ordering::Release);
@@ -193,10 +206,10 @@ impl FsServer {
             if let Ok((_, session)) = &body {
                 self.set_session(*session);
             }
-            return answer.map_err(|e| failed(e.to_string()));
+            return answered(answer);
         }
         if !self.initialized.load(Ordering::Acquire) {
-            return reply_errno(&mut writer, libc::EIO);
+            return answered(buffers::error(reply, header.unique, libc::EIO));
         }
         match header.opcode {
             op if op == Opcode::Destroy as u32 => {
@@ -205,11 +218,12 @@ impl FsServer {
                 self.initialized.store(false, Ordering::Release);
                 self.set_session(None);
                 self.volumes.reset_session();
-                return reply::reply(&mut writer, header.unique, 0, &[])
-                    .map_err(|e| failed(e.to_string()));
+                return answered(buffers::ok(reply, header.unique, &[]));
             }
             // The daemon serves no ioctl; its sizes are never looked at.
-            op if op == Opcode::Ioctl as u32 => return reply_errno(&mut writer, libc::ENOTTY),
+            op if op == Opcode::Ioctl as u32 => {
+                return answered(buffers::error(reply, header.unique, libc::ENOTTY))
+            }
             op if op == Opcode::Read as u32
                 || op == Opcode::Readdir as u32
                 || op == Opcode::Readdirplus as u32 =>
@@ -221,20 +235,20 @@ impl FsServer {
                 )
                 .map(|r| r.size);
                 if size.is_some_and(|s| s > MAX_PAYLOAD) {
-                    return reply_errno(&mut writer, libc::EINVAL);
+                    return answered(buffers::error(reply, header.unique, libc::EINVAL));
                 }
             }
             op if op == Opcode::Write as u32 => {
-                return self.write(&header, request, write_data, writer);
+                return answered(self.write(&header, request, write_data, reply));
             }
             _ => {}
         }
-        if extra_ops::handles(header.opcode) {
-            let body = &mut request[size_of::<InHeader>()..];
-            let mut reader = local_reader(body);
-            extra_ops::dispatch(&*self.fs, &header, &mut reader, &mut writer)
-                .map_err(|e| failed(e.to_string()))
+        if dispatch::handles(header.opcode) {
+            dispatch::serve(&self.fs, &header, request, reply).map_err(|e| failed(e.0))
+        } else if extra_ops::handles(header.opcode) {
+            answered(extra_ops::dispatch(&*self.fs, &header, request, reply))
         } else {
+            let writer = server_writer().ok_or_else(|| failed("no reply buffers".into()))?;
             self.server
                 .handle_message(local_reader(request), writer, None, None)
                 .map_err(|e| failed(e.to_string()))
@@ -249,51 +263,45 @@ impl FsServer {
         if !self.initialized.load(Ordering::Acquire) {
             return -libc::EIO;
         }
-        let body = request.get_mut(size_of::<InHeader>()..).unwrap_or_default();
-        let mut reader = local_reader::<()>(body);
-        match extra_ops::setlkw(&*self.fs, header, &mut reader) {
+        match extra_ops::setlkw(&*self.fs, header, request) {
             Ok(()) => 0,
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 
-    fn write<'a, S: BitmapSlice + Default>(
+    fn write<R: Reply>(
         &self,
         header: &InHeader,
-        request: &'a mut [u8],
-        write_data: Option<Reader<'a, S>>,
-        mut writer: Writer<'a, S>,
-    ) -> Result<usize, RequestError> {
-        let failed = |why: String| RequestError::Failed {
-            opcode: header.opcode,
-            unique: header.unique,
-            why,
-        };
+        request: &mut [u8],
+        write_data: Option<&mut dyn WriteData>,
+        reply: &mut R,
+    ) -> io::Result<usize> {
         let Some(args) = request
             .get(size_of::<InHeader>()..WRITE_PREFIX)
             .and_then(WriteIn::from_slice)
             .copied()
         else {
-            return reply::reply_error(&mut writer, header.unique, libc::EINVAL)
-                .map_err(|e| failed(e.to_string()));
+            return buffers::error(reply, header.unique, libc::EINVAL);
         };
-        let data = match write_data {
-            Some(r) => r,
-            None => local_reader(&mut request[WRITE_PREFIX..]),
+        let mut local;
+        let data: &mut dyn WriteData = match write_data {
+            Some(d) => d,
+            None => {
+                local = LocalData::new(&mut request[WRITE_PREFIX..]);
+                &mut local
+            }
         };
-        if args.size > MAX_PAYLOAD || args.size as usize > data.available_bytes() {
-            return reply::reply_error(&mut writer, header.unique, libc::EINVAL)
-                .map_err(|e| failed(e.to_string()));
+        if args.size > MAX_PAYLOAD || args.size as usize > data.remaining() {
+            return buffers::error(reply, header.unique, libc::EINVAL);
         }
         let owner = (args.fuse_flags & WRITE_LOCKOWNER != 0).then_some(args.lock_owner);
         let delayed = args.fuse_flags & WRITE_CACHE != 0;
         let ctx = Context::from(header);
-        let mut data = WriteData(data);
         let result = self.fs.write(
             &ctx,
             header.nodeid,
             args.fh,
-            &mut data,
+            data,
             args.size,
             args.offset,
             owner,
@@ -307,14 +315,9 @@ impl FsServer {
                     size: n as u32,
                     padding: 0,
                 };
-                reply::reply(&mut writer, header.unique, 0, out.as_slice())
+                buffers::ok(reply, header.unique, out.as_slice())
             }
-            Err(e) => reply::reply_error(
-                &mut writer,
-                header.unique,
-                e.raw_os_error().unwrap_or(libc::EIO),
-            ),
+            Err(e) => buffers::error(reply, header.unique, e.raw_os_error().unwrap_or(libc::EIO)),
         }
-        .map_err(|e| failed(e.to_string()))
     }
 }

@@ -5,12 +5,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use fuse_backend_rs::transport::VirtioFsWriter;
 use log::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, QueueT};
 
 use super::{Parked, Taken, PAUSED_POLL};
+use crate::device::guest_buffers::{chain_buffers, GuestReply};
 use crate::device::inflight::InFlight;
 use crate::device::memory::Vring;
 use crate::device::ring::{notify, Answer, Mem, QueueHealth, RingId, RingRef};
@@ -44,8 +44,7 @@ pub(super) fn wait_off_thread(
 ) -> Taken {
     let index = ring.index;
     let refuse = |chain: &DescriptorChain<Mem>| {
-        let len = VirtioFsWriter::new(chain.memory(), chain.clone())
-            .map_or(0, |w| LateReply::busy(request).write(w.into()));
+        let len = late_reply(chain, LateReply::busy(request));
         Taken::Answered(len)
     };
     if LOCK_WAITERS.fetch_add(1, Ordering::AcqRel) >= MAX_LOCK_WAITERS {
@@ -115,8 +114,7 @@ pub(crate) fn answer_when_running(
             let mut state = vring.get_mut();
             match health.answer_to(&state, ring) {
                 Answer::Now => {
-                    let len = VirtioFsWriter::new(chain.memory(), chain.clone())
-                        .map_or(0, |w| answer.write(w.into()));
+                    let len = late_reply(&chain, answer);
                     match state.add_used(chain.head_index(), len) {
                         Ok(()) => {
                             inflight.answered(chain.head_index(), state.get_queue().next_used())
@@ -136,4 +134,11 @@ pub(crate) fn answer_when_running(
         }
         std::thread::sleep(PAUSED_POLL);
     }
+}
+
+/// Writes a late answer into `chain`'s reply buffers; returns its length (0: the
+/// buffers cannot take it).
+pub(crate) fn late_reply(chain: &DescriptorChain<Mem>, answer: LateReply) -> u32 {
+    chain_buffers(chain.memory(), chain)
+        .map_or(0, |bufs| answer.write(&mut GuestReply::new(&bufs.writable)))
 }

@@ -28,6 +28,7 @@ use std::time::Instant;
 use log::{debug, warn};
 use virtio_queue::DescriptorChain;
 
+use super::guest_buffers::ChainBuffers;
 use super::memory::GuestMem;
 use super::request;
 use super::ring::{Answer, Broken, Completions, Locked, Mem, RingId, RingRef};
@@ -73,6 +74,7 @@ impl Later<'_> {
         ring_id: RingId,
         chain: DescriptorChain<Mem>,
         request: &mut [u8],
+        bufs: ChainBuffers,
     ) -> Result<Taken, Broken> {
         let admission = server.admit(request);
         if let (Some(room), Some((share, cost))) = (self.room, admission.limited) {
@@ -90,11 +92,21 @@ impl Later<'_> {
                 share.stats.qos.charge(cost);
             }
         }
-        self.serve_now(server, ring, ring_id, chain, request, admission.may_wait)
+        self.serve_now(
+            server,
+            ring,
+            ring_id,
+            chain,
+            request,
+            admission.may_wait,
+            Some(bufs),
+        )
     }
 
     /// Serves a request now, or on a thread of its own when it may wait (then it is
     /// never served inline: the worker holds the vring's lock while it serves).
+    /// `bufs`: the chain's buffers, when the walk that copied the request found them.
+    #[allow(clippy::too_many_arguments)]
     fn serve_now(
         &self,
         server: &Arc<FsServer>,
@@ -103,6 +115,7 @@ impl Later<'_> {
         chain: DescriptorChain<Mem>,
         request: &mut [u8],
         may_wait: bool,
+        bufs: Option<ChainBuffers>,
     ) -> Result<Taken, Broken> {
         if may_wait {
             return Ok(lock_waits::wait_off_thread(
@@ -114,7 +127,7 @@ impl Later<'_> {
                 request,
             ));
         }
-        request::serve(server, &chain, request).map(Taken::Answered)
+        request::serve(server, &chain, request, bufs).map(Taken::Answered)
     }
 
     /// Serves one request answered late (throttled, or handed over by a loaded
@@ -133,7 +146,7 @@ impl Later<'_> {
         let ring_id = ring.health.ring(state);
         let may_wait = crate::fs::request::may_wait(request);
         ring.counters.in_flight.store(1, Ordering::Relaxed);
-        let taken = self.serve_now(server, ring, ring_id, chain, request, may_wait);
+        let taken = self.serve_now(server, ring, ring_id, chain, request, may_wait, None);
         ring.counters.in_flight.store(0, Ordering::Relaxed);
         match taken {
             Ok(taken) => complete(ring, state, done, head, taken),

@@ -9,9 +9,9 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fuse_backend_rs::transport::VirtioFsWriter;
 use log::{info, warn};
 
+use super::lock_waits::late_reply;
 use super::{chain_at, Later};
 use crate::device::memory::GuestMem;
 use crate::device::request::{copy_request, with_buffer};
@@ -53,8 +53,7 @@ pub fn answer_recovered(
                 }
                 AfterCrash::Fail => {
                     failed += 1;
-                    let len = VirtioFsWriter::new(chain.memory(), chain.clone())
-                        .map_or(0, |w| LateReply::failed_by_crash(buf).write(w.into()));
+                    let len = late_reply(&chain, LateReply::failed_by_crash(buf));
                     ring.counters.served.fetch_add(1, Ordering::Relaxed);
                     done.add(state, head, len)
                 }

@@ -1,0 +1,631 @@
+//! The requests volfsd decodes itself (`src/fs/dispatch.rs`) against fuse-backend-rs's
+//! own server, the reference: the same sequence of requests, well formed and not,
+//! served by two stacks over two identical directories, one through the queue
+//! worker's path (`serve_popped`: the request copied and its buffers found in one
+//! walk, the reply written in place), the other through fuse-backend-rs's `Server`
+//! and its `VirtioFsWriter`. Every reply must be the same bytes, but for what two
+//! directories differ in: inode numbers and times.
+
+use std::mem::size_of;
+use std::path::{Path, PathBuf};
+
+use fuse_backend_rs::abi::fuse_abi::{
+    AccessIn, Attr, BatchForgetIn, CreateIn, EntryOut, FlushIn, ForgetIn, ForgetOne, FsyncIn,
+    GetattrIn, InHeader, InitIn, Kstatfs, MkdirIn, Opcode, OpenIn, OutHeader, ReadIn, ReleaseIn,
+    Rename2In, RenameIn, SetattrIn, FATTR_FH, GETATTR_FH, RELEASE_FLUSH,
+};
+use fuse_backend_rs::transport::VirtioFsWriter;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueOwnedT};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+use volfsd::exports::device::request::serve_popped;
+use volfsd::exports::device::GuestMmap;
+use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig};
+
+const NEXT: u16 = 1;
+const WRITE: u16 = 2;
+const IN_AT: u64 = 0x10_0000;
+const OUT_AT: u64 = 0x20_0000;
+const HDR: usize = size_of::<InHeader>();
+/// SETATTR's valid bits (private in fuse-backend-rs).
+const FATTR_MODE: u32 = 0x1;
+const FATTR_SIZE: u32 = 0x8;
+
+/// One stack over its own copy of the fixture directory.
+struct Side {
+    root: PathBuf,
+    server: FsServer,
+    mem: GuestMmap,
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn fixture(root: &Path) {
+    let _ = std::fs::remove_dir_all(root);
+    std::fs::create_dir_all(root.join("d/sub")).unwrap();
+    std::fs::create_dir_all(root.join("e")).unwrap();
+    std::fs::write(root.join("f"), vec![5u8; 9000]).unwrap();
+    std::fs::write(root.join("d/x"), b"x").unwrap();
+}
+
+fn side(tag: &str) -> Side {
+    let root = std::env::temp_dir().join(format!("volfsd-dispatch-{}-{tag}", std::process::id()));
+    fixture(&root);
+    let stack = fs::build(
+        &root,
+        None,
+        false,
+        PassthroughConfig::new(CacheMode::None, false),
+    )
+    .unwrap();
+    let server = FsServer::new(&stack);
+    let mem = GuestMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap();
+    let mut s = Side { root, server, mem };
+    let init = InitIn {
+        major: 7,
+        minor: 38,
+        max_readahead: 0,
+        flags: 0,
+    };
+    let r = s.ours(&msg(Opcode::Init, 0, 1, init.as_slice(), None), 4096);
+    assert_eq!(header(&r).error, 0, "INIT");
+    s
+}
+
+/// A request: header (its length: the bytes, or `len`), then `body`.
+fn msg(op: Opcode, node: u64, unique: u64, body: &[u8], len: Option<u32>) -> Vec<u8> {
+    let mut m = InHeader {
+        len: len.unwrap_or((HDR + body.len()) as u32),
+        opcode: op as u32,
+        unique,
+        nodeid: node,
+        uid: 0,
+        gid: 0,
+        pid: 1,
+        padding: 0,
+    }
+    .as_slice()
+    .to_vec();
+    m.extend_from_slice(body);
+    m
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+fn header(reply: &[u8]) -> OutHeader {
+    *OutHeader::from_slice(&reply[..16]).unwrap()
+}
+
+impl Side {
+    /// Lays `request` out as the Linux driver does (header and arguments readable,
+    /// then the reply's header and body writable) and returns the chain's queue.
+    fn chain(&self, request: &[u8], reply_room: usize) -> Queue {
+        self.mem
+            .write_slice(&vec![0u8; reply_room + 16], GuestAddress(OUT_AT))
+            .unwrap();
+        self.mem.write_slice(request, GuestAddress(IN_AT)).unwrap();
+        let split = request.len().min(HDR);
+        let mut descs = vec![(IN_AT, split as u32, 0)];
+        if request.len() > split {
+            descs.push((IN_AT + split as u64, (request.len() - split) as u32, 0));
+        }
+        descs.push((OUT_AT, 16.min(reply_room) as u32, WRITE));
+        if reply_room > 16 {
+            descs.push((OUT_AT + 16, (reply_room - 16) as u32, WRITE));
+        }
+        let n = descs.len();
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, flags))| {
+                let (flags, next) = if i + 1 < n {
+                    (flags | NEXT, i as u16 + 1)
+                } else {
+                    (flags, 0)
+                };
+                RawDescriptor::from(Descriptor::new(addr, len, flags, next))
+            })
+            .collect();
+        let q = MockSplitQueue::create(&self.mem, GuestAddress(0), 16);
+        q.add_desc_chains(&raw, 0).unwrap();
+        q.create_queue().unwrap()
+    }
+
+    fn reply_bytes(&self, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        self.mem.read_slice(&mut out, GuestAddress(OUT_AT)).unwrap();
+        out
+    }
+
+    /// Through the queue worker's path.
+    fn ours(&mut self, request: &[u8], reply_room: usize) -> Vec<u8> {
+        let mut q = self.chain(request, reply_room);
+        let chain = q.iter(&self.mem).unwrap().next().unwrap();
+        let len = serve_popped(&self.server, &chain).expect("a well-formed chain");
+        self.reply_bytes(len as usize)
+    }
+
+    /// Through fuse-backend-rs's server, answered EINVAL when it fails without a
+    /// reply, as the daemon answers such a request.
+    fn library(&mut self, request: &[u8], reply_room: usize) -> Vec<u8> {
+        let mut q = self.chain(request, reply_room);
+        let chain = q.iter(&self.mem).unwrap().next().unwrap();
+        let writer = VirtioFsWriter::new(&self.mem, chain.clone()).unwrap();
+        let mut copy = request.to_vec();
+        let unique = InHeader::from_slice(&request[..HDR]).unwrap().unique;
+        let opcode = InHeader::from_slice(&request[..HDR]).unwrap().opcode;
+        match self.server.handle_with_library(&mut copy, writer.into()) {
+            Ok(len) => self.reply_bytes(len),
+            Err(_) if opcode == Opcode::Forget as u32 || opcode == Opcode::BatchForget as u32 => {
+                Vec::new()
+            }
+            Err(_) if reply_room >= 16 => OutHeader {
+                len: 16,
+                error: -libc::EINVAL,
+                unique,
+            }
+            .as_slice()
+            .to_vec(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+/// Zeroes what two directories differ in: an attribute's inode number and times,
+/// a statfs's free counts.
+fn masked(op: Opcode, mut reply: Vec<u8>) -> Vec<u8> {
+    if reply.len() < 16 || header(&reply).error != 0 {
+        return reply;
+    }
+    let mask_attr = |bytes: &mut [u8]| {
+        let mut a = *Attr::from_slice(&bytes[..size_of::<Attr>()]).unwrap();
+        (a.ino, a.atime, a.mtime, a.ctime) = (0, 0, 0, 0);
+        (a.atimensec, a.mtimensec, a.ctimensec) = (0, 0, 0);
+        bytes[..size_of::<Attr>()].copy_from_slice(a.as_slice());
+    };
+    let code = op as u32;
+    let is = |o: Opcode| code == o as u32;
+    let attr_at = if is(Opcode::Lookup) || is(Opcode::Mkdir) || is(Opcode::Create) {
+        Some(16 + 40)
+    } else if is(Opcode::Getattr) || is(Opcode::Setattr) {
+        Some(16 + 16)
+    } else {
+        None
+    };
+    if let Some(at) = attr_at {
+        if reply.len() >= at + size_of::<Attr>() {
+            mask_attr(&mut reply[at..]);
+        }
+    }
+    if is(Opcode::Statfs) && reply.len() >= 16 + size_of::<Kstatfs>() {
+        let mut st = *Kstatfs::from_slice(&reply[16..16 + size_of::<Kstatfs>()]).unwrap();
+        (st.bfree, st.bavail, st.ffree) = (0, 0, 0);
+        reply[16..16 + size_of::<Kstatfs>()].copy_from_slice(st.as_slice());
+    }
+    reply
+}
+
+struct Pair {
+    a: Side,
+    b: Side,
+    unique: u64,
+}
+
+impl Pair {
+    /// Serves one request on both sides; the replies must match. Returns ours.
+    fn same(
+        &mut self,
+        what: &str,
+        op: Opcode,
+        node: u64,
+        body: &[u8],
+        len: Option<u32>,
+        room: usize,
+    ) -> Vec<u8> {
+        self.unique += 1;
+        let request = msg(op, node, self.unique, body, len);
+        let ours = self.a.ours(&request, room);
+        let reference = self.b.library(&request, room);
+        assert_eq!(
+            masked(op, ours.clone()),
+            masked(op, reference.clone()),
+            "{what}: ours {ours:?}\nreference {reference:?}"
+        );
+        ours
+    }
+
+    fn ok(&mut self, what: &str, op: Opcode, node: u64, body: &[u8]) -> Vec<u8> {
+        let r = self.same(what, op, node, body, None, 16 + 4096);
+        assert_eq!(header(&r).error, 0, "{what} failed: {:?}", header(&r));
+        r
+    }
+}
+
+fn entry(reply: &[u8]) -> EntryOut {
+    *EntryOut::from_slice(&reply[16..16 + size_of::<EntryOut>()]).unwrap()
+}
+
+fn fh(reply: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(reply[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn every_request_decoded_here_is_answered_as_fuse_backend_rs_answers_it() {
+    let mut p = Pair {
+        a: side("ours"),
+        b: side("reference"),
+        unique: 10,
+    };
+    let root = 1;
+
+    // LOOKUP: found, not found, a name without its NUL, lengths that lie.
+    let f = entry(&p.ok("lookup f", Opcode::Lookup, root, b"f\0")).nodeid;
+    let d = entry(&p.ok("lookup d", Opcode::Lookup, root, b"d\0")).nodeid;
+    p.same(
+        "lookup missing",
+        Opcode::Lookup,
+        root,
+        b"nope\0",
+        None,
+        4096,
+    );
+    p.same("lookup without NUL", Opcode::Lookup, root, b"f", None, 4096);
+    p.same(
+        "lookup cut by its length",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        Some(HDR as u32 + 1),
+        4096,
+    );
+    p.same(
+        "lookup longer than sent",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        Some(HDR as u32 + 9),
+        4096,
+    );
+    p.same(
+        "lookup shorter than a header",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        Some(3),
+        4096,
+    );
+    p.same(
+        "lookup of a huge message",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        Some(2 << 20),
+        4096,
+    );
+    p.same("lookup in a file", Opcode::Lookup, f, b"x\0", None, 4096);
+    p.same(
+        "lookup of an unknown node",
+        Opcode::Lookup,
+        999_999,
+        b"x\0",
+        None,
+        4096,
+    );
+    p.same(
+        "lookup with no room for the entry",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        None,
+        40,
+    );
+    p.same(
+        "lookup with no room at all",
+        Opcode::Lookup,
+        root,
+        b"f\0",
+        None,
+        8,
+    );
+
+    // GETATTR, with and without a handle; short arguments.
+    p.ok(
+        "getattr",
+        Opcode::Getattr,
+        f,
+        GetattrIn::default().as_slice(),
+    );
+    p.same("getattr short", Opcode::Getattr, f, &[0; 4], None, 4096);
+    p.same(
+        "getattr of an unknown node",
+        Opcode::Getattr,
+        777,
+        GetattrIn::default().as_slice(),
+        None,
+        4096,
+    );
+
+    // OPEN, READ (whole, past the end, too big for its buffers, a bad handle), FLUSH,
+    // FSYNC, RELEASE.
+    let open = OpenIn {
+        flags: libc::O_RDWR as u32,
+        fuse_flags: 0,
+    };
+    let fh_f = fh(&p.ok("open", Opcode::Open, f, open.as_slice()), 16);
+    let with_fh = GetattrIn {
+        flags: GETATTR_FH,
+        dummy: 0,
+        fh: fh_f,
+    };
+    p.ok("getattr by handle", Opcode::Getattr, f, with_fh.as_slice());
+    let read = |offset: u64, size: u32, fh: u64| ReadIn {
+        fh,
+        offset,
+        size,
+        ..Default::default()
+    };
+    p.ok("read", Opcode::Read, f, read(0, 4096, fh_f).as_slice());
+    p.ok(
+        "read at the end",
+        Opcode::Read,
+        f,
+        read(8000, 4096, fh_f).as_slice(),
+    );
+    p.ok(
+        "read past the end",
+        Opcode::Read,
+        f,
+        read(20000, 4096, fh_f).as_slice(),
+    );
+    p.same(
+        "read larger than its buffers",
+        Opcode::Read,
+        f,
+        read(0, 8192, fh_f).as_slice(),
+        None,
+        4096,
+    );
+    p.same(
+        "read of a bad handle",
+        Opcode::Read,
+        f,
+        read(0, 10, 4242).as_slice(),
+        None,
+        4096,
+    );
+    p.same("read short", Opcode::Read, f, &[1; 8], None, 4096);
+    p.same(
+        "read with no room for a header",
+        Opcode::Read,
+        f,
+        read(0, 1, fh_f).as_slice(),
+        None,
+        12,
+    );
+    let flush = FlushIn {
+        fh: fh_f,
+        unused: 0,
+        padding: 0,
+        lock_owner: 3,
+    };
+    p.ok("flush", Opcode::Flush, f, flush.as_slice());
+    let fsync = FsyncIn {
+        fh: fh_f,
+        fsync_flags: 1,
+        padding: 0,
+    };
+    p.ok("fsync", Opcode::Fsync, f, fsync.as_slice());
+
+    // SETATTR: mode, then size through the handle.
+    let mode = SetattrIn {
+        valid: FATTR_MODE,
+        mode: 0o640,
+        ..Default::default()
+    };
+    p.ok("setattr mode", Opcode::Setattr, f, mode.as_slice());
+    let size = SetattrIn {
+        valid: FATTR_SIZE | FATTR_FH,
+        size: 100,
+        fh: fh_f,
+        ..Default::default()
+    };
+    p.ok(
+        "setattr size by handle",
+        Opcode::Setattr,
+        f,
+        size.as_slice(),
+    );
+    p.same("setattr short", Opcode::Setattr, f, &[0; 20], None, 4096);
+    let release = ReleaseIn {
+        fh: fh_f,
+        flags: libc::O_RDWR as u32,
+        release_flags: RELEASE_FLUSH,
+        lock_owner: 3,
+    };
+    p.ok("release", Opcode::Release, f, release.as_slice());
+    p.same(
+        "release again",
+        Opcode::Release,
+        f,
+        release.as_slice(),
+        None,
+        4096,
+    );
+
+    // STATFS, ACCESS.
+    p.ok("statfs", Opcode::Statfs, root, &[]);
+    let access = AccessIn {
+        mask: libc::R_OK as u32,
+        padding: 0,
+    };
+    p.ok("access", Opcode::Access, f, access.as_slice());
+
+    // OPENDIR, FSYNCDIR, RELEASEDIR.
+    let fh_d = fh(
+        &p.ok("opendir", Opcode::Opendir, d, OpenIn::default().as_slice()),
+        16,
+    );
+    let fsyncdir = FsyncIn {
+        fh: fh_d,
+        ..Default::default()
+    };
+    p.ok("fsyncdir", Opcode::Fsyncdir, d, fsyncdir.as_slice());
+    let releasedir = ReleaseIn {
+        fh: fh_d,
+        ..Default::default()
+    };
+    p.ok("releasedir", Opcode::Releasedir, d, releasedir.as_slice());
+
+    // CREATE, MKDIR, RENAME, RENAME2, UNLINK, RMDIR.
+    let create = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: 0o100644,
+        umask: 0o022,
+        fuse_flags: 0,
+    };
+    let created = p.ok(
+        "create",
+        Opcode::Create,
+        d,
+        &cat(&[create.as_slice(), b"new\0"]),
+    );
+    let n = entry(&created).nodeid;
+    p.same(
+        "create again, exclusive",
+        Opcode::Create,
+        d,
+        &cat(&[
+            CreateIn {
+                flags: create.flags | libc::O_EXCL as u32,
+                ..create
+            }
+            .as_slice(),
+            b"new\0",
+        ]),
+        None,
+        4096,
+    );
+    p.same(
+        "create without NUL",
+        Opcode::Create,
+        d,
+        &cat(&[create.as_slice(), b"zz"]),
+        None,
+        4096,
+    );
+    let mkdir = MkdirIn {
+        mode: 0o755,
+        umask: 0o022,
+    };
+    p.ok("mkdir", Opcode::Mkdir, d, &cat(&[mkdir.as_slice(), b"m\0"]));
+    p.same(
+        "mkdir existing",
+        Opcode::Mkdir,
+        d,
+        &cat(&[mkdir.as_slice(), b"m\0"]),
+        None,
+        4096,
+    );
+    let rename = RenameIn { newdir: d };
+    p.ok(
+        "rename",
+        Opcode::Rename,
+        d,
+        &cat(&[rename.as_slice(), b"new\0renamed\0"]),
+    );
+    p.same(
+        "rename with one name",
+        Opcode::Rename,
+        d,
+        &cat(&[rename.as_slice(), b"renamed\0"]),
+        None,
+        4096,
+    );
+    let noreplace = Rename2In {
+        newdir: d,
+        flags: libc::RENAME_NOREPLACE,
+        padding: 0,
+    };
+    p.same(
+        "rename2 onto an existing name",
+        Opcode::Rename2,
+        d,
+        &cat(&[noreplace.as_slice(), b"renamed\0x\0"]),
+        None,
+        4096,
+    );
+    let strange = Rename2In {
+        flags: 0x8000_0000 | libc::RENAME_NOREPLACE,
+        ..noreplace
+    };
+    p.ok(
+        "rename2 with unknown flags",
+        Opcode::Rename2,
+        d,
+        &cat(&[strange.as_slice(), b"renamed\0again\0"]),
+    );
+    p.ok("unlink", Opcode::Unlink, d, b"again\0");
+    p.same("unlink missing", Opcode::Unlink, d, b"again\0", None, 4096);
+    p.same("rmdir not empty", Opcode::Rmdir, root, b"d\0", None, 4096);
+    p.ok("rmdir", Opcode::Rmdir, d, b"m\0");
+
+    // FORGET and BATCH_FORGET owe no reply; a batch longer than its bytes, or than a
+    // message, neither.
+    p.same(
+        "forget",
+        Opcode::Forget,
+        n,
+        ForgetIn { nlookup: 1 }.as_slice(),
+        None,
+        4096,
+    );
+    p.same("forget short", Opcode::Forget, n, &[0; 3], None, 4096);
+    let batch = |count: u32, ones: &[(u64, u64)]| {
+        let mut b = BatchForgetIn { count, dummy: 0 }.as_slice().to_vec();
+        for &(nodeid, nlookup) in ones {
+            b.extend_from_slice(ForgetOne { nodeid, nlookup }.as_slice());
+        }
+        b
+    };
+    p.same(
+        "batch forget",
+        Opcode::BatchForget,
+        0,
+        &batch(2, &[(f, 1), (d, 1)]),
+        None,
+        4096,
+    );
+    p.same(
+        "batch forget short",
+        Opcode::BatchForget,
+        0,
+        &batch(3, &[(f, 1)]),
+        None,
+        4096,
+    );
+    p.same(
+        "batch forget too long",
+        Opcode::BatchForget,
+        0,
+        &batch(u32::MAX, &[]),
+        None,
+        4096,
+    );
+    // The forgotten nodes are gone on both sides alike.
+    p.same(
+        "getattr of a forgotten node",
+        Opcode::Getattr,
+        n,
+        GetattrIn::default().as_slice(),
+        None,
+        4096,
+    );
+}

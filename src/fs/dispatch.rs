@@ -1,0 +1,423 @@
+//! The frequent requests, decoded and answered here rather than by fuse-backend-rs's
+//! `Server`: lookups, attributes, opens, reads, releases, creates and removals, the
+//! forgets. Each is decoded from the request's local copy as that server decodes it
+//! and answered with the same bytes (`harness/tests/dispatch.rs` compares the two
+//! on every opcode here), but written straight into the reply's buffers
+//! ([`Reply`]): the server's writer over guest memory allocates a queue of slices
+//! per request and walks the descriptor chain again, which cost a small request
+//! about a third of the daemon's own instructions (docs/PROFILING.md).
+//!
+//! A request that cannot be decoded (too short for its arguments, a name without its
+//! NUL) is [`Undecodable`]: the caller answers EINVAL, as it does for the server's
+//! decoding errors.
+
+use std::ffi::CStr;
+use std::mem::size_of;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    AccessIn, AttrOut, BatchForgetIn, CreateIn, EntryOut, FlushIn, ForgetIn, ForgetOne, FsyncIn,
+    GetattrIn, InHeader, Kstatfs, MkdirIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn, Rename2In,
+    RenameIn, SetattrIn, SetattrValid, FATTR_FH, GETATTR_FH, READ_LOCKOWNER, RELEASE_FLOCK_UNLOCK,
+    RELEASE_FLUSH,
+};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
+use vm_memory::ByteValued;
+
+use super::buffers::{errno_of, error, finish, ok, Reply};
+use super::stack::VolFs;
+
+/// The request's header and the largest message after it that fuse-backend-rs
+/// accepts (its `BUFFER_HEADER_SIZE` is 4 KiB): a longer one is answered ENOMEM.
+const MAX_MESSAGE: u32 = MAX_BUFFER_SIZE + 0x1000;
+const IN_HEADER: usize = size_of::<InHeader>();
+
+/// Why a request got no reply from here.
+#[derive(Debug)]
+pub struct Undecodable(pub String);
+
+/// Whether `opcode` is served here.
+pub fn handles(opcode: u32) -> bool {
+    OPCODES.iter().any(|&op| op as u32 == opcode)
+}
+
+const OPCODES: [Opcode; 21] = [
+    Opcode::Lookup,
+    Opcode::Forget,
+    Opcode::BatchForget,
+    Opcode::Getattr,
+    Opcode::Setattr,
+    Opcode::Mkdir,
+    Opcode::Unlink,
+    Opcode::Rmdir,
+    Opcode::Rename,
+    Opcode::Rename2,
+    Opcode::Open,
+    Opcode::Read,
+    Opcode::Statfs,
+    Opcode::Release,
+    Opcode::Fsync,
+    Opcode::Flush,
+    Opcode::Opendir,
+    Opcode::Releasedir,
+    Opcode::Fsyncdir,
+    Opcode::Access,
+    Opcode::Create,
+];
+
+/// The fixed-size arguments after the header (too few bytes: undecodable).
+fn args<T: ByteValued + Default>(request: &[u8]) -> Result<T, Undecodable> {
+    let bytes = request
+        .get(IN_HEADER..IN_HEADER + size_of::<T>())
+        .ok_or_else(|| {
+            Undecodable(format!(
+                "shorter than its {} argument bytes",
+                size_of::<T>()
+            ))
+        })?;
+    let mut value = T::default();
+    value.as_mut_slice().copy_from_slice(bytes);
+    Ok(value)
+}
+
+/// The variable part after the header and `fixed` bytes of arguments, up to the
+/// length the header gives (which must be there).
+fn body<'r>(header: &InHeader, request: &'r [u8], fixed: usize) -> Result<&'r [u8], Undecodable> {
+    let start = IN_HEADER + fixed;
+    let end = header.len as usize;
+    if end < start || end > request.len() {
+        return Err(Undecodable(format!(
+            "header length {end} outside {start}..={}",
+            request.len()
+        )));
+    }
+    Ok(&request[start..end])
+}
+
+/// A name: the body up to its first NUL (none: undecodable).
+fn cstr(bytes: &[u8]) -> Result<&CStr, Undecodable> {
+    let nul = bytes
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| Undecodable("a name without its NUL".into()))?;
+    CStr::from_bytes_with_nul(&bytes[..=nul]).map_err(|e| Undecodable(e.to_string()))
+}
+
+fn name<'r>(header: &InHeader, request: &'r [u8], fixed: usize) -> Result<&'r CStr, Undecodable> {
+    cstr(body(header, request, fixed)?)
+}
+
+/// Two names one after the other (RENAME's old and new).
+fn two_names<'r>(
+    header: &InHeader,
+    request: &'r [u8],
+    fixed: usize,
+) -> Result<(&'r CStr, &'r CStr), Undecodable> {
+    let bytes = body(header, request, fixed)?;
+    let first = cstr(bytes)?;
+    let rest = &bytes[first.to_bytes_with_nul().len()..];
+    if rest.is_empty() {
+        return Err(Undecodable("a second name is missing".into()));
+    }
+    Ok((first, cstr(rest)?))
+}
+
+/// Serves one request whose opcode [`handles`] said is served here; returns its
+/// reply's length (0: it owes none).
+pub fn serve<R: Reply>(
+    fs: &VolFs,
+    header: &InHeader,
+    request: &[u8],
+    reply: &mut R,
+) -> Result<usize, Undecodable> {
+    let unique = header.unique;
+    let forget =
+        header.opcode == Opcode::Forget as u32 || header.opcode == Opcode::BatchForget as u32;
+    if header.len > MAX_MESSAGE {
+        if forget {
+            return Err(Undecodable("a forget longer than a message".into()));
+        }
+        return written(error(reply, unique, libc::ENOMEM));
+    }
+    let ctx = Context::from(header);
+    let node = header.nodeid;
+    // An empty reply, or the operation's errno.
+    let empty = |reply: &mut R, r: std::io::Result<()>| match r {
+        Ok(()) => written(ok(reply, unique, &[])),
+        Err(e) => written(error(reply, unique, errno_of(&e))),
+    };
+    let op = header.opcode;
+    match op {
+        _ if op == Opcode::Lookup as u32 => {
+            let name = name(header, request, 0)?;
+            match fs.lookup(&ctx, node, name) {
+                Ok(entry) => written(ok(reply, unique, EntryOut::from(entry).as_slice())),
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ if op == Opcode::Forget as u32 => {
+            let ForgetIn { nlookup } = args(request)?;
+            fs.forget(&ctx, node, nlookup);
+            Ok(0)
+        }
+        _ if op == Opcode::BatchForget as u32 => {
+            let BatchForgetIn { count, .. } = args(request)?;
+            let fixed = IN_HEADER + size_of::<BatchForgetIn>();
+            let max = (MAX_MESSAGE as usize - fixed) / size_of::<ForgetOne>();
+            if count as usize > max {
+                return Err(Undecodable(format!("a batch of {count} forgets")));
+            }
+            let one = size_of::<ForgetOne>();
+            let list = request
+                .get(fixed..fixed + count as usize * one)
+                .ok_or_else(|| Undecodable(format!("shorter than its {count} forgets")))?;
+            let forgets = list
+                .chunks_exact(one)
+                .map(|c| {
+                    let mut f = ForgetOne::default();
+                    f.as_mut_slice().copy_from_slice(c);
+                    (f.nodeid, f.nlookup)
+                })
+                .collect();
+            fs.batch_forget(&ctx, forgets);
+            Ok(0)
+        }
+        _ if op == Opcode::Getattr as u32 => {
+            let GetattrIn { flags, fh, .. } = args(request)?;
+            let handle = (flags & GETATTR_FH != 0).then_some(fh);
+            attr(reply, unique, fs.getattr(&ctx, node, handle))
+        }
+        _ if op == Opcode::Setattr as u32 => {
+            let setattr: SetattrIn = args(request)?;
+            let handle = (setattr.valid & FATTR_FH != 0).then_some(setattr.fh);
+            let valid = SetattrValid::from_bits_truncate(setattr.valid);
+            attr(
+                reply,
+                unique,
+                fs.setattr(&ctx, node, setattr.into(), handle, valid),
+            )
+        }
+        _ if op == Opcode::Mkdir as u32 => {
+            let MkdirIn { mode, umask } = args(request)?;
+            let name = name(header, request, size_of::<MkdirIn>())?;
+            match fs.mkdir(&ctx, node, name, mode, umask) {
+                Ok(entry) => written(ok(reply, unique, EntryOut::from(entry).as_slice())),
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ if op == Opcode::Unlink as u32 => {
+            let name = name(header, request, 0)?;
+            empty(reply, fs.unlink(&ctx, node, name))
+        }
+        _ if op == Opcode::Rmdir as u32 => {
+            let name = name(header, request, 0)?;
+            empty(reply, fs.rmdir(&ctx, node, name))
+        }
+        _ if op == Opcode::Rename as u32 => {
+            let RenameIn { newdir } = args(request)?;
+            let (old, new) = two_names(header, request, size_of::<RenameIn>())?;
+            empty(reply, fs.rename(&ctx, node, old, newdir, new, 0))
+        }
+        _ if op == Opcode::Rename2 as u32 => {
+            let Rename2In { newdir, flags, .. } = args(request)?;
+            let flags =
+                flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE | libc::RENAME_WHITEOUT);
+            let (old, new) = two_names(header, request, size_of::<Rename2In>())?;
+            empty(reply, fs.rename(&ctx, node, old, newdir, new, flags))
+        }
+        _ if op == Opcode::Open as u32 => {
+            let OpenIn { flags, fuse_flags } = args(request)?;
+            match fs.open(&ctx, node, flags, fuse_flags) {
+                Ok((handle, opts, passthrough)) => {
+                    let out = OpenOut {
+                        fh: handle.unwrap_or(0),
+                        open_flags: opts.bits(),
+                        passthrough: passthrough.unwrap_or_default(),
+                    };
+                    written(ok(reply, unique, out.as_slice()))
+                }
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ if op == Opcode::Read as u32 => {
+            let r: ReadIn = args(request)?;
+            let owner = (r.read_flags & READ_LOCKOWNER != 0).then_some(r.lock_owner);
+            reply.clear_body();
+            let data: &mut dyn ZeroCopyWriter = reply;
+            match fs.read(&ctx, node, r.fh, data, r.size, r.offset, owner, r.flags) {
+                Ok(_) => written(finish(reply, unique, 0)),
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ if op == Opcode::Statfs as u32 => match fs.statfs(&ctx, node) {
+            Ok(st) => written(ok(reply, unique, Kstatfs::from(st).as_slice())),
+            Err(e) => written(error(reply, unique, errno_of(&e))),
+        },
+        _ if op == Opcode::Release as u32 => {
+            let r: ReleaseIn = args(request)?;
+            let flush = r.release_flags & RELEASE_FLUSH != 0;
+            let flock_release = r.release_flags & RELEASE_FLOCK_UNLOCK != 0;
+            let owner = (flush || flock_release).then_some(r.lock_owner);
+            empty(
+                reply,
+                fs.release(&ctx, node, r.flags, r.fh, flush, flock_release, owner),
+            )
+        }
+        _ if op == Opcode::Fsync as u32 => {
+            let FsyncIn {
+                fh, fsync_flags, ..
+            } = args(request)?;
+            empty(reply, fs.fsync(&ctx, node, fsync_flags & 1 != 0, fh))
+        }
+        _ if op == Opcode::Flush as u32 => {
+            let FlushIn { fh, lock_owner, .. } = args(request)?;
+            empty(reply, fs.flush(&ctx, node, fh, lock_owner))
+        }
+        _ if op == Opcode::Opendir as u32 => {
+            let OpenIn { flags, .. } = args(request)?;
+            match fs.opendir(&ctx, node, flags) {
+                Ok((handle, opts)) => {
+                    let out = OpenOut {
+                        fh: handle.unwrap_or(0),
+                        open_flags: opts.bits(),
+                        ..Default::default()
+                    };
+                    written(ok(reply, unique, out.as_slice()))
+                }
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ if op == Opcode::Releasedir as u32 => {
+            let ReleaseIn { fh, flags, .. } = args(request)?;
+            empty(reply, fs.releasedir(&ctx, node, flags, fh))
+        }
+        _ if op == Opcode::Fsyncdir as u32 => {
+            let FsyncIn {
+                fh, fsync_flags, ..
+            } = args(request)?;
+            empty(reply, fs.fsyncdir(&ctx, node, fsync_flags & 1 != 0, fh))
+        }
+        _ if op == Opcode::Access as u32 => {
+            let AccessIn { mask, .. } = args(request)?;
+            empty(reply, fs.access(&ctx, node, mask))
+        }
+        _ if op == Opcode::Create as u32 => {
+            let create: CreateIn = args(request)?;
+            let name = name(header, request, size_of::<CreateIn>())?;
+            match fs.create(&ctx, node, name, create) {
+                Ok((entry, handle, opts, passthrough)) => {
+                    let open = OpenOut {
+                        fh: handle.unwrap_or(0),
+                        open_flags: opts.bits(),
+                        passthrough: passthrough.unwrap_or_default(),
+                    };
+                    let entry = EntryOut {
+                        nodeid: entry.inode,
+                        generation: entry.generation,
+                        entry_valid: entry.entry_timeout.as_secs(),
+                        attr_valid: entry.attr_timeout.as_secs(),
+                        entry_valid_nsec: entry.entry_timeout.subsec_nanos(),
+                        attr_valid_nsec: entry.attr_timeout.subsec_nanos(),
+                        attr: entry.attr.into(),
+                    };
+                    let mut body = [0u8; size_of::<EntryOut>() + size_of::<OpenOut>()];
+                    body[..size_of::<EntryOut>()].copy_from_slice(entry.as_slice());
+                    body[size_of::<EntryOut>()..].copy_from_slice(open.as_slice());
+                    written(ok(reply, unique, &body))
+                }
+                Err(e) => written(error(reply, unique, errno_of(&e))),
+            }
+        }
+        _ => Err(Undecodable(format!("opcode {op} is not served here"))),
+    }
+}
+
+/// An attribute reply (GETATTR, SETATTR).
+fn attr<R: Reply>(
+    reply: &mut R,
+    unique: u64,
+    result: std::io::Result<(fuse_backend_rs::abi::fuse_abi::stat64, std::time::Duration)>,
+) -> Result<usize, Undecodable> {
+    match result {
+        Ok((st, timeout)) => {
+            let out = AttrOut {
+                attr_valid: timeout.as_secs(),
+                attr_valid_nsec: timeout.subsec_nanos(),
+                dummy: 0,
+                attr: st.into(),
+            };
+            written(ok(reply, unique, out.as_slice()))
+        }
+        Err(e) => written(error(reply, unique, errno_of(&e))),
+    }
+}
+
+/// A reply that could not be written (its buffers too short) is no reply.
+fn written(r: std::io::Result<usize>) -> Result<usize, Undecodable> {
+    r.map_err(|e| Undecodable(format!("writing the reply: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(opcode: Opcode, len: u32, rest: &[u8]) -> Vec<u8> {
+        let mut r = InHeader {
+            len,
+            opcode: opcode as u32,
+            unique: 1,
+            nodeid: 1,
+            ..Default::default()
+        }
+        .as_slice()
+        .to_vec();
+        r.extend_from_slice(rest);
+        r
+    }
+
+    #[test]
+    fn names_are_cut_at_the_header_length_and_need_their_nul() {
+        let r = request(Opcode::Lookup, 44, b"abc\0junk");
+        let h = InHeader::from_slice(&r[..IN_HEADER]).unwrap();
+        assert_eq!(name(h, &r, 0).unwrap().to_bytes(), b"abc");
+        // The header's length cuts the NUL off: undecodable.
+        let r = request(Opcode::Lookup, 43, b"abc\0");
+        let h = InHeader::from_slice(&r[..IN_HEADER]).unwrap();
+        assert!(name(h, &r, 0).is_err());
+        // A length past the bytes there: undecodable.
+        let r = request(Opcode::Lookup, 60, b"abc\0");
+        let h = InHeader::from_slice(&r[..IN_HEADER]).unwrap();
+        assert!(name(h, &r, 0).is_err());
+    }
+
+    #[test]
+    fn a_rename_needs_both_names() {
+        let fixed = size_of::<RenameIn>();
+        let mut rest = vec![0u8; fixed];
+        rest.extend_from_slice(b"old\0new\0");
+        let r = request(Opcode::Rename, (IN_HEADER + rest.len()) as u32, &rest);
+        let h = *InHeader::from_slice(&r[..IN_HEADER]).unwrap();
+        let (a, b) = two_names(&h, &r, fixed).unwrap();
+        assert_eq!((a.to_bytes(), b.to_bytes()), (&b"old"[..], &b"new"[..]));
+        let r = request(Opcode::Rename, (IN_HEADER + fixed + 4) as u32, &rest);
+        let h = *InHeader::from_slice(&r[..IN_HEADER]).unwrap();
+        assert!(two_names(&h, &r, fixed).is_err());
+    }
+
+    #[test]
+    fn arguments_shorter_than_their_struct_are_undecodable() {
+        let r = request(Opcode::Getattr, 50, &[0; 10]);
+        assert!(args::<GetattrIn>(&r).is_err());
+        let r = request(Opcode::Getattr, 56, &[0; 16]);
+        assert!(args::<GetattrIn>(&r).is_ok());
+    }
+
+    #[test]
+    fn every_opcode_listed_is_served() {
+        for op in OPCODES {
+            assert!(handles(op as u32));
+        }
+        assert!(!handles(Opcode::Readdirplus as u32));
+        assert!(!handles(Opcode::Write as u32), "WRITE is the server's own");
+    }
+}
