@@ -35,7 +35,14 @@ fn create(parent: u64, name: &str) -> Request {
 
 /// Kills the serving process below the keeper; returns its pid.
 fn kill_serving(d: &Daemon) -> i32 {
-    let pid = d.pid();
+    // Just after an upgrade the keeper may be between its old serving process's exit
+    // and the new one's appearing in /proc under it: wait for one.
+    let mut pid = d.pid();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pid == d.launched_pid() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        pid = d.pid();
+    }
     assert_ne!(pid, d.launched_pid(), "no serving process below the keeper");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
