@@ -3,7 +3,7 @@
 # one ran and validated its data (exit codes, JSON present), never a speed.
 #   - volfsd-loadgen against volfsd, every workload (QD1 ones too), tiny sizes, 1 and 2 queues
 #     (and against virtiofsd if it is installed: the loadgen must run unchanged);
-#   - scale.py (start-up to INIT, held inodes, density) with tiny counts;
+#   - scale.py (start-up to INIT, held inodes and their memory curve, density) with tiny counts;
 #   - volfsd-statebench (benches/downtime.sh): one save and load at 1,000 held nodes,
 #     volfsd and virtiofsd;
 #   - the criterion benches, each run once (--test);
@@ -152,7 +152,7 @@ if [[ -x $VOLFSD && -x $LOADGEN ]]; then
 		--daemon volfsd "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn" \
 		--daemon volfsd-fh "$VOLFSD --socket-path {sock} --shared-dir {share} --cache none --log-level warn --inode-file-handles prefer" \
 		>"$WORK/scale.log" 2>&1 &&
-		python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); r=a["volfsd"]; h=a["volfsd-fh"]["inodes"]; assert r["inodes"]["held"]==300 and r["inodes"]["fds_per_inode"]>0 and r["density"]["daemons"]==2 and len(r["startup_init_ms"])==2 and h["held"]==300 and h["fds_per_inode"]<0.02, (r, h)' "$WORK/scale.json"; then
+		python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); r=a["volfsd"]; h=a["volfsd-fh"]["inodes"]; assert r["inodes"]["held"]==300 and r["inodes"]["fds_per_inode"]>0 and r["density"]["daemons"]==2 and len(r["startup_init_ms"])==2 and h["held"]==300 and h["fds_per_inode"]<0.02, (r, h); c=h["curve"]; assert len(c)>=2 and c[0]["inodes"]==0 and c[-1]["inodes"]==300 and [p["inodes"] for p in c]==sorted(p["inodes"] for p in c) and 0<=h["curve_extra_requests"]<50, c' "$WORK/scale.json"; then
 		pass scale
 	else
 		fail scale "$(tail -n 2 "$WORK/scale.log" | tr '\n' ' ')"
