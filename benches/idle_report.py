@@ -77,6 +77,8 @@ def render(d):
         "(/proc/PID/task/*/schedstat and status). Sums over the daemons. The sandbox is on in every "
         "kind (each daemon's defaults). Not a quiet machine unless the load column says so: another "
         "session's QEMU guests may run beside it.\n")
+    if env.get("command"):
+        L.append(f"Command (paths as on the measuring machine): `{env['command']}`\n")
     L.append("| | " + " | ".join(names) + " |")
     L.append("|---|" + "---|" * len(names))
     L.append("| options beyond the socket and share | " + " | ".join(f"`{options(kinds[k][0]['cmd'])}`"
@@ -97,7 +99,7 @@ def render(d):
     L.append("| threads that woke (context switches, all daemons) | "
              + " | ".join(", ".join(f"{t} {c:,}" for t, c in merged_threads(kinds[k]).items()) or "none"
                           for k in names) + " |")
-    L.append("| load average before → after | " + " | ".join(
+    L.append("| load average (1 min) before → after, this fleet's own start included | " + " | ".join(
         "; ".join(f"{r['load_before'][0]:.2f} → {r['load_after'][0]:.2f}" for r in kinds[k]) for k in names) + " |")
     L.append("| other QEMU, builds or daemons | " + " | ".join(
         "; ".join(sorted({c or "none" for r in kinds[k] for c in (r["company_before"], r["company_after"])}))
