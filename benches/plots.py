@@ -115,10 +115,11 @@ def headline_ratios(lg, workloads, path):
             top = max(top, max(r) + 0.12)
             ax.errorbar(j + dx, m, yerr=[[m - min(r)], [max(r) - m]], fmt=marker, color=colour,
                         ms=5, capsize=2.5, lw=1.1)
-            ax.annotate(f"{m:.2f}", (j + dx, max(r)), textcoords="offset points", xytext=(0, 2),
-                        ha="center", fontsize=6.5, color=colour)
+            ax.annotate(f"{m:.2f}", (j + dx, max(r)), textcoords="offset points", xytext=(0, 3),
+                        ha="center", fontsize=6.5, color=colour, zorder=5,
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3, "alpha": 0.8})
             if w in targets:
-                ax.hlines(targets[w], j + dx - 0.12, j + dx + 0.12, colors=colour, lw=2.5, alpha=0.6)
+                ax.hlines(targets[w], j + dx - 0.12, j + dx + 0.12, colors=colour, lw=2.5, alpha=0.6, zorder=6)
             alt.setdefault(w, []).append(f"{m:.2f}×")
     ax.axhline(1.0, color="black", lw=1)
     for t in (0.5, 0.7, 0.8):
