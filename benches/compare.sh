@@ -342,8 +342,8 @@ mkdir -p "$DATA"
 (cd "$OUT" && find . \( -name '*.json' -o -name '*.cmd' -o -name '*.loadgen-cmd' -o -name env.txt -o -name quiet.tsv \) \
 	-not -path './fio*/*-rep*/*' -print0 | xargs -0 cp --parents -t "$DATA")
 # The separate measurements the page also shows (what a feature costs, per-volume
-# QoS): the kept runs named in docs/bench-data/sections.txt, one "--ab DIR" or
-# "--qos DIR" per line (paths from the repository root).
+# QoS, idle daemons): the kept runs named in docs/bench-data/sections.txt, one
+# "--ab DIR", "--qos DIR", "--idle DIR", ... per line (paths from the repository root).
 SECTIONS=()
 if [[ -f $REPO/docs/bench-data/sections.txt ]]; then
 	while read -r opt dir; do
@@ -351,5 +351,13 @@ if [[ -f $REPO/docs/bench-data/sections.txt ]]; then
 		SECTIONS+=("$opt" "$REPO/$dir")
 	done <"$REPO/docs/bench-data/sections.txt"
 fi
-python3 "$HERE/report.py" "$DATA" "${SECTIONS[@]}" >"$DOC"
+# The figures (benches/plots.py) go to docs/images; without matplotlib
+# (tests/install-deps.sh installs it) the page keeps its tables only.
+IMAGES=()
+if python3 -c 'import matplotlib' 2>/dev/null; then
+	IMAGES=(--images "$REPO/docs/images")
+else
+	say "matplotlib missing: the page without its figures (tests/install-deps.sh installs it)"
+fi
+python3 "$HERE/report.py" "$DATA" "${SECTIONS[@]}" "${IMAGES[@]}" >"$DOC"
 say "wrote $DOC in $((SECONDS - T0)) s (raw results in $OUT, kept ones in ${DATA#"$REPO"/})"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the kept raw results of benches/compare.sh into docs/BENCHMARKS.md (stdout).
 
-Usage: report.py DATA_DIR                       (docs/bench-data/<date>-<commit>)
+Usage: report.py DATA_DIR [--images docs/images] [--ab DIR ...]   (docs/bench-data/<date>-<commit>)
        report.py --extract-fio SERIAL OUT.json  (fio figures of one console log)
 
 Everything printed, the reading included, is computed from DATA_DIR: re-running it
@@ -220,6 +220,30 @@ class Series:
 
 # ---------------------------------------------------------------- report
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# The figures benches/plots.py drew for this page ({key: (path, alt text)}, filled
+# by main with --images): each is shown under the table of the same data.
+FIGURES = {}
+
+
+def figure(P, key):
+    if key in FIGURES:
+        path, alt = FIGURES[key]
+        # The page is docs/BENCHMARKS.md: the image's path from docs/.
+        P(f"![{alt}]({os.path.relpath(path, os.path.join(REPO, 'docs'))})\n")
+
+
+def draw_figures(args, data, lg):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import plots
+    scale = None
+    if os.path.exists(os.path.join(data, "scale.json")):
+        with open(os.path.join(data, "scale.json")) as f:
+            scale = json.load(f)
+    # The guest workloads' runs come with their own option (--workloads DIR), if given.
+    wl = getattr(args, "workloads", None)
+    FIGURES.update(plots.draw(args.images, data=data, lg=lg, workloads_order=WORKLOADS + QD1,
+                              configs=FOUR, scale=scale,
+                              workloads_dir=wl[0] if isinstance(wl, list) and wl else wl))
 
 # What each A/B run measures, by the name ab.sh gave its directory: (title, what
 # A and B are, the CPU-per-request target as (label, limit) or None).
@@ -361,6 +385,16 @@ def upgrade_pause_section(P, dirs, targets, readings):
     readings.extend(r)
 
 
+def idle_section(P, d, targets, readings):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import idle_report
+    lines, t, r = idle_report.render(d)
+    for line in lines:
+        P(line)
+    targets.extend(t)
+    readings.extend(r)
+
+
 def crash_compare_section(P, d, readings):
     """A vm-tests/run-crash-compare.sh run: its summary table, made by that script
     from the two sides' outputs kept beside it."""
@@ -396,6 +430,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data", nargs="?")
     ap.add_argument("--extract-fio", nargs=2, metavar=("SERIAL", "OUT"))
+    ap.add_argument("--images", metavar="DIR",
+                    help="draw the figures (benches/plots.py, needs matplotlib) into DIR, e.g. "
+                         "docs/images, and show them on the page")
+    ap.add_argument("--idle", metavar="DIR", help="a benches/idle.py run (idle daemons: CPU, memory)")
     ap.add_argument("--ab", action="append", default=[], metavar="DIR",
                     help="a benches/ab.sh run (what a feature costs); repeatable")
     ap.add_argument("--qos", metavar="DIR", help="a benches/qos.sh run (per-volume QoS)")
@@ -436,6 +474,11 @@ def main():
     rel = os.path.relpath(data, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
     extra = "".join(f" --ab {os.path.relpath(d.rstrip('/'), REPO)}" for d in args.ab)
+    if args.idle:
+        extra += f" --idle {os.path.relpath(args.idle.rstrip('/'), REPO)}"
+    if args.images:
+        extra += f" --images {os.path.relpath(args.images.rstrip('/'), REPO)}"
+        draw_figures(args, data, lg)
     if args.qos:
         extra += f" --qos {os.path.relpath(args.qos.rstrip('/'), REPO)}"
     if args.qos_neighbour:
@@ -495,6 +538,8 @@ def main():
     if os.path.exists(sc_scale):
         with open(sc_scale) as f:
             scale_section(P, json.load(f), targets, readings)
+    if args.idle:
+        idle_section(P, args.idle.rstrip("/"), targets, readings)
     if fio.runs:
         fio_section(P, env, fio, fmeta, fio_runs, targets, readings)
     loc = load_fio(data, "fio-locality")
@@ -530,6 +575,7 @@ def main():
     if args.crash_compare:
         crash_compare_section(P, args.crash_compare.rstrip("/"), readings)
 
+    figure(P, "workloads")  # under the guest workloads' section, when given
     if targets:
         P("## Targets\n")
         P("Judged on the median of the per-pair ratios.\n")
@@ -737,6 +783,7 @@ def loadgen_section(P, lg, targets, readings):
     for a, b, what in PAIRS:
         P(f"- `{a}/{b}`: {what}.")
     P("")
+    figure(P, "headline")
     # Targets and readings from the same figures.
     # The targets of issue 11: the defaults, sandbox and seccomp on.
     for w in ("randread4k", "randwrite4k", "getattr", "lookup", "metadata"):
@@ -791,6 +838,7 @@ def loadgen_section(P, lg, targets, readings):
             P(f"| {w} | {label} | " + " | ".join(cell(lg.vals(c, w, m)) for c in FOUR)
               + f" | {rcell(lg.ratios('volfsd', 'virtiofsd', w, m))} | {rcell(lg.ratios('volfsd-open', 'virtiofsd-matched', w, m))} |")
     P("")
+    figure(P, "latency")
     if any(lg.vals(c, w, "p50") for c in FOUR for w in QD1):
         P("### QD 1: one request in flight, one queue\n")
         P("The cost of one request with no queueing: the load generator publishes one request, "
@@ -935,6 +983,7 @@ def scale_section(P, sc, targets, readings):
             f"{d['volfsd']['threads'] / d['volfsd']['daemons']:.0f} threads each against "
             f"{d['virtiofsd']['threads'] / d['virtiofsd']['daemons']:.0f}.")
     P("")
+    figure(P, "held-nodes")
 
 
 FIO_COLS = [("volfsd-q1-smp1", "virtiofsd-q1-smp1", "1 vCPU, 1 queue each"),

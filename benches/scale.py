@@ -10,6 +10,8 @@ Three measurements, each daemon in turn (alternated where repeated):
     forgets them; RssAnon and open fds of the daemon's process tree are sampled
     after INIT and while they are held: bytes and fds per held inode. A daemon
     that runs out of fds stops the lookups with an errno; the count held is kept.
+    On the way, the same are sampled as the count passes each tenth of --inodes
+    (and 100, 200, 500, 1000, ... below it): the curve of memory against nodes.
   - density: --density daemons, each with its own connected load generator
     idle after INIT; total RssAnon, threads and fds over every daemon's tree.
 
@@ -44,6 +46,11 @@ def loadgen(args, sock, extra, log):
     return subprocess.Popen([args.loadgen, "--socket", sock, "--shared-dir", args.share, "--queues", "1",
                              "--qd", "1", "--keep-files", "--quiet"] + extra,
                             stdout=log, stderr=subprocess.STDOUT)
+
+
+def log_has(path, text):
+    with open(path, "rb") as f:
+        return text.encode() in f.read()
 
 
 def wait_for(path, text, proc, timeout):
@@ -81,6 +88,51 @@ def startup_once(name, cmd, args, tmp):
     return (listening - t0) * 1000.0 if listening else None, (init - t0) * 1000.0
 
 
+def syscw(pids):
+    """write(2)-family calls made so far by these processes (/proc/PID/io)."""
+    n = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/io") as f:
+                for line in f:
+                    if line.startswith("syscw:"):
+                        n += int(line.split()[1])
+        except OSError:
+            pass
+    return n
+
+
+def curve_steps(n, tenths=10):
+    """Where the curve is sampled: every tenth of n, and 100, 200, 500, 1000, ...
+    below n (the fd-bound daemons stop at a few tens of thousands)."""
+    steps = {n * k // tenths for k in range(1, tenths)}
+    m = 100
+    while m < n:
+        steps.update(x for x in (m, 2 * m, 5 * m) if x < n)
+        m *= 10
+    return sorted(x for x in steps if x > 0)
+
+
+def sample_curve(d, lg, llog, base_writes, steps):
+    """Samples RssAnon and fds each time the lookups served pass a step, until
+    the load generator holds them all. The count served is the daemon tree's
+    write calls since INIT: at QD 1 the load generator asks for an interrupt on
+    every completion, so the daemon writes its call eventfd once per request and
+    writes nothing else at --log-level warn (the caller checks that against the
+    final count). fds are read last: listing thousands takes a few ms, in which
+    the lookups go on, so they run a little ahead of the count."""
+    pids = tree(d.pid)
+    points, todo = [], list(steps)
+    while not log_has(llog, "loadgen: HOLD") and lg.poll() is None:
+        served = syscw(pids) - base_writes
+        if todo and served >= todo[0]:
+            points.append({"requests": served, "rss_anon_kib": rss_anon(d.pid), "fds": fds(d.pid)})
+            while todo and todo[0] <= served:
+                todo.pop(0)
+        time.sleep(0.01)
+    return points
+
+
 def held_inodes(name, cmd, args, tmp):
     sock = os.path.join(tmp, f"{name}-inodes.sock")
     llog = os.path.join(tmp, f"{name}-inodes.loadgen.log")
@@ -92,10 +144,13 @@ def held_inodes(name, cmd, args, tmp):
             raise RuntimeError(f"{name}: no INIT: {open(llog).read()[-500:]}")
         time.sleep(1)
         before = {"rss_anon_kib": rss_anon(d.pid), "fds": fds(d.pid)}
+        base_writes = syscw(tree(d.pid))
+        points = sample_curve(d, lg, llog, base_writes, curve_steps(args.inodes))
         if not wait_for(llog, "loadgen: HOLD", lg, 3600):
             raise RuntimeError(f"{name}: lookups did not finish: {open(llog).read()[-500:]}")
         time.sleep(0.5)
         held = {"rss_anon_kib": rss_anon(d.pid), "fds": fds(d.pid)}
+        served = syscw(tree(d.pid)) - base_writes
         rc = lg.wait()
         stop(d)
     if rc != 0:
@@ -103,43 +158,71 @@ def held_inodes(name, cmd, args, tmp):
     with open(os.path.join(tmp, f"{name}-inodes.json")) as f:
         h = json.load(f)["held_inodes"]
     n = max(h["held"], 1)
+    # The requests beyond the held lookups (the work directory's own lookups):
+    # a handful; many more would mean the write count is no request count.
+    extra = served - h["held"]
+    curve = [{"inodes": 0, "requests": 0, **before}]
+    curve += [{"inodes": min(max(p["requests"] - extra, 0), h["held"]), **p} for p in points]
+    curve.append({"inodes": h["held"], "requests": served, **held})
     return {"requested": h["requested"], "held": h["held"], "stopped_by_errno": h["stopped_by_errno"],
             "lookups_per_s": h["held"] / h["lookup_seconds"] if h["lookup_seconds"] else None,
             "before": before, "holding": held,
             "rss_anon_bytes_per_inode": (held["rss_anon_kib"] - before["rss_anon_kib"]) * 1024.0 / n,
-            "fds_per_inode": (held["fds"] - before["fds"]) / n}
+            "fds_per_inode": (held["fds"] - before["fds"]) / n,
+            "curve": curve, "curve_extra_requests": extra}
+
+
+class Fleet:
+    """n daemons side by side, each with its own load generator connected (the
+    same in every density measurement: scale.py's and benches/idle.py's).
+    `share(i)` is daemon i's shared directory; `lg_extra` the load generator's
+    options; `ready` what its log says once it is where the caller samples."""
+
+    def __init__(self, name, cmd, n, args, tmp, share, lg_extra, ready):
+        self.procs, self.lgs, self.logs = [], [], []
+        self.spec = (name, cmd, n, args, tmp, share, lg_extra, ready)
+
+    def __enter__(self):
+        name, cmd, n, args, tmp, share, lg_extra, ready = self.spec
+        try:
+            for i in range(n):
+                sock = os.path.join(tmp, f"{name}-dens{i}.sock")
+                dlog = open(os.path.join(tmp, f"{name}-dens{i}.daemon.log"), "wb")
+                llog = os.path.join(tmp, f"{name}-dens{i}.loadgen.log")
+                lf = open(llog, "wb")
+                self.logs += [dlog, lf]
+                self.procs.append(start(cmd, sock, share(i), dlog))
+                a = argparse.Namespace(loadgen=args.loadgen, share=share(i))
+                self.lgs.append((loadgen(a, sock, lg_extra, lf), llog))
+            for lg, llog in self.lgs:
+                if not wait_for(llog, ready, lg, 300):
+                    raise RuntimeError(f"{name}: a density client did not get to {ready!r}: "
+                                       f"{open(llog).read()[-300:]}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for lg, _ in self.lgs:
+            lg.send_signal(signal.SIGKILL)
+            lg.wait()
+        for p in self.procs:
+            stop(p)
+        for f in self.logs:
+            f.close()
+        return False
 
 
 def density(name, cmd, args, tmp):
-    procs, lgs = [], []
-    logs = []
-    try:
-        for i in range(args.density):
-            sock = os.path.join(tmp, f"{name}-dens{i}.sock")
-            dlog = open(os.path.join(tmp, f"{name}-dens{i}.daemon.log"), "wb")
-            llog = os.path.join(tmp, f"{name}-dens{i}.loadgen.log")
-            lf = open(llog, "wb")
-            logs += [dlog, lf]
-            procs.append(start(cmd, sock, args.share, dlog))
-            lgs.append((loadgen(args, sock, ["--workload", "none", "--idle-before", "600"], lf), llog))
-        for lg, llog in lgs:
-            if not wait_for(llog, "loadgen: IDLE", lg, 120):
-                raise RuntimeError(f"{name}: a density client did not connect: {open(llog).read()[-300:]}")
+    with Fleet(name, cmd, args.density, args, tmp, lambda i: args.share,
+               ["--workload", "none", "--idle-before", "600"], "loadgen: IDLE") as fl:
         time.sleep(2)
-        out = {"daemons": args.density,
-               "rss_anon_kib": sum(rss_anon(p.pid) for p in procs),
-               "threads": sum(threads(p.pid) for p in procs),
-               "fds": sum(fds(p.pid) for p in procs),
-               "processes": sum(len(tree(p.pid)) for p in procs)}
-    finally:
-        for lg, _ in lgs:
-            lg.send_signal(signal.SIGKILL)
-            lg.wait()
-        for p in procs:
-            stop(p)
-        for f in logs:
-            f.close()
-    return out
+        return {"daemons": args.density,
+                "rss_anon_kib": sum(rss_anon(p.pid) for p in fl.procs),
+                "threads": sum(threads(p.pid) for p in fl.procs),
+                "fds": sum(fds(p.pid) for p in fl.procs),
+                "processes": sum(len(tree(p.pid)) for p in fl.procs)}
 
 
 def main():

@@ -87,4 +87,10 @@ if ! python3 -c 'import prometheus_client.parser' 2>/dev/null; then
 	echo "install-deps: pip install prometheus-client"
 	python3 -m pip install -q prometheus-client || { echo "install-deps: prometheus-client install failed" >&2; exit 1; }
 fi
+# matplotlib: benches/report.py --images draws docs/BENCHMARKS.md's figures with it
+# (benches/plots.py).
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+	echo "install-deps: pip install matplotlib"
+	python3 -m pip install -q matplotlib || { echo "install-deps: matplotlib install failed" >&2; exit 1; }
+fi
 echo "install-deps: ok"
