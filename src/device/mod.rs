@@ -539,6 +539,8 @@ impl VhostUserBackend for FsBackend {
         vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
+        // Each worker thread counts its requests in a shard of its own.
+        crate::metrics::serve_as_worker(thread_id);
         if device_event == self.wake_event() {
             self.wake(thread_id, vrings);
             return Ok(());

@@ -154,7 +154,7 @@ fn drain(
             )?;
         }
         done.flush(state)?;
-        ring.poller.ran_dry(crate::metrics::recent_clock());
+        ring.poller.ran_dry(crate::metrics::latest_clock());
         if polling && ring.poller.watch(|| has_pending(mem, state))? {
             continue;
         }
