@@ -18,6 +18,7 @@ pub mod poll;
 pub mod queue;
 pub mod request;
 pub mod ring;
+pub mod split_ring;
 pub mod state_transfer;
 
 use std::io;

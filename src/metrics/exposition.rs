@@ -256,6 +256,7 @@ pub fn render(s: &Snapshot) -> String {
     );
     for v in &s.volumes {
         let vol = escape(v.name);
+        #[allow(clippy::needless_range_loop)] // `other` is one past ERRNO_CLASSES
         for i in 0..=OTHER_ERRNO {
             let n = v.metrics.errors_of_class(i);
             if n == 0 {
@@ -464,7 +465,11 @@ mod tests {
     fn a_snapshot_renders_every_family_once_with_cumulative_buckets() {
         let m = VolumeMetrics::default();
         m.record(Op::lookup, Some(Duration::from_micros(20)), None);
-        m.record(Op::lookup, Some(Duration::from_millis(3)), Some(libc::ENOENT));
+        m.record(
+            Op::lookup,
+            Some(Duration::from_millis(3)),
+            Some(libc::ENOENT),
+        );
         let s = Snapshot {
             volumes: vec![VolumeSnapshot {
                 name: "data",

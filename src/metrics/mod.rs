@@ -406,7 +406,11 @@ mod tests {
     fn a_request_lands_in_its_bucket_and_class() {
         let m = VolumeMetrics::default();
         m.record(Op::read, Some(Duration::from_micros(30)), None);
-        m.record(Op::read, Some(Duration::from_micros(10)), Some(libc::ENOENT));
+        m.record(
+            Op::read,
+            Some(Duration::from_micros(10)),
+            Some(libc::ENOENT),
+        );
         m.record(Op::read, Some(Duration::from_secs(60)), Some(libc::E2BIG));
         m.record(Op::read, None, None);
         let r = m.op(Op::read);
@@ -462,6 +466,9 @@ mod tests {
         start_batch_at(woke);
         assert_eq!(request_clock(), Some(woke));
         assert!(request_clock().is_none());
-        assert!(latest_clock() >= woke, "an untimed request last: the clock is read");
+        assert!(
+            latest_clock() >= woke,
+            "an untimed request last: the clock is read"
+        );
     }
 }
