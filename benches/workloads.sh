@@ -61,6 +61,7 @@ ARGS="$*"
 say() { echo "workloads: $*"; }
 die() { echo "workloads: error: $*" >&2; exit 2; }
 
+# shellcheck disable=SC2034 # ALLOW_BUSY is quiet-lib.sh's
 parse_args() {
 	while [[ $# -gt 0 ]]; do
 		case "$1" in
@@ -77,7 +78,7 @@ parse_args() {
 		--data) DATA=${2:?}; shift ;;
 		--volfsd) VOLFSD=${2:?}; shift ;;
 		--virtiofsd) VIRTIOFSD=${2:?}; shift ;;
-		--allow-busy) ALLOW_BUSY=1 ;; # shellcheck disable=SC2034
+		--allow-busy) ALLOW_BUSY=1 ;;
 		-h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 		*) die "unknown option: $1 (--help lists them)" ;;
 		esac
