@@ -122,8 +122,10 @@ def good(r, name):
     return w
 
 
-def render(d):
-    """The section's lines, and the targets as (name, per-pair ratios, met)."""
+def render(d, with_targets=True):
+    """The section's lines, and the targets as (name, per-pair ratios, met).
+    with_targets=False leaves the targets table out (report.py shows them in its
+    own Targets table)."""
     runs = load_runs(d)
     env = read_kv(os.path.join(d, "env.txt"))
     inputs = {}
@@ -210,17 +212,18 @@ def render(d):
     if failed:
         L.append("Failed checks (those workloads are left out of that run's figures): "
                  + "; ".join(f"pair {p} {s}: {', '.join(f)}" for p, s, f in failed) + ".\n")
-    L.append("| target | measured (median, min–max) | met |")
-    L.append("|---|---|---|")
-    for t, v, ok in targets:
-        L.append(f"| {t} | {rcell(v)} | {'yes' if ok else '**no**'} |")
-    L.append("")
+    if with_targets:
+        L.append("| target | measured (median, min–max) | met |")
+        L.append("|---|---|---|")
+        for t, v, ok in targets:
+            L.append(f"| {t} | {rcell(v)} | {'yes' if ok else '**no**'} |")
+        L.append("")
     return L, targets
 
 
 def section(P, d, targets, readings):
     """benches/report.py --workloads DIR: the section, its targets and a reading."""
-    lines, t = render(d)
+    lines, t = render(d, with_targets=False)
     for line in lines:
         P(line)
     targets.extend(t)
