@@ -44,6 +44,8 @@ def collect(log_dir, pair, side, daemon, status):
     serial = open(os.path.join(log_dir, "serial.log"), errors="replace").read().replace("\r", "")
     walls = {m.group(1): float(m.group(2))
              for m in re.finditer(r"^VMTEST INFO workload (\S+) wall ([0-9.]+)s$", serial, re.M)}
+    irqs = {m.group(1): (int(m.group(2)), int(m.group(3)))
+            for m in re.finditer(r"^VMTEST INFO workload (\S+) interrupts (\d+) (\d+)$", serial, re.M)}
     samples = {}
     try:
         with open(os.path.join(log_dir, "workloads-samples.txt")) as f:
@@ -56,6 +58,8 @@ def collect(log_dir, pair, side, daemon, status):
     for name in WORKLOADS:
         s = samples.get(name, {})
         w = {"wall_s": walls.get(name)}
+        if name in irqs:  # completions on the request queue and on hiprio: ~ requests
+            w.update(request_irqs=irqs[name][0], hiprio_irqs=irqs[name][1])
         if "start" in s and "end" in s:
             (t0, d0, q0, tck), (t1, d1, q1, _) = s["start"], s["end"]
             w.update(daemon_cpu_s=(d1 - d0) / tck, qemu_cpu_s=(q1 - q0) / tck, host_s=round(t1 - t0, 2))
@@ -208,6 +212,7 @@ def render(d, with_targets=True):
         if name in METADATA_HEAVY and cr:
             targets.append((f"{name}: daemon CPU, volfsd / virtiofsd ≤ {CPU_TARGET}", cr, med(cr) <= CPU_TARGET))
     L.append("")
+    per_request_table(L, runs, pairs)
     failed = [(p, s, r["failed"]) for (p, s), r in sorted(runs.items()) if r["failed"]]
     if failed:
         L.append("Failed checks (those workloads are left out of that run's figures): "
@@ -219,6 +224,37 @@ def render(d, with_targets=True):
             L.append(f"| {t} | {rcell(v)} | {'yes' if ok else '**no**'} |")
         L.append("")
     return L, targets
+
+
+def per_request_table(L, runs, pairs):
+    """Requests per workload (the guest's interrupt counts on the request queue:
+    with one request in flight each gets its own) and the daemon's CPU per
+    request; only for runs whose guest counted them."""
+    if not any("request_irqs" in w for r in runs.values() for w in r["workloads"].values()):
+        return
+    L.append("Requests per workload, as the guest counts them (completion interrupts of the request "
+             "queue: with one request in flight at a time nearly every request raises one; FORGETs on "
+             "the hiprio queue not included), and the daemon's CPU per request:\n")
+    L.append("| workload | requests, volfsd | requests, virtiofsd | daemon CPU µs/request, volfsd "
+             "| daemon CPU µs/request, virtiofsd | ratio |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+    for name in WORKLOADS:
+        req = {s: [] for s in SIDES}
+        us = {s: [] for s in SIDES}
+        ratio = []
+        for p in pairs:
+            got = {}
+            for s in SIDES:
+                w = good(runs[(p, s)], name)
+                if w and w.get("request_irqs"):
+                    req[s].append(w["request_irqs"])
+                    got[s] = 1e6 * w["daemon_cpu_s"] / w["request_irqs"]
+                    us[s].append(got[s])
+            if len(got) == 2 and got["virtiofsd"] > 0:
+                ratio.append(got["volfsd"] / got["virtiofsd"])
+        L.append(f"| {name} | {cell(req['volfsd'], 0)} | {cell(req['virtiofsd'], 0)} | {cell(us['volfsd'], 0)} "
+                 f"| {cell(us['virtiofsd'], 0)} | {rcell(ratio)} |")
+    L.append("")
 
 
 def section(P, d, targets, readings):

@@ -73,19 +73,34 @@ ack() {
 	return 0
 }
 
+# irqs: completions signalled on the share's request queues and on its hiprio
+# queue (FORGETs), summed over the vCPUs: "REQUESTS HIPRIO". With one request in
+# flight at a time (TCG, one vCPU) nearly every request gets its own interrupt,
+# so the difference across a workload counts its requests on either daemon.
+irqs() {
+	awk '/virtio[0-9]+-(requests|hiprio)/ {
+		s = 0
+		for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i
+		if ($NF ~ /hiprio/) h += s; else r += s
+	} END {printf "%d %d", r, h}' /proc/interrupts
+}
+
 # timed NAME FUNC: FUNC between the hook's start and end samples, its output
 # and exit status kept in $OUT/NAME.{out,rc} for the check that follows.
 timed() {
 	_wl=$1
 	host_step "start $_wl"
 	ack "start-$_wl" || echo "no start ack" >"$OUT/$_wl.noack"
+	_i0=$(irqs)
 	_t0=$(now)
 	(set -e; "$2") >"$OUT/$_wl.out" 2>&1
 	echo $? >"$OUT/$_wl.rc"
 	_t1=$(now)
+	_i1=$(irqs)
 	host_step "end $_wl"
 	ack "end-$_wl" || echo "no end ack" >>"$OUT/$_wl.noack"
 	echo "VMTEST INFO workload $_wl wall $(awk "BEGIN {printf \"%.3f\", $_t1 - $_t0}")s"
+	echo "VMTEST INFO workload $_wl interrupts $(echo "$_i0 $_i1" | awk '{print $3 - $1, $4 - $2}')"
 }
 
 # ran NAME: the timed part exited 0 and both samples were taken
