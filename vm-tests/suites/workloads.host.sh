@@ -10,7 +10,7 @@ S=${1:?usage: workloads.host.sh SHARED_DIR}
 SAMPLES=$VMTEST_LOG_DIR/workloads-samples.txt
 SERIAL=${VMTEST_SERIAL:-$VMTEST_LOG_DIR/serial.log}
 
-walls=$(tr -d '\r' <"$SERIAL" | awk '/^VMTEST INFO workload / {sub("s$", "", $6); print $4, $6}')
+walls=$(tr -d '\r' <"$SERIAL" | awk '/^VMTEST INFO workload [^ ]+ wall / {sub("s$", "", $6); print $4, $6}')
 missing=""
 while read -r name wall; do
 	[[ -n $name ]] || continue
