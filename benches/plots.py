@@ -246,22 +246,22 @@ def held_nodes(scale, path):
 
 # ---------------------------------------------------------------- (d) workloads
 def read_workload_runs(d):
-    """The guest workloads' kept runs: ([workload names in order],
-    {daemon: {workload: {"guest_wall_s": [per pair], "daemon_cpu_s": [per pair]}}}).
-    The one place that knows their format, assumed until its runner exists:
-    DIR/runs/DAEMON-pairN.json = {"daemon", "pair", "workloads": [{"name",
-    "guest_wall_s", "daemon_cpu_s"}]}. None when DIR or its runs are missing."""
+    """The guest workloads' kept runs (benches/workloads.sh): ([workload names in
+    order], {side: {workload: {"guest_wall_s": [per pair], "daemon_cpu_s": [per
+    pair]}}}). The one place that knows their format: DIR/runs/pairN-SIDE.json =
+    {"pair", "side", "workloads": {name: {"wall_s", "daemon_cpu_s", ...}}}. None when
+    DIR or its runs are missing."""
     if not d or not os.path.isdir(os.path.join(d, "runs")):
         return None
     order, out = [], {}
-    for path in sorted(glob.glob(os.path.join(d, "runs", "*-pair*.json"))):
+    for path in sorted(glob.glob(os.path.join(d, "runs", "pair*-*.json"))):
         with open(path) as f:
             doc = json.load(f)
-        for w in doc["workloads"]:
-            if w["name"] not in order:
-                order.append(w["name"])
-            per = out.setdefault(doc["daemon"], {}).setdefault(w["name"], {"guest_wall_s": [], "daemon_cpu_s": []})
-            per["guest_wall_s"].append(w["guest_wall_s"])
+        for name, w in doc.get("workloads", {}).items():
+            if name not in order:
+                order.append(name)
+            per = out.setdefault(doc["side"], {}).setdefault(name, {"guest_wall_s": [], "daemon_cpu_s": []})
+            per["guest_wall_s"].append(w["wall_s"])
             per["daemon_cpu_s"].append(w["daemon_cpu_s"])
     return (order, out) if out else None
 
