@@ -1,6 +1,13 @@
 //! Directories: open, list (getdents64, READDIRPLUS lookups), sync, release.
 
+use std::cell::RefCell;
+
 use super::prelude::*;
+
+thread_local! {
+    /// A worker's getdents64 buffer, kept between READDIRs.
+    static DIRENTS: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 impl PassthroughFs {
     pub(super) fn do_readdir(
@@ -19,22 +26,27 @@ impl PassthroughFs {
         let _guard = h.dir_lock.lock().unwrap();
         // SAFETY: lseek on an fd we own; the result is checked.
         cvt64(unsafe { libc::lseek64(h.file.as_raw_fd(), offset as i64, libc::SEEK_SET) })?;
-        let mut buf = vec![0u8; (size as usize).clamp(1024, 64 * 1024)];
-        loop {
-            let n = sys::getdents64(&h.file, &mut buf)?;
-            if n == 0 {
-                return Ok(());
-            }
-            for entry in sys::Dirents::new(&buf[..n]) {
-                let entry = entry?;
-                let next = entry.offset;
-                if add_entry(entry, &h)? == 0 {
-                    // The reply buffer is full; the guest continues from `offset` later.
+        // The worker's own buffer, zeroed once, not per request.
+        DIRENTS.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.resize((size as usize).clamp(1024, 64 * 1024), 0);
+            loop {
+                let n = sys::getdents64(&h.file, &mut buf)?;
+                if n == 0 {
                     return Ok(());
                 }
-                h.dir_offset.store(next, Ordering::Relaxed);
+                for entry in sys::Dirents::new(&buf[..n]) {
+                    let entry = entry?;
+                    let next = entry.offset;
+                    if add_entry(entry, &h)? == 0 {
+                        // The reply buffer is full; the guest continues from `offset`
+                        // later.
+                        return Ok(());
+                    }
+                    h.dir_offset.store(next, Ordering::Relaxed);
+                }
             }
-        }
+        })
     }
 
     pub(super) fn opendir(
@@ -84,8 +96,16 @@ impl PassthroughFs {
                 // The kernel links no dentry for these; a zero node id takes no reference.
                 return add_entry(e, Entry::default());
             }
-            let cname = CString::new(name).map_err(|_| errno(libc::EIO))?;
-            let entry = match self.do_lookup(ctx, &h.inode, &cname) {
+            // The name with its NUL, on the stack (a host name is at most 255 bytes).
+            let mut with_nul = [0u8; 256];
+            if let Some(b) = with_nul.get_mut(..name.len()) {
+                b.copy_from_slice(name);
+            }
+            let cname = with_nul
+                .get(..=name.len())
+                .and_then(|b| CStr::from_bytes_with_nul(b).ok())
+                .ok_or_else(|| errno(libc::EIO))?;
+            let entry = match self.do_lookup(ctx, &h.inode, cname) {
                 Ok(entry) => entry,
                 // Gone since getdents: skip it, as if it had not been listed.
                 Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(1),
