@@ -234,6 +234,9 @@ fn serve(
         privileged_xattrs: config.privileged_xattrs,
         file_handles: config.file_handles != crate::fs::file_handle::FileHandleMode::Never,
     });
+    // Every role's filter, compiled here on the main thread before any thread that
+    // confines itself starts (see seccomp::compile_for).
+    sandbox::seccomp::compile_for(config.seccomp)?;
     spawn_signal_thread(term, socket_files.clone());
     crate::logging::spawn_summary_thread(|| {
         sandbox::confine_thread_or_exit(sandbox::ThreadRole::Logger)

@@ -379,7 +379,7 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
         caps::restrict_thread(caps::CapSet::EMPTY)
             .map_err(|e| SandboxError::host("dropping capabilities", e))
     })
-    .and_then(|()| seccomp::apply(ThreadRole::Supervisor, seccomp_mode));
+    .and_then(|()| seccomp::apply_alone(ThreadRole::Supervisor, seccomp_mode));
     if let Err(e) = confined {
         eprintln!("volfsd: sandbox supervisor: {e}");
         let _ = kill(child, Signal::SIGKILL);
