@@ -4,7 +4,10 @@
 //! forks: the child is pid 1 of the new namespace and serves; the parent stays in
 //! the host's namespaces as a small supervisor (as virtiofsd does). It forwards
 //! SIGTERM/SIGINT/SIGHUP, exits with the child's status, and removes the sockets if
-//! the child could not. The child dies with it (PR_SET_PDEATHSIG).
+//! the child could not. The child dies with it (PR_SET_PDEATHSIG). Right after the
+//! fork the parent executes this binary afresh in a mode of its own
+//! ([`reexec_supervisor`]), so that it holds none of the memory the daemon touched
+//! before the fork.
 //!
 //! Started by a non-root user, the parent first unshares a user namespace in which
 //! that user is root, which makes the mount work below possible without privilege on
@@ -20,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
 use super::{caps, seccomp, SandboxError, SeccompMode, ThreadRole};
@@ -191,11 +194,7 @@ pub fn enter(
     }
     // Forwarded signals are blocked before the fork so none is lost in between; the
     // child restores its mask.
-    let mut forwarded = SigSet::empty();
-    for s in FORWARDED {
-        forwarded.add(s);
-    }
-    forwarded.add(Signal::SIGCHLD);
+    let forwarded = forwarded_and_sigchld();
     let mut old = SigSet::empty();
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&forwarded), Some(&mut old))
         .map_err(|e| SandboxError::host("sandbox: blocking signals", e))?;
@@ -207,6 +206,11 @@ pub fn enter(
                 // SAFETY: the parent never uses these fds again: it only supervises.
                 unsafe { libc::close(fd) };
             }
+            let e = reexec_supervisor(child, seccomp_mode, &sockets);
+            // The forked copy supervises instead, confined the same way, only larger.
+            eprintln!(
+                "volfsd: sandbox supervisor: executing {SELF_EXE}: {e}; supervising from the forked process"
+            );
             supervise(child, forwarded, seccomp_mode, &sockets)
         }
         ForkResult::Child => {
@@ -364,6 +368,128 @@ fn write_own_maps(maps: &IdMaps) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// What the supervisor executes: this binary, as the kernel keeps it (even if the
+/// file was replaced or removed since the daemon started).
+const SELF_EXE: &str = "/proc/self/exe";
+
+/// The first argument that makes `volfsd` a supervisor (see [`reexec_supervisor`]).
+/// Not a flag (no leading `-`; volfsd takes no positional argument), with a control
+/// character no one types: no command line of a user can collide with it.
+pub const SUPERVISOR_ARG: &str = "\u{1}volfsd-sandbox-supervisor";
+
+/// The forked parent replaces itself with a fresh copy of this binary that only
+/// supervises ([`supervisor_main`]). A fork keeps every page the daemon touched
+/// before it (the parsed command line, the logger, the heap and the stack they
+/// grew: ~150 KiB of RssAnon held for the daemon's life); the fresh image holds
+/// only what the loader and the runtime touch. Returns only if the exec failed.
+///
+/// Kept across the exec: the pid and so the parenthood of the serving child (its
+/// PR_SET_PDEATHSIG still follows this process), the blocked signals and any that
+/// are pending (a SIGTERM or the child's SIGCHLD that came meanwhile is handled
+/// after it), the user namespace, the working directory (socket paths may be
+/// relative). The command line is `argv[0] SUPERVISOR_ARG SECCOMP PID COMM N
+/// SOCKET... -- ARGS...`: the daemon's own arguments last, so that `ps` still shows
+/// them; the process name (`comm`, which the exec would make `exe`) is set back.
+fn reexec_supervisor(child: Pid, seccomp_mode: SeccompMode, sockets: &[PathBuf]) -> io::Error {
+    use std::ffi::{CString, OsString};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let mut comm = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the buffer.
+    unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr(), 0, 0, 0) };
+    let comm_len = comm.iter().position(|&b| b == 0).unwrap_or(0);
+    let mut own = std::env::args_os();
+    let mut args: Vec<OsString> = vec![
+        own.next().unwrap_or_else(|| "volfsd".into()),
+        SUPERVISOR_ARG.into(),
+        seccomp_name(seccomp_mode).into(),
+        child.as_raw().to_string().into(),
+        OsString::from_vec(comm[..comm_len].to_vec()),
+        sockets.len().to_string().into(),
+    ];
+    args.extend(sockets.iter().map(|p| p.as_os_str().to_owned()));
+    args.push("--".into());
+    args.extend(own);
+    let args: Result<Vec<CString>, _> = args
+        .into_iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect();
+    let args = match args {
+        Ok(a) => a,
+        Err(e) => return io::Error::new(io::ErrorKind::InvalidInput, e),
+    };
+    match nix::unistd::execv(c"/proc/self/exe", &args) {
+        Err(e) => e.into(),
+        Ok(never) => match never {},
+    }
+}
+
+fn seccomp_name(mode: SeccompMode) -> &'static str {
+    match mode {
+        SeccompMode::Kill => "kill",
+        SeccompMode::Trap => "trap",
+        SeccompMode::Log => "log",
+        SeccompMode::None => "none",
+    }
+}
+
+/// `volfsd SUPERVISOR_ARG ...`: the supervisor after [`reexec_supervisor`]. Exits
+/// with the serving child's status; never returns. Run by hand, it finds no child of
+/// its own and exits 2.
+pub fn supervisor_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> ! {
+    use std::os::unix::ffi::OsStrExt;
+    let usage = || -> ! {
+        eprintln!("volfsd: {SUPERVISOR_ARG:?} is internal to the namespace sandbox");
+        std::process::exit(2)
+    };
+    let mut next = || args.next().unwrap_or_else(|| usage());
+    let _argv0 = next();
+    let _marker = next();
+    let mode = match next().to_str() {
+        Some("kill") => SeccompMode::Kill,
+        Some("trap") => SeccompMode::Trap,
+        Some("log") => SeccompMode::Log,
+        Some("none") => SeccompMode::None,
+        _ => usage(),
+    };
+    let child = match next().to_str().and_then(|p| p.parse::<i32>().ok()) {
+        Some(pid) if pid > 0 => Pid::from_raw(pid),
+        _ => usage(),
+    };
+    let comm = next();
+    let count = next().to_str().and_then(|n| n.parse::<usize>().ok());
+    let sockets: Vec<PathBuf> = match count {
+        Some(n) => (0..n).map(|_| PathBuf::from(next())).collect(),
+        None => usage(),
+    };
+    if let Ok(name) = std::ffi::CString::new(comm.as_bytes()) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string (cut at 15 bytes).
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
+    }
+    let signals = forwarded_and_sigchld();
+    // Blocked already (kept across the exec); blocked again in case of a caller
+    // that is not the sandbox.
+    if nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&signals), None).is_err() {
+        usage()
+    }
+    // Only our own child: a pid that is not one (a hand-made command line) ends here.
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    if let Err(e) = nix::sys::wait::waitid(nix::sys::wait::Id::Pid(child), flags) {
+        eprintln!("volfsd: sandbox supervisor: pid {child}: {e}");
+        usage()
+    }
+    supervise(child, signals, mode, &sockets)
+}
+
+/// The signals the supervisor waits for: those it forwards, and its child's end.
+fn forwarded_and_sigchld() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in FORWARDED {
+        set.add(s);
+    }
+    set.add(Signal::SIGCHLD);
+    set
+}
+
 /// The supervisor: confined to waiting, forwarding signals and removing the sockets.
 /// It signals the daemon through a pidfd opened before its filter, which allows no
 /// other way to name a process: it can signal nothing else.
@@ -403,7 +529,7 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
             };
             continue;
         }
-        match waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => std::process::exit(code),
             Ok(WaitStatus::Signaled(_, sig, _)) => {
                 for s in sockets {
