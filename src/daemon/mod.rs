@@ -3,6 +3,7 @@
 //! What fails ends the daemon as a [`DaemonError`] (`error.rs`).
 
 mod error;
+mod memory;
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
@@ -296,6 +297,8 @@ fn serve(
     if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
         backend.recover(half).map_err(DaemonError::Recover)?;
     }
+    // Set-up is over: what it touched and will not touch again goes back.
+    memory::give_back_setup_memory();
     // The main thread, and the vhost-user thread `start` creates, from here on.
     sandbox::confine_thread(ThreadRole::Main)?;
 
