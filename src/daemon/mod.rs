@@ -180,6 +180,11 @@ fn serve(
         socket_paths.to_vec(),
         &listening,
     )?;
+    // Every role's filter, compiled on the main thread before any thread that confines
+    // itself starts (see seccomp::compile_for), and first thing after the fork: the
+    // compiler's temporaries are freed before the daemon's long-lived allocations,
+    // which then reuse their heap pages.
+    sandbox::seccomp::compile_for(config.seccomp)?;
     // In the child only: the single-threaded supervisor never trims a thread arena,
     // and would otherwise carry a copy of the set-up thread's arena.
     sandbox::malloc::settle_heap_trim()?;
@@ -235,9 +240,6 @@ fn serve(
         privileged_xattrs: config.privileged_xattrs,
         file_handles: config.file_handles != crate::fs::file_handle::FileHandleMode::Never,
     });
-    // Every role's filter, compiled here on the main thread before any thread that
-    // confines itself starts (see seccomp::compile_for).
-    sandbox::seccomp::compile_for(config.seccomp)?;
     spawn_signal_thread(term, socket_files.clone());
     crate::logging::spawn_summary_thread(|| {
         sandbox::confine_thread_or_exit(sandbox::ThreadRole::Logger)
