@@ -625,8 +625,8 @@ fn the_supervisor_mode_by_hand_does_nothing() {
     let sock = dir.socket();
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
     for args in [
-        vec!["kill", "1", "volfsd", "1", sock.to_str().unwrap()],
-        vec!["kill", "not-a-pid", "volfsd", "0"],
+        vec!["kill", "1", "volfsd", "9", "1", sock.to_str().unwrap()],
+        vec!["kill", "not-a-pid", "volfsd", "9", "0"],
         vec!["none"],
     ] {
         let out = Command::new(daemon_binary())

@@ -299,6 +299,8 @@ fn serve(
     if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
         backend.recover(half).map_err(DaemonError::Recover)?;
     }
+    // Nothing is served before the namespace mode's supervisor is confined too.
+    sandbox::namespaces::await_supervisor()?;
     // Set-up is over: what it touched and will not touch again goes back.
     memory::give_back_setup_memory();
     // The main thread, and the vhost-user thread `start` creates, from here on.
@@ -592,20 +594,17 @@ fn check_listening_socket(fd: RawFd) -> Result<(), DaemonError> {
 }
 
 fn spawn_signal_thread(term: SigSet, files: Arc<Vec<SocketFile>>) {
-    std::thread::Builder::new()
-        .name("volfsd-signals".to_string())
-        .spawn(move || {
-            sandbox::confine_thread_or_exit(ThreadRole::Signals);
-            // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
-            match term.wait() {
-                Ok(sig) => info!("received {sig:?}, exiting"),
-                Err(e) => warn!("waiting for SIGTERM/SIGINT: {e}; exiting"),
-            }
-            for f in files.iter() {
-                f.remove();
-            }
-            log::logger().flush();
-            std::process::exit(0);
-        })
-        .expect("spawning the signal thread");
+    sandbox::spawn_confined("volfsd-signals", ThreadRole::Signals, move || {
+        // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
+        match term.wait() {
+            Ok(sig) => info!("received {sig:?}, exiting"),
+            Err(e) => warn!("waiting for SIGTERM/SIGINT: {e}; exiting"),
+        }
+        for f in files.iter() {
+            f.remove();
+        }
+        log::logger().flush();
+        std::process::exit(0);
+    })
+    .expect("spawning the signal thread");
 }

@@ -263,15 +263,20 @@ fn spawn_summaries(
         Some(&mut old),
     )
     .map_err(|e| LogError::host("blocking signals", e))?;
+    let (confined, wait) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
         .spawn(move || {
             confine();
+            drop(confined);
             logger.report_suppressed()
         });
     nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
         .map_err(|e| LogError::host("restoring the signal mask", e))?;
     spawned.map_err(|e| LogError::host("starting the log thread", e))?;
+    // Returns once `confine` ran (see sandbox::spawn_confined: a thread started in
+    // set-up is never seen unconfined after it).
+    let _ = wait.recv();
     Ok(())
 }
 

@@ -18,7 +18,7 @@
 //! with EINVAL.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::sched::{unshare, CloneFlags};
@@ -198,6 +198,10 @@ pub fn enter(
     let mut old = SigSet::empty();
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&forwarded), Some(&mut old))
         .map_err(|e| SandboxError::host("sandbox: blocking signals", e))?;
+    // The supervisor writes a byte once it is confined; the child reads it before it
+    // serves (see `await_supervisor`).
+    let (confined_rx, confined_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| SandboxError::host("sandbox: pipe", e))?;
     // SAFETY: no other thread exists yet (the sandbox is entered first thing), so the
     // child may run any code.
     match unsafe { fork() }.map_err(|e| SandboxError::host("sandbox: fork", e))? {
@@ -206,14 +210,19 @@ pub fn enter(
                 // SAFETY: the parent never uses these fds again: it only supervises.
                 unsafe { libc::close(fd) };
             }
-            let e = reexec_supervisor(child, seccomp_mode, &sockets);
+            drop(confined_rx);
+            let e = reexec_supervisor(child, seccomp_mode, &sockets, &confined_tx);
             // The forked copy supervises instead, confined the same way, only larger.
             eprintln!(
                 "volfsd: sandbox supervisor: executing {SELF_EXE}: {e}; supervising from the forked process"
             );
-            supervise(child, forwarded, seccomp_mode, &sockets)
+            supervise(child, forwarded, seccomp_mode, &sockets, confined_tx)
         }
         ForkResult::Child => {
+            drop(confined_tx);
+            if let Ok(mut fd) = SUPERVISOR_CONFINED.lock() {
+                *fd = Some(confined_rx);
+            }
             // SAFETY: prctl with integer arguments.
             if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } < 0 {
                 return Err(SandboxError::host(
@@ -387,12 +396,25 @@ pub const SUPERVISOR_ARG: &str = "\u{1}volfsd-sandbox-supervisor";
 /// PR_SET_PDEATHSIG still follows this process), the blocked signals and any that
 /// are pending (a SIGTERM or the child's SIGCHLD that came meanwhile is handled
 /// after it), the user namespace, the working directory (socket paths may be
-/// relative). The command line is `argv[0] SUPERVISOR_ARG SECCOMP PID COMM N
-/// SOCKET... -- ARGS...`: the daemon's own arguments last, so that `ps` still shows
-/// them; the process name (`comm`, which the exec would make `exe`) is set back.
-fn reexec_supervisor(child: Pid, seccomp_mode: SeccompMode, sockets: &[PathBuf]) -> io::Error {
+/// relative). The command line is `argv[0] SUPERVISOR_ARG SECCOMP PID COMM FD N
+/// SOCKET... -- ARGS...` (FD: where to say it is confined): the daemon's own
+/// arguments last, so that `ps` still shows them; the process name (`comm`, which
+/// the exec would make `exe`) is set back.
+fn reexec_supervisor(
+    child: Pid,
+    seccomp_mode: SeccompMode,
+    sockets: &[PathBuf],
+    confined: &OwnedFd,
+) -> io::Error {
     use std::ffi::{CString, OsString};
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    // The one fd the new image needs: kept open across the exec.
+    if let Err(e) = nix::fcntl::fcntl(
+        confined.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    ) {
+        return e.into();
+    }
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the buffer.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr(), 0, 0, 0) };
@@ -404,6 +426,7 @@ fn reexec_supervisor(child: Pid, seccomp_mode: SeccompMode, sockets: &[PathBuf])
         seccomp_name(seccomp_mode).into(),
         child.as_raw().to_string().into(),
         OsString::from_vec(comm[..comm_len].to_vec()),
+        confined.as_raw_fd().to_string().into(),
         sockets.len().to_string().into(),
     ];
     args.extend(sockets.iter().map(|p| p.as_os_str().to_owned()));
@@ -456,6 +479,10 @@ pub fn supervisor_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> ! 
         _ => usage(),
     };
     let comm = next();
+    let confined = match next().to_str().and_then(|p| p.parse::<RawFd>().ok()) {
+        Some(fd) if fd > 2 => fd,
+        _ => usage(),
+    };
     let count = next().to_str().and_then(|n| n.parse::<usize>().ok());
     let sockets: Vec<PathBuf> = match count {
         Some(n) => (0..n).map(|_| PathBuf::from(next())).collect(),
@@ -477,7 +504,34 @@ pub fn supervisor_main(mut args: impl Iterator<Item = std::ffi::OsString>) -> ! 
         eprintln!("volfsd: sandbox supervisor: pid {child}: {e}");
         usage()
     }
-    supervise(child, signals, mode, &sockets)
+    // SAFETY: the fd the sandbox kept open across the exec for this (checked to be a
+    // child's supervisor above); owned once, here.
+    let confined = unsafe { OwnedFd::from_raw_fd(confined) };
+    supervise(child, signals, mode, &sockets, confined)
+}
+
+/// The child's end of the pipe its supervisor says it is confined on.
+static SUPERVISOR_CONFINED: std::sync::Mutex<Option<OwnedFd>> = std::sync::Mutex::new(None);
+
+/// In the namespace mode's child, waits until the supervisor is confined (it
+/// executes the binary afresh first, in parallel with the child's set-up): from the
+/// frontend's first message on, no process of the daemon runs unconfined. Elsewhere,
+/// returns at once. Call before the main thread's filter (it reads a pipe).
+pub fn await_supervisor() -> Result<(), SandboxError> {
+    // Taken: closed once read.
+    let Some(fd) = SUPERVISOR_CONFINED.lock().ok().and_then(|mut fd| fd.take()) else {
+        return Ok(());
+    };
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(fd.as_raw_fd(), &mut byte) {
+            Ok(1) => return Ok(()),
+            // Its end closed without a word: it died (and takes this process along).
+            Ok(_) => return Err(SandboxError::SupervisorGone),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(SandboxError::host("sandbox: waiting for the supervisor", e)),
+        }
+    }
 }
 
 /// The signals the supervisor waits for: those it forwards, and its child's end.
@@ -493,10 +547,16 @@ fn forwarded_and_sigchld() -> SigSet {
 /// The supervisor: confined to waiting, forwarding signals and removing the sockets.
 /// It signals the daemon through a pidfd opened before its filter, which allows no
 /// other way to name a process: it can signal nothing else.
-fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[PathBuf]) -> ! {
+fn supervise(
+    child: Pid,
+    signals: SigSet,
+    seccomp_mode: SeccompMode,
+    sockets: &[PathBuf],
+    confined: OwnedFd,
+) -> ! {
     // SAFETY: pidfd_open of our own child; the fd is owned below.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
-    let confined = if pidfd < 0 {
+    let confined_now = if pidfd < 0 {
         Err(SandboxError::host("pidfd_open", io::Error::last_os_error()))
     } else {
         caps::lock_down_process()
@@ -506,11 +566,13 @@ fn supervise(child: Pid, signals: SigSet, seccomp_mode: SeccompMode, sockets: &[
             .map_err(|e| SandboxError::host("dropping capabilities", e))
     })
     .and_then(|()| seccomp::apply_alone(ThreadRole::Supervisor, seccomp_mode));
-    if let Err(e) = confined {
+    if let Err(e) = confined_now {
         eprintln!("volfsd: sandbox supervisor: {e}");
         let _ = kill(child, Signal::SIGKILL);
         std::process::exit(1);
     }
+    // The child may serve now (a write is on the list; the fd stays open, unused).
+    let _ = nix::unistd::write(&confined, b"1");
     loop {
         let sig = match signals.wait() {
             Ok(s) => s,
