@@ -273,11 +273,6 @@ fn serve(
             .map_err(|e| DaemonError::host("starting the control thread", e))?;
     }
 
-    // The queue workers are started by VhostUserDaemon::new; they inherit the
-    // confinement of the thread that creates them, so a thread confined for the
-    // worker role creates them: for the first frontend, and, with --keep-serving,
-    // for each one after it.
-    let daemons = DaemonFactory::start(backend.clone())?;
     // The thread that saves and loads the device state (migration, snapshots),
     // confined for its role like the workers are.
     let state_cfg = StateConfig {
@@ -299,6 +294,11 @@ fn serve(
     if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
         backend.recover(half).map_err(DaemonError::Recover)?;
     }
+    // The queue workers are started by VhostUserDaemon::new; they inherit the
+    // confinement of the thread that creates them, so a thread confined for the
+    // worker role creates them: for the first frontend, and, with --keep-serving,
+    // for each one after it.
+    let mut daemons = DaemonFactory::start(backend.clone(), config.keep_serving)?;
     // Nothing is served before the namespace mode's supervisor is confined too.
     sandbox::namespaces::await_supervisor()?;
     // Set-up is over: what it touched and will not touch again goes back.
@@ -376,14 +376,34 @@ fn serve(
 /// Makes a vhost-user daemon (its queue workers) per frontend, on a thread confined
 /// for the worker role: the workers inherit that confinement, which the main thread,
 /// confined for its own role, could no longer give them.
-struct DaemonFactory {
-    ask: std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>,
+enum DaemonFactory {
+    /// `--keep-serving`: a thread that waits for the next frontend's turn.
+    Thread(std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>),
+    /// One frontend: its daemon, made at start by a short-lived thread, so that no
+    /// thread (a stack and its pages) waits for a frontend that never comes.
+    Once(Option<Daemon>),
 }
 
 type Daemon = VhostUserDaemon<Arc<FsBackend>>;
 
+fn new_daemon(backend: &Arc<FsBackend>) -> Result<Daemon, DaemonError> {
+    VhostUserDaemon::new(
+        "volfsd".to_string(),
+        backend.clone(),
+        GuestMemoryAtomic::new(GuestMmap::default()),
+    )
+    .map_err(|source| DaemonError::Vhost {
+        step: "creating the vhost-user daemon",
+        source,
+    })
+}
+
 impl DaemonFactory {
-    fn start(backend: Arc<FsBackend>) -> Result<DaemonFactory, DaemonError> {
+    fn start(backend: Arc<FsBackend>, keep_serving: bool) -> Result<DaemonFactory, DaemonError> {
+        if !keep_serving {
+            let daemon = run_confined(ThreadRole::Worker, move || new_daemon(&backend))?;
+            return Ok(DaemonFactory::Once(Some(daemon)));
+        }
         let (ask, asks) =
             std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>();
         run_confined(ThreadRole::Worker, move || {
@@ -391,30 +411,24 @@ impl DaemonFactory {
                 .name("volfsd-workers".into())
                 .spawn(move || {
                     for reply in asks {
-                        let daemon = VhostUserDaemon::new(
-                            "volfsd".to_string(),
-                            backend.clone(),
-                            GuestMemoryAtomic::new(GuestMmap::default()),
-                        )
-                        .map_err(|source| DaemonError::Vhost {
-                            step: "creating the vhost-user daemon",
-                            source,
-                        });
-                        let _ = reply.send(daemon);
+                        let _ = reply.send(new_daemon(&backend));
                     }
                 })
                 .map(|_| ())
                 .map_err(|e| DaemonError::host("starting the thread that starts queue workers", e))
         })?;
-        Ok(DaemonFactory { ask })
+        Ok(DaemonFactory::Thread(ask))
     }
 
-    fn next(&self) -> Result<Daemon, DaemonError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.ask
-            .send(tx)
-            .map_err(|_| DaemonError::WorkerStarterGone)?;
-        rx.recv().map_err(|_| DaemonError::WorkerStarterGone)?
+    fn next(&mut self) -> Result<Daemon, DaemonError> {
+        match self {
+            DaemonFactory::Thread(ask) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                ask.send(tx).map_err(|_| DaemonError::WorkerStarterGone)?;
+                rx.recv().map_err(|_| DaemonError::WorkerStarterGone)?
+            }
+            DaemonFactory::Once(daemon) => daemon.take().ok_or(DaemonError::WorkerStarterGone),
+        }
     }
 }
 
