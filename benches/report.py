@@ -447,6 +447,8 @@ def main():
     ap.add_argument("--crash-compare", metavar="DIR",
                     help="a vm-tests/run-crash-compare.sh run (a SIGKILL under a running guest, "
                          "volfsd against virtiofsd)")
+    ap.add_argument("--workloads", metavar="DIR",
+                    help="a benches/workloads.sh run (untar, find, git, npm-style, SQLite, rm in a guest)")
     args = ap.parse_args()
     if args.extract_fio:
         with open(args.extract_fio[1], "w") as f:
@@ -574,6 +576,8 @@ def main():
         upgrade_pause_section(P, [d.rstrip("/") for d in args.upgrade_pause], targets, readings)
     if args.crash_compare:
         crash_compare_section(P, args.crash_compare.rstrip("/"), readings)
+    if args.workloads:
+        __import__("workloads_report").section(P, args.workloads.rstrip("/"), targets, readings)
 
     figure(P, "workloads")  # under the guest workloads' section, when given
     if targets:

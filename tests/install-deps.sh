@@ -5,8 +5,10 @@ set -euo pipefail
 
 # redis-server: JuiceFS's metadata engine in the shared-volume suites (run-pair.sh,
 # run-plugin.sh).
+# git, sqlite3, tar, xz-utils: copied into the test guest for the workloads suite
+# (vm-tests/build-guest.sh).
 # QEMU is not in the list: it must be QEMU 10 (below).
-PACKAGES=(busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap redis-server)
+PACKAGES=(busybox-static fio cpio gcc libc6-dev curl util-linux python3 libseccomp-dev libcap-ng-dev pkg-config uidmap redis-server git sqlite3 tar xz-utils)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -65,6 +67,14 @@ if [[ $(qemu_major) -lt 10 ]] 2>/dev/null || [[ -z $(qemu_major) ]]; then
 		echo "install-deps: QEMU 10 is needed; got: $(qemu-system-x86_64 --version 2>&1 | head -n 1)" >&2
 		exit 1
 	}
+fi
+# npm: the workloads suite's inputs install a pinned dependency tree with `npm ci`
+# (vm-tests/workloads-inputs.py); any npm will do, Debian's if there is none.
+if ! command -v npm >/dev/null; then
+	[[ $(id -u) == 0 ]] || { echo "install-deps: need root to install npm" >&2; exit 1; }
+	echo "install-deps: installing npm"
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
 fi
 command -v cargo >/dev/null || { echo "install-deps: cargo not found (install Rust with rustup)" >&2; exit 1; }
 for c in rustfmt clippy; do

@@ -3,7 +3,10 @@
 #   vmlinuz            Debian's 6.12 amd64 kernel (virtio-pci, fuse and virtiofs built in)
 #   vmlinux            the same kernel as an ELF with a PVH entry, for cloud-hypervisor
 #   initramfs.cpio.gz  busybox-static, fio (+ its shared libraries), the fsops
-#                      helper, pjdfstest (+ its shared libraries), the guest
+#                      helper, pjdfstest (+ its shared libraries), git,
+#                      sqlite3 and GNU tar (as gtar; each with its shared
+#                      libraries; the workloads suite), the kernel's
+#                      virtio_blk module (the workloads suite's inputs), the guest
 #                      init, vm-tests/guest/lib.sh, the backend gap table
 #                      (guest/backend-gaps) and the guest suites
 #                      (vm-tests/suites/*.sh, minus *.host.sh / *.hook.sh /
@@ -33,6 +36,10 @@ WITH_PJDFSTEST=1
 PJDFSTEST_VERSION=0.2.2
 PJDFSTEST_DIR="$REPO/build/pjdfstest/$PJDFSTEST_VERSION"
 TMP=""
+# Debian packages whose binaries go into the guest (their versions are in the
+# stamp): busybox, fio, the compiler of fsops, and git, sqlite3 and GNU tar for
+# the workloads suite.
+GUEST_PACKAGES="busybox-static fio gcc libc6-dev git sqlite3 tar xz-utils"
 
 log() { [[ $QUIET == 1 ]] || echo "build-guest: $*" >&2; }
 die() { echo "build-guest: error: $*" >&2; exit 1; }
@@ -63,7 +70,7 @@ apt_update_once() {
 # from a fresh machine as root).
 ensure_packages() {
 	local missing=() p
-	for p in busybox-static fio cpio gcc libc6-dev gzip zstd; do
+	for p in $GUEST_PACKAGES cpio gzip zstd; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 	done
 	if [[ ${#missing[@]} -gt 0 ]]; then
@@ -178,7 +185,7 @@ compute_stamp() {
 	{
 		echo "kernel $kpkg $kver"
 		echo "pjdfstest $PJDFSTEST_VERSION ${pjd:+$(sha256sum <"$pjd")}"
-		for p in busybox-static fio gcc libc6-dev; do echo "$p $(pkg_version "$p")"; done
+		for p in $GUEST_PACKAGES; do echo "$p $(pkg_version "$p")"; done
 		input_files | xargs sha256sum
 	} | sha256sum | cut -d' ' -f1
 }
@@ -194,8 +201,51 @@ copy_with_libs() {
 	done
 }
 
+# git, sqlite3 and GNU tar for the workloads suite, Debian's own binaries (not
+# whatever else is first on PATH). git runs its builtins (init, add, commit,
+# status) in its one binary; GIT_EXEC_PATH points at an empty git-core
+# directory, and an empty template directory keeps `git init` quiet.
+add_workload_tools() {
+	local root=$1 git sqlite gtar
+	git=$(pkg_binary git /usr/bin/git) && sqlite=$(pkg_binary sqlite3 /usr/bin/sqlite3) &&
+		gtar=$(pkg_binary tar /bin/tar) || exit 1
+	copy_with_libs "$git" "$root" /usr/bin/git
+	mkdir -p "$root/usr/lib/git-core" "$root/usr/share/git-core/templates"
+	copy_with_libs "$sqlite" "$root" /usr/bin/sqlite3
+	# busybox's tar stays `tar`; GNU tar, what a developer's shell runs, is gtar.
+	copy_with_libs "$gtar" "$root" /usr/bin/gtar
+}
+
+# pkg_binary PACKAGE PATH: PATH as that package installed it (/usr/bin/x or,
+# before the /usr merge, /bin/x); dies if the package has no such file.
+pkg_binary() {
+	local f
+	for f in "$2" "/usr$2" "${2#/usr}"; do
+		# (grep -q would stop reading early: dpkg's SIGPIPE fails the pipe)
+		if dpkg -L "$1" 2>/dev/null | grep -x "$f" >/dev/null && [[ -x $f ]]; then
+			echo "$f"
+			return 0
+		fi
+	done
+	die "package $1 has no executable $2"
+}
+
+# The workloads suite reads its inputs from virtio-blk disks, a module in
+# Debian's kernel: copied uncompressed, for busybox's insmod.
+add_virtio_blk() {
+	local kroot=$1 root=$2 ko
+	ko=$(find "$kroot/lib/modules" -name 'virtio_blk.ko*' | head -n 1)
+	[[ -n $ko ]] || die "no virtio_blk module under $kroot/lib/modules"
+	mkdir -p "$root/lib/modules"
+	case "$ko" in
+	*.xz) xz -dc "$ko" >"$root/lib/modules/virtio_blk.ko" ;;
+	*.zst) zstd -dcq "$ko" >"$root/lib/modules/virtio_blk.ko" ;;
+	*) install -m 0644 "$ko" "$root/lib/modules/virtio_blk.ko" ;;
+	esac
+}
+
 build_initramfs() {
-	local tmp=$1 pjd=$2 root="$1/root" applet suite
+	local tmp=$1 pjd=$2 kroot=$3 root="$1/root" applet suite
 	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,mnt,tmp,suites,lib,etc}
 	install -m 0755 /bin/busybox "$root/bin/busybox"
 	for applet in $(/bin/busybox --list); do
@@ -206,6 +256,8 @@ build_initramfs() {
 		copy_with_libs "$pjd" "$root" /usr/bin/pjdfstest
 		install -m 0644 "$HERE/guest/pjdfstest.toml" "$root/etc/pjdfstest.toml"
 	fi
+	add_workload_tools "$root"
+	add_virtio_blk "$kroot" "$root"
 	log "compiling fsops"
 	gcc -static -O2 -Wall -Wextra -Werror -o "$root/bin/fsops" "$HERE/guest/fsops.c"
 	install -m 0755 "$HERE/guest/init" "$root/init"
@@ -249,7 +301,7 @@ main() {
 		check_kernel_config "$(echo "$kroot"/boot/config-*)"
 		TMP=$(mktemp -d "$OUT/.tmp.XXXXXX")
 		trap 'rm -rf "$TMP"' EXIT
-		build_initramfs "$TMP" "$pjd"
+		build_initramfs "$TMP" "$pjd" "$kroot"
 		# Replace the outputs only once everything succeeded.
 		install -m 0644 "$(echo "$kroot"/boot/vmlinuz-*)" "$OUT/vmlinuz"
 		extract_vmlinux "$OUT/vmlinuz" "$OUT/vmlinux"

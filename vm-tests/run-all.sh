@@ -62,6 +62,10 @@ SUITES=(
 	# --upgradable (issue 26): SIGKILL of the serving process every 2 s, 20 times,
 	# under fio with verify, a create/rename/unlink loop and fsynced records
 	"crash-qemu          --vmm qemu --suite crash"
+	# what developers run (issue 27), small and checked only: untar, find+stat, git
+	# add/commit/status, an npm-style storm, SQLite transactions, rm -rf (1.5-2
+	# min; benches/workloads.sh runs it at full size against virtiofsd)
+	"workloads-qemu      --vmm qemu --suite workloads"
 	# Add more suites here, one line each.
 )
 

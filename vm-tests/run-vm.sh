@@ -36,7 +36,10 @@
 #                          extra daemon arguments, one per line, to
 #                          $VMTEST_DAEMON_ARGS_FILE, and a path to
 #                          $VMTEST_DAEMON_BIN_FILE to start the daemon from
-#                          there instead (the upgrade suite: a copy it replaces)
+#                          there instead (the upgrade suite: a copy it replaces),
+#                          and extra QEMU arguments, one per line, to
+#                          $VMTEST_VMM_ARGS_FILE (the workloads suite: its
+#                          input disks; qemu only)
 #   NAME.hook.sh SHARED_DIR SERIAL_LOG  run alongside the guest (besides
 #                          --host-hook), e.g. to act on "VMTEST SYNC" lines
 #   NAME.host.sh SHARED_DIR    host checks after the VM exited
@@ -88,6 +91,7 @@ VMM_PID=""
 HOOK_PID=""
 SUITE_HOOK_PID=""
 SUITE_DAEMON_ARGS=() # from suites/NAME.setup.sh
+SUITE_VMM_ARGS=()    # from suites/NAME.setup.sh (qemu only)
 
 PASSED=0
 FAILED=0
@@ -100,7 +104,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -290,7 +294,9 @@ run_suite_setup() {
 	local setup="$HERE/suites/$SUITE.setup.sh" line
 	[[ -f $setup ]] || return 0
 	export VMTEST_DAEMON_ARGS_FILE="$WORK/suite-daemon-args" VMTEST_DAEMON_BIN_FILE="$WORK/suite-daemon-bin"
+	export VMTEST_VMM_ARGS_FILE="$WORK/suite-vmm-args"
 	: >"$VMTEST_DAEMON_ARGS_FILE"
+	: >"$VMTEST_VMM_ARGS_FILE"
 	bash "$setup" "$SHARE" >"$LOG_DIR/setup.log" 2>&1 || {
 		show_tail "$LOG_DIR/setup.log" "suite setup log"
 		die "$SUITE.setup.sh failed"
@@ -298,12 +304,16 @@ run_suite_setup() {
 	while IFS= read -r line; do
 		[[ -n $line ]] && SUITE_DAEMON_ARGS+=("$line")
 	done <"$VMTEST_DAEMON_ARGS_FILE"
+	while IFS= read -r line; do
+		[[ -n $line ]] && SUITE_VMM_ARGS+=("$line")
+	done <"$VMTEST_VMM_ARGS_FILE"
+	[[ ${#SUITE_VMM_ARGS[@]} == 0 || $VMM == qemu ]] || die "$SUITE.setup.sh gave QEMU arguments: the suite runs under --vmm qemu only"
 	if [[ -s $VMTEST_DAEMON_BIN_FILE ]]; then
 		DAEMON=$(cat "$VMTEST_DAEMON_BIN_FILE")
 		[[ -x $DAEMON ]] || die "$SUITE.setup.sh named the daemon binary '$DAEMON', which is not an executable"
 		export VMTEST_DAEMON=$DAEMON
 	fi
-	say "suite setup done; extra daemon args: ${SUITE_DAEMON_ARGS[*]:-none}"
+	say "suite setup done; extra daemon args: ${SUITE_DAEMON_ARGS[*]:-none}; extra QEMU args: ${SUITE_VMM_ARGS[*]:-none}"
 }
 
 # After the VMM is gone the daemon must notice the disconnect and exit 0.
@@ -365,7 +375,7 @@ start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
 		-device "vhost-user-fs-pci,chardev=char0,tag=share,num-request-queues=$QUEUES,queue-size=1024" \
 		-kernel "$KERNEL" -initrd "$INITRD" -append "$(cmdline)" \
 		-nodefaults -display none -monitor none -serial "file:$serial" \
-		-nic none "${reboot[@]}" >>"$log" 2>&1 &
+		-nic none "${reboot[@]}" "${SUITE_VMM_ARGS[@]}" >>"$log" 2>&1 &
 	VMM_PID=$!
 	echo "$VMM_PID" >"$WORK/vmm.pid" # for hooks that stop the VM (pair-a.hook.sh)
 	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)$([[ $ALLOW_REBOOT == 0 ]] || echo ', guest may reboot')"

@@ -10,9 +10,9 @@ use std::mem::size_of;
 use std::path::{Path, PathBuf};
 
 use fuse_backend_rs::abi::fuse_abi::{
-    AccessIn, Attr, BatchForgetIn, CreateIn, EntryOut, FlushIn, ForgetIn, ForgetOne, FsyncIn,
-    GetattrIn, InHeader, InitIn, Kstatfs, MkdirIn, Opcode, OpenIn, OutHeader, ReadIn, ReleaseIn,
-    Rename2In, RenameIn, SetattrIn, FATTR_FH, GETATTR_FH, RELEASE_FLUSH,
+    AccessIn, Attr, BatchForgetIn, CreateIn, Dirent, EntryOut, FlushIn, ForgetIn, ForgetOne,
+    FsyncIn, GetattrIn, InHeader, InitIn, Kstatfs, MkdirIn, Opcode, OpenIn, OutHeader, ReadIn,
+    ReleaseIn, Rename2In, RenameIn, SetattrIn, FATTR_FH, GETATTR_FH, RELEASE_FLUSH,
 };
 use fuse_backend_rs::transport::VirtioFsWriter;
 use virtio_queue::desc::split::Descriptor;
@@ -203,6 +203,23 @@ fn masked(op: Opcode, mut reply: Vec<u8>) -> Vec<u8> {
     if let Some(at) = attr_at {
         if reply.len() >= at + size_of::<Attr>() {
             mask_attr(&mut reply[at..]);
+        }
+    }
+    if is(Opcode::Readdir) || is(Opcode::Readdirplus) {
+        // Entries (READDIRPLUS: an EntryOut before each), each a Dirent, its name and
+        // padding to 8 bytes: every inode number and attribute masked.
+        let (entry, dirent) = (size_of::<EntryOut>(), size_of::<Dirent>());
+        let mut at = 16;
+        while at < reply.len() {
+            if is(Opcode::Readdirplus) {
+                mask_attr(&mut reply[at + 40..]);
+                at += entry;
+            }
+            let mut d = *Dirent::from_slice(&reply[at..at + dirent]).unwrap();
+            let padded = (dirent + d.namelen as usize + 7) & !7;
+            d.ino = 0;
+            reply[at..at + dirent].copy_from_slice(d.as_slice());
+            at += padded;
         }
     }
     if is(Opcode::Statfs) && reply.len() >= 16 + size_of::<Kstatfs>() {
@@ -478,6 +495,88 @@ fn every_request_decoded_here_is_answered_as_fuse_backend_rs_answers_it() {
         ..Default::default()
     };
     p.ok("fsyncdir", Opcode::Fsyncdir, d, fsyncdir.as_slice());
+    // READDIR and READDIRPLUS: whole, one entry's room, from an offset, more than
+    // the buffers take, a bad handle.
+    let list = |offset: u64, size: u32, fh: u64| ReadIn {
+        fh,
+        offset,
+        size,
+        ..Default::default()
+    };
+    let whole = p.ok(
+        "readdir",
+        Opcode::Readdir,
+        d,
+        list(0, 4096, fh_d).as_slice(),
+    );
+    assert!(
+        whole.len() > 16 + 3 * size_of::<Dirent>(),
+        "., .., sub and x listed"
+    );
+    p.ok(
+        "readdir of one entry's room",
+        Opcode::Readdir,
+        d,
+        list(0, 32, fh_d).as_slice(),
+    );
+    p.ok(
+        "readdir too small for any",
+        Opcode::Readdir,
+        d,
+        list(0, 8, fh_d).as_slice(),
+    );
+    let second = Dirent::from_slice(&whole[16..16 + size_of::<Dirent>()])
+        .unwrap()
+        .off;
+    p.ok(
+        "readdir from an offset",
+        Opcode::Readdir,
+        d,
+        list(second, 4096, fh_d).as_slice(),
+    );
+    p.same(
+        "readdir larger than its buffers",
+        Opcode::Readdir,
+        d,
+        list(0, 8192, fh_d).as_slice(),
+        None,
+        4096,
+    );
+    p.same(
+        "readdir of a bad handle",
+        Opcode::Readdir,
+        d,
+        list(0, 4096, 999).as_slice(),
+        None,
+        8192,
+    );
+    p.same("readdir short", Opcode::Readdir, d, &[0; 8], None, 8192);
+    p.ok(
+        "readdirplus",
+        Opcode::Readdirplus,
+        d,
+        list(0, 4096, fh_d).as_slice(),
+    );
+    p.ok(
+        "readdirplus of one entry's room",
+        Opcode::Readdirplus,
+        d,
+        list(0, 160, fh_d).as_slice(),
+    );
+    p.ok(
+        "readdirplus from an offset",
+        Opcode::Readdirplus,
+        d,
+        list(second, 4096, fh_d).as_slice(),
+    );
+    p.same(
+        "readdirplus larger than its buffers",
+        Opcode::Readdirplus,
+        d,
+        list(0, 8192, fh_d).as_slice(),
+        None,
+        4096,
+    );
     let releasedir = ReleaseIn {
         fh: fh_d,
         ..Default::default()

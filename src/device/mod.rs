@@ -18,6 +18,7 @@ pub mod poll;
 pub mod queue;
 pub mod request;
 pub mod ring;
+pub mod split_ring;
 pub mod state_transfer;
 
 use std::io;
@@ -539,6 +540,8 @@ impl VhostUserBackend for FsBackend {
         vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
+        // Each worker thread counts its requests in a shard of its own.
+        crate::metrics::serve_as_worker(thread_id);
         if device_event == self.wake_event() {
             self.wake(thread_id, vrings);
             return Ok(());

@@ -35,11 +35,12 @@ use vhost_user_backend::VringState;
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestAddressSpace;
 
-use super::guest_buffers::read_chain;
+use super::guest_buffers::{read_chain, DescTable};
 use super::later::{complete, release_waiting, Later, Taken, Wake};
 use super::memory::GuestMem;
 use super::request::with_buffer;
 use super::ring::{queue_err, Broken, Completions, Locked, Mem, RingRef};
+use super::split_ring::SplitRing;
 use crate::fs::FsServer;
 
 /// One queue as its worker serves it: its ring, and what waits beside it.
@@ -127,13 +128,22 @@ fn drain(
         crate::metrics::start_batch();
         false
     };
+    // The descriptor table, mapped once: the frontend cannot move it while the
+    // vring's lock is held.
+    let table = {
+        let q = state.get_queue();
+        DescTable::new(mem, q.desc_table(), q.size())
+    };
+    let split = SplitRing::map(mem, state);
     loop {
         if event_idx {
             state.disable_notification().map_err(queue_err(index))?;
         }
-        let mut done = Completions::new(ring);
+        let mut done = Completions::on(ring, split.as_ref());
         loop {
-            let Some(chain) = pop_checked(mem, state).map_err(DrainError::BrokenRing)? else {
+            let Some(chain) =
+                pop_checked(mem, state, split.as_ref()).map_err(DrainError::BrokenRing)?
+            else {
                 break;
             };
             let head = chain.head_index();
@@ -141,7 +151,7 @@ fn drain(
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
             let taken = with_buffer(|buf| -> Result<Taken, Broken> {
-                let bufs = read_chain(mem, &chain, buf)?;
+                let bufs = read_chain(mem, table.chain(head), buf)?;
                 queue.later.take(server, ring, ring_id, chain, buf, bufs)
             });
             counters.in_flight.store(0, Ordering::Relaxed);
@@ -154,8 +164,12 @@ fn drain(
             )?;
         }
         done.flush(state)?;
-        ring.poller.ran_dry(crate::metrics::recent_clock());
-        if polling && ring.poller.watch(|| has_pending(mem, state))? {
+        ring.poller.ran_dry(crate::metrics::latest_clock());
+        if polling
+            && ring
+                .poller
+                .watch(|| has_pending(mem, state, split.as_ref()))?
+        {
             continue;
         }
         if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
@@ -196,23 +210,37 @@ fn check_layout(state: &VringState<GuestMem>) -> Result<(), Broken> {
 }
 
 /// Whether the driver has published a chain not popped yet (the poll's watch).
-fn has_pending(mem: &Mem, state: &Locked) -> Result<bool, DrainError> {
-    let q = state.get_queue();
-    let avail = q
-        .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
-        .map_err(|e| DrainError::BrokenRing(Broken(format!("unreadable avail ring: {e}"))))?;
-    Ok(avail != Wrapping(q.next_avail()))
+fn has_pending(mem: &Mem, state: &Locked, split: Option<&SplitRing>) -> Result<bool, DrainError> {
+    let avail = avail_idx(mem, state, split).map_err(DrainError::BrokenRing)?;
+    Ok(avail != Wrapping(state.get_queue().next_avail()))
+}
+
+/// The driver's avail index, through the drain's mapped rings when there are.
+fn avail_idx(
+    mem: &Mem,
+    state: &Locked,
+    split: Option<&SplitRing>,
+) -> Result<Wrapping<u16>, Broken> {
+    match split.and_then(|s| s.avail_idx()) {
+        Some(idx) => Ok(idx),
+        None => state
+            .get_queue()
+            .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
+            .map_err(|e| Broken(format!("unreadable avail ring: {e}"))),
+    }
 }
 
 /// Pops the next chain after checking the avail index: one further ahead than the
 /// queue is long is a broken frontend (virtio-queue would log and return nothing,
 /// and with EVENT_IDX the worker would spin on it).
-fn pop_checked(mem: &Mem, state: &mut Locked) -> Result<Option<DescriptorChain<Mem>>, Broken> {
+fn pop_checked(
+    mem: &Mem,
+    state: &mut Locked,
+    split: Option<&SplitRing>,
+) -> Result<Option<DescriptorChain<Mem>>, Broken> {
+    let avail = avail_idx(mem, state, split)?;
     let q = state.get_queue_mut();
     let next = Wrapping(q.next_avail());
-    let avail = q
-        .avail_idx(&**mem, std::sync::atomic::Ordering::Acquire)
-        .map_err(|e| Broken(format!("unreadable avail ring: {e}")))?;
     let pending = (avail - next).0;
     if pending > q.size() {
         return Err(Broken(format!(

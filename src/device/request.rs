@@ -44,7 +44,7 @@ pub(crate) fn copy_request<M: Deref<Target = GuestMmap> + Clone>(
     chain: &DescriptorChain<M>,
     buf: &mut Vec<u8>,
 ) -> Result<(), Broken> {
-    read_chain(chain.memory(), chain, buf).map(|_| ())
+    read_chain(chain.memory(), chain.clone(), buf).map(|_| ())
 }
 
 /// Serves the request whose local copy is `request`, popped as `chain` (`bufs`: its
@@ -93,7 +93,7 @@ pub fn serve_popped<M: Deref<Target = GuestMmap> + Clone>(
     chain: &DescriptorChain<M>,
 ) -> Result<u32, String> {
     with_buffer(|buf| {
-        let bufs = read_chain(chain.memory(), chain, buf)?;
+        let bufs = read_chain(chain.memory(), chain.clone(), buf)?;
         serve(server, chain, buf, Some(bufs))
     })
     .map_err(|Broken(why)| why)

@@ -7,7 +7,7 @@
 //! from (see `queue/mod.rs` for why).
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLockWriteGuard};
 
 use log::warn;
@@ -18,6 +18,7 @@ use vm_memory::GuestMemoryLoadGuard;
 use super::inflight::InFlight;
 use super::memory::{GuestMem, GuestMmap, Vring};
 use super::poll::Poller;
+use super::split_ring::SplitRing;
 
 /// Descriptors per queue we accept; QEMU defaults to 128, cloud-hypervisor to 1024.
 pub const MAX_QUEUE_SIZE: usize = 1024;
@@ -33,13 +34,31 @@ pub type Locked<'a> = RwLockWriteGuard<'a, VringState<GuestMem>>;
 pub(crate) struct Broken(pub String);
 
 /// One queue's counters, read by the control API.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct QueueCounters {
     /// Requests served.
     pub served: AtomicU64,
     /// Requests its worker is serving now, 0 or 1: a queue has one worker thread (a
     /// lock wait handed to a thread of its own is not one).
     pub in_flight: AtomicU64,
+    /// The used index from which completions returned through [`SplitRing`] have not
+    /// been looked at for an interrupt yet (none: [`NONE_UNSIGNALLED`]). Kept across
+    /// drains, so that one that ended early (a broken ring) leaves them to the next
+    /// look, as virtio-queue's own count of unsignalled completions does.
+    pub unsignalled_from: AtomicU32,
+}
+
+/// [`QueueCounters::unsignalled_from`] when every completion was looked at.
+const NONE_UNSIGNALLED: u32 = u32::MAX;
+
+impl Default for QueueCounters {
+    fn default() -> Self {
+        QueueCounters {
+            served: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            unsignalled_from: AtomicU32::new(NONE_UNSIGNALLED),
+        }
+    }
 }
 
 /// One queue's ring as its worker and the requests answered later reach it.
@@ -221,12 +240,16 @@ impl QueueHealth {
 /// thread, and on a loaded host that context switch is the largest cost of a small
 /// request. The batch is bounded in requests and in bytes, so large reads are not
 /// held back behind each other.
-pub(crate) struct Completions {
+pub(crate) struct Completions<'r, 'm> {
     index: usize,
     event_idx: bool,
     inflight: InFlight,
     unsignalled: usize,
     bytes: usize,
+    /// The rings mapped for the drain (None: through virtio-queue's accessors), and
+    /// where their completions not looked at yet start.
+    split: Option<&'r SplitRing<'m>>,
+    unsignalled_from: &'r AtomicU32,
 }
 
 /// Completions returned before the guest is interrupted while more are pending.
@@ -234,20 +257,47 @@ const SIGNAL_BATCH: usize = 8;
 /// Reply bytes returned before the guest is interrupted while more are pending.
 const SIGNAL_BATCH_BYTES: usize = 256 * 1024;
 
-impl Completions {
-    pub(crate) fn new(ring: &RingRef) -> Self {
+impl<'r, 'm> Completions<'r, 'm> {
+    pub(crate) fn new(ring: &RingRef<'r>) -> Self {
         Completions {
             index: ring.index,
             event_idx: ring.event_idx,
             inflight: ring.inflight,
             unsignalled: 0,
             bytes: 0,
+            split: None,
+            unsignalled_from: &ring.counters.unsignalled_from,
+        }
+    }
+
+    /// Completions written through the drain's mapped rings.
+    pub(crate) fn on(ring: &RingRef<'r>, split: Option<&'r SplitRing<'m>>) -> Self {
+        Completions {
+            split,
+            ..Completions::new(ring)
         }
     }
 
     /// Returns the chain `head` with a reply of `len` bytes.
     pub(crate) fn add(&mut self, state: &mut Locked, head: u16, len: u32) -> io::Result<()> {
-        state.add_used(head, len).map_err(queue_err(self.index))?;
+        match self.split {
+            Some(split) => {
+                let next = state.get_queue().next_used();
+                let _ = self.unsignalled_from.compare_exchange(
+                    NONE_UNSIGNALLED,
+                    u32::from(next),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                if !split.add_used(state, head, len) {
+                    return Err(io::Error::other(format!(
+                        "queue {}: descriptor {head} is not in the queue, or the used ring cannot be written",
+                        self.index
+                    )));
+                }
+            }
+            None => state.add_used(head, len).map_err(queue_err(self.index))?,
+        }
         self.inflight.answered(head, state.get_queue().next_used());
         self.unsignalled += 1;
         self.bytes += len as usize;
@@ -259,7 +309,17 @@ impl Completions {
 
     pub(crate) fn flush(&mut self, state: &mut Locked) -> io::Result<()> {
         if self.unsignalled > 0 {
-            notify(state, self.event_idx, self.index)?;
+            let from = self
+                .unsignalled_from
+                .swap(NONE_UNSIGNALLED, Ordering::Relaxed);
+            match (self.split, u16::try_from(from)) {
+                (Some(split), Ok(from)) => {
+                    if split.needs_notification(state.get_queue().next_used(), from) {
+                        state.signal_used_queue()?;
+                    }
+                }
+                _ => notify(state, self.event_idx, self.index)?,
+            }
             self.unsignalled = 0;
             self.bytes = 0;
         }

@@ -1,6 +1,6 @@
 //! The frequent requests, decoded and answered here rather than by fuse-backend-rs's
-//! `Server`: lookups, attributes, opens, reads, releases, creates and removals, the
-//! forgets. Each is decoded from the request's local copy as that server decodes it
+//! `Server`: lookups, attributes, opens, reads, directory listings, releases, creates
+//! and removals, the forgets. Each is decoded from the request's local copy as that server decodes it
 //! and answered with the same bytes (`harness/tests/dispatch.rs` compares the two
 //! on every opcode here), but written straight into the reply's buffers
 //! ([`Reply`]): the server's writer over guest memory allocates a queue of slices
@@ -15,16 +15,16 @@ use std::ffi::CStr;
 use std::mem::size_of;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    AccessIn, AttrOut, BatchForgetIn, CreateIn, EntryOut, FlushIn, ForgetIn, ForgetOne, FsyncIn,
-    GetattrIn, InHeader, Kstatfs, MkdirIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn, Rename2In,
-    RenameIn, SetattrIn, SetattrValid, FATTR_FH, GETATTR_FH, READ_LOCKOWNER, RELEASE_FLOCK_UNLOCK,
-    RELEASE_FLUSH,
+    AccessIn, AttrOut, BatchForgetIn, CreateIn, Dirent, EntryOut, FlushIn, ForgetIn, ForgetOne,
+    FsyncIn, GetattrIn, InHeader, Kstatfs, MkdirIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn,
+    Rename2In, RenameIn, SetattrIn, SetattrValid, FATTR_FH, GETATTR_FH, READ_LOCKOWNER,
+    RELEASE_FLOCK_UNLOCK, RELEASE_FLUSH,
 };
-use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use vm_memory::ByteValued;
 
-use super::buffers::{errno_of, error, finish, ok, Reply};
+use super::buffers::{errno_of, error, finish, ok, Reply, HEADER};
 use super::stack::VolFs;
 
 /// The request's header and the largest message after it that fuse-backend-rs
@@ -41,7 +41,7 @@ pub fn handles(opcode: u32) -> bool {
     OPCODES.iter().any(|&op| op as u32 == opcode)
 }
 
-const OPCODES: [Opcode; 21] = [
+const OPCODES: [Opcode; 23] = [
     Opcode::Lookup,
     Opcode::Forget,
     Opcode::BatchForget,
@@ -59,6 +59,8 @@ const OPCODES: [Opcode; 21] = [
     Opcode::Fsync,
     Opcode::Flush,
     Opcode::Opendir,
+    Opcode::Readdir,
+    Opcode::Readdirplus,
     Opcode::Releasedir,
     Opcode::Fsyncdir,
     Opcode::Access,
@@ -287,6 +289,18 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
+        _ if op == Opcode::Readdir as u32 || op == Opcode::Readdirplus as u32 => {
+            let r: ReadIn = args(request)?;
+            readdir(
+                fs,
+                &ctx,
+                node,
+                &r,
+                op == Opcode::Readdirplus as u32,
+                reply,
+                unique,
+            )
+        }
         _ if op == Opcode::Releasedir as u32 => {
             let ReleaseIn { fh, flags, .. } = args(request)?;
             empty(reply, fs.releasedir(&ctx, node, flags, fh))
@@ -329,6 +343,64 @@ pub fn serve<R: Reply>(
             }
         }
         _ => Err(Undecodable(format!("opcode {op} is not served here"))),
+    }
+}
+
+/// READDIR and READDIRPLUS: as many entries as fit in the size asked for, each
+/// padded to 8 bytes (READDIRPLUS: each after its lookup's entry).
+fn readdir<R: Reply>(
+    fs: &VolFs,
+    ctx: &Context,
+    node: u64,
+    r: &ReadIn,
+    plus: bool,
+    reply: &mut R,
+    unique: u64,
+) -> Result<usize, Undecodable> {
+    reply.clear_body();
+    // The buffers must take the size asked for, header included (fuse-backend-rs
+    // answers ENOMEM otherwise).
+    if reply.available_bytes() + HEADER < r.size as usize {
+        return written(error(reply, unique, libc::ENOMEM));
+    }
+    let max = r.size as usize;
+    let mut add = |d: DirEntry, entry: Option<Entry>| -> std::io::Result<usize> {
+        let dirent_len = size_of::<Dirent>() + d.name.len();
+        let padded = (dirent_len + 7) & !7;
+        let total = padded
+            + if entry.is_some() {
+                size_of::<EntryOut>()
+            } else {
+                0
+            };
+        // What does not fit is left for the next READDIR.
+        if max.saturating_sub(reply.body_len()) < total {
+            return Ok(0);
+        }
+        if let Some(entry) = entry {
+            reply.write_all(EntryOut::from(entry).as_slice())?;
+        }
+        let dirent = Dirent {
+            ino: d.ino,
+            off: d.offset,
+            namelen: d.name.len() as u32,
+            type_: d.type_,
+        };
+        reply.write_all(dirent.as_slice())?;
+        reply.write_all(d.name)?;
+        reply.write_all(&[0u8; 8][..padded - dirent_len])?;
+        Ok(total)
+    };
+    let result = if plus {
+        fs.readdirplus(ctx, node, r.fh, r.size, r.offset, &mut |d, e| {
+            add(d, Some(e))
+        })
+    } else {
+        fs.readdir(ctx, node, r.fh, r.size, r.offset, &mut |d| add(d, None))
+    };
+    match result {
+        Ok(()) => written(finish(reply, unique, 0)),
+        Err(e) => written(error(reply, unique, errno_of(&e))),
     }
 }
 
@@ -417,7 +489,7 @@ mod tests {
         for op in OPCODES {
             assert!(handles(op as u32));
         }
-        assert!(!handles(Opcode::Readdirplus as u32));
+        assert!(!handles(Opcode::Getxattr as u32));
         assert!(!handles(Opcode::Write as u32), "WRITE is the server's own");
     }
 }

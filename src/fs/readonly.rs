@@ -48,11 +48,13 @@ impl ReadOnlyGuard {
         let Some(share) = self.inner.share_of(node) else {
             return run();
         };
-        let started = self.metrics.then(metrics::request_clock);
-        if started.is_none() {
-            // With metrics on, the metrics count the request.
+        // With metrics on, the metrics count the request (and time one in a few).
+        let started = if self.metrics {
+            metrics::request_clock()
+        } else {
             ShareStats::add(&share.stats.ops, 1);
-        }
+            None
+        };
         // The share is this thread's current request while it runs: every log line
         // written meanwhile names its volume and operation.
         let refused = mutates && share.read_only;
@@ -67,20 +69,16 @@ impl ReadOnlyGuard {
             }
             r
         });
-        if let Err(e) = &r {
+        let errno = r
+            .as_ref()
+            .err()
+            .map(|e| e.raw_os_error().unwrap_or(libc::EIO));
+        if errno.is_some() {
             count_error(Some(&share));
-            if let Some(t) = started {
-                let code = e.raw_os_error().unwrap_or(libc::EIO);
-                share
-                    .stats
-                    .metrics
-                    .record(op, metrics::request_done(t), Some(code));
-            }
-        } else if let Some(t) = started {
-            share
-                .stats
-                .metrics
-                .record(op, metrics::request_done(t), None);
+        }
+        if self.metrics {
+            let took = started.map(metrics::request_done);
+            share.stats.metrics.record(op, took, errno);
         }
         r
     }

@@ -2,60 +2,146 @@
 //! API (`GET /metrics`, `exposition.rs`).
 //!
 //! Each volume counts, per FUSE operation ([`Op`]): requests that succeeded and
-//! that failed, and their durations in a histogram with fixed buckets; and, per errno
-//! class ([`ERRNO_CLASSES`]), its errors. The read-only guard, where every request is
-//! already counted for its volume, records them (`fs/readonly.rs`). Every label
-//! comes from a bounded set: operations and errno classes are enumerated here, and
-//! volumes are bounded by the attach limit. All counters are relaxed atomics, two
-//! adds per request (three when it failed), no lock.
+//! that failed, and, per errno class ([`ERRNO_CLASSES`]), its errors: every request,
+//! exactly. Durations go into a histogram with fixed buckets, timed on a sample: the
+//! first request of each drain of a queue, then one in [`SAMPLE_EVERY`]. A clock read
+//! costs ~50 ns under this hypervisor (it traps the TSC), 2% of a small request:
+//! timing every request was most of what metrics cost. At a low rate every request
+//! is the first of its drain, so the histogram holds them all; at a high one it
+//! holds one in 16, spread over the whole run.
+//!
+//! The counts are kept per queue worker ([`Counts`], one shard each, written by that
+//! thread alone with a load and a store, no locked instruction) and summed when
+//! read; threads that serve no queue share one shard, with atomic adds. The read-only
+//! guard, where every request is already counted for its volume, records them
+//! (`fs/readonly.rs`). Every label comes from a bounded set: operations and errno
+//! classes are enumerated here, and volumes are bounded by the attach limit.
 
 pub mod exposition;
 pub mod process;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-thread_local! {
-    /// When this thread's previous volume request ended, within the current batch.
-    static LAST_END: Cell<Option<Instant>> = const { Cell::new(None) };
+/// After a drain's first request, one request in this many is timed.
+pub const SAMPLE_EVERY: u32 = 16;
+
+/// This thread's clock for the requests it serves.
+#[derive(Clone, Copy)]
+struct Clock {
+    /// The clock read when the drain started, for its first request (polling reads
+    /// it as the worker wakes).
+    batch_start: Option<Instant>,
+    /// Requests until the next timed one (0: the next is timed).
+    countdown: u32,
+    /// When the last timed request ended, and whether no request has been served
+    /// since (then it is when the ring last changed hands).
+    last_end: Option<Instant>,
+    last_end_is_latest: bool,
 }
 
-/// A queue worker starts a batch of requests (it woke up to drain its ring): the
-/// next request's clock starts now, not at the end of the previous batch.
+thread_local! {
+    static CLOCK: Cell<Clock> = const {
+        Cell::new(Clock {
+            batch_start: None,
+            countdown: 0,
+            last_end: None,
+            last_end_is_latest: false,
+        })
+    };
+    /// This thread's shard of the counts (a queue worker's own), or [`SHARED`].
+    static SHARD: Cell<usize> = const { Cell::new(SHARED) };
+}
+
+fn with_clock<T>(f: impl FnOnce(&mut Clock) -> T) -> T {
+    CLOCK.with(|c| {
+        let mut clock = c.get();
+        let out = f(&mut clock);
+        c.set(clock);
+        out
+    })
+}
+
+/// A queue worker starts a batch of requests (it woke up to drain its ring): its
+/// first request is timed, from the clock it reads then.
 pub fn start_batch() {
-    LAST_END.with(|c| c.set(None));
+    with_clock(|c| {
+        *c = Clock {
+            batch_start: None,
+            countdown: 0,
+            last_end: None,
+            last_end_is_latest: false,
+        }
+    });
 }
 
 /// As [`start_batch`], for a worker that read the clock as it woke (to decide on
 /// polling): the first request's clock starts at `now`, read once for both.
 pub fn start_batch_at(now: Instant) {
-    LAST_END.with(|c| c.set(Some(now)));
+    with_clock(|c| {
+        *c = Clock {
+            batch_start: Some(now),
+            countdown: 0,
+            last_end: Some(now),
+            last_end_is_latest: true,
+        }
+    });
 }
 
-/// The start of a request's clock: the end of this thread's previous volume request
-/// in the batch (back to back, so one clock read per request serves as the end of
-/// one and the start of the next), else now. A request's duration therefore also
-/// holds the ring and decoding work just before it. Clock reads are the whole cost
-/// of the histogram: about 65 ns each under a hypervisor that traps the TSC.
-pub fn request_clock() -> Instant {
-    LAST_END.with(|c| c.take()).unwrap_or_else(Instant::now)
+/// The start of a request's clock when it is timed (the first of its batch, then
+/// one in [`SAMPLE_EVERY`]), else None. The first request's duration also holds the
+/// ring and decoding work before it.
+pub fn request_clock() -> Option<Instant> {
+    with_clock(|c| {
+        if c.countdown == 0 {
+            c.countdown = SAMPLE_EVERY - 1;
+            Some(c.batch_start.take().unwrap_or_else(Instant::now))
+        } else {
+            c.countdown -= 1;
+            c.batch_start = None;
+            c.last_end_is_latest = false;
+            None
+        }
+    })
 }
 
 /// A recent time for a decision that may lag the clock a little but never run
-/// ahead of it (QoS admission): the end of this thread's previous request in the
-/// batch, read for the histogram, else the clock. With `--no-metrics` no request
-/// reads the clock, so this always does.
+/// ahead of it (QoS admission): when this thread's last timed request ended (at most
+/// [`SAMPLE_EVERY`] requests ago), else the clock.
 pub fn recent_clock() -> Instant {
-    LAST_END.with(|c| c.get()).unwrap_or_else(Instant::now)
+    with_clock(|c| c.last_end).unwrap_or_else(Instant::now)
 }
 
-/// The request that started at `start` is done: its duration, and the next one's
-/// start.
+/// The time now, to within the request just served: the end of the last request
+/// when it was timed, else a clock read (a drain's end, for polling's window).
+pub fn latest_clock() -> Instant {
+    match with_clock(|c| c.last_end.filter(|_| c.last_end_is_latest)) {
+        Some(t) => t,
+        None => Instant::now(),
+    }
+}
+
+/// The timed request that started at `start` is done: its duration.
 pub fn request_done(start: Instant) -> Duration {
     let now = Instant::now();
-    LAST_END.with(|c| c.set(Some(now)));
+    with_clock(|c| {
+        c.last_end = Some(now);
+        c.last_end_is_latest = true;
+    });
     now.duration_since(start)
+}
+
+/// The shard of threads that serve no queue.
+const SHARED: usize = MAX_WORKERS;
+/// Queue workers with a shard of their own; more share [`SHARED`].
+const MAX_WORKERS: usize = 64;
+
+/// This thread is queue worker `worker`: its requests are counted in its own
+/// shard, which no other thread writes.
+pub fn serve_as_worker(worker: usize) {
+    SHARD.with(|s| s.set(worker.min(SHARED)));
 }
 
 /// Declares [`Op`] with its variants, [`Op::ALL`] in declaration order, and
@@ -156,26 +242,46 @@ const BUCKET_NANOS: [u64; 16] = [
     10_000_000_000,
 ];
 
-/// One operation's counters on one volume. Requests are counted once, in their
-/// duration bucket, by result: a request costs two atomic adds (its bucket and the
-/// duration sum), not a third for a separate total (a locked add is ~9 ns here, a
-/// clock read ~32 ns: `benches/clock-cost.c`). Sums of counters that only grow still
-/// only grow, so the totals derived from them are counters too.
+/// One shard of a volume's exact counts.
+struct Counts {
+    /// Per operation: requests that succeeded, and that failed.
+    ops: [[AtomicU64; 2]; Op::ALL.len()],
+    errnos: [AtomicU64; ERRNO_CLASSES.len() + 1],
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts {
+            ops: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
+            errnos: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// Adds one: a load and a store in a worker's own shard, which only it writes; an
+/// atomic add in the shared one.
+#[inline]
+fn bump(counter: &AtomicU64, own: bool) {
+    if own {
+        counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    } else {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One operation's timed requests: per bucket (not cumulative; the exposition adds
+/// them up; the last one is above every bound), and their durations' sum.
 #[derive(Default)]
-pub struct OpMetrics {
-    /// Succeeded requests per bucket, not cumulative (the exposition adds them up);
-    /// the last one is above every bound.
-    pub ok: [AtomicU64; DURATION_BUCKETS.len() + 1],
-    /// Failed requests per bucket, the same way.
-    pub errors: [AtomicU64; DURATION_BUCKETS.len() + 1],
-    pub duration_nanos: AtomicU64,
+struct Timed {
+    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    nanos: AtomicU64,
 }
 
 /// One operation's counters, each read once.
 pub struct OpSnapshot {
     pub ok: u64,
     pub errors: u64,
-    /// Requests per bucket, ok and failed, not cumulative.
+    /// Timed requests per bucket, not cumulative.
     pub buckets: [u64; DURATION_BUCKETS.len() + 1],
     pub duration_nanos: u64,
 }
@@ -184,66 +290,88 @@ impl OpSnapshot {
     pub fn count(&self) -> u64 {
         self.ok + self.errors
     }
-}
 
-impl OpMetrics {
-    pub fn snapshot(&self) -> OpSnapshot {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut buckets = [0; DURATION_BUCKETS.len() + 1];
-        let (mut ok, mut errors) = (0, 0);
-        for (i, b) in buckets.iter_mut().enumerate() {
-            let (o, e) = (load(&self.ok[i]), load(&self.errors[i]));
-            *b = o + e;
-            ok += o;
-            errors += e;
-        }
-        OpSnapshot {
-            ok,
-            errors,
-            buckets,
-            duration_nanos: load(&self.duration_nanos),
-        }
+    /// The requests timed.
+    pub fn timed(&self) -> u64 {
+        self.buckets.iter().sum()
     }
 }
 
 /// Every counter of one volume.
 pub struct VolumeMetrics {
-    pub ops: [OpMetrics; Op::ALL.len()],
-    pub errnos: [AtomicU64; ERRNO_CLASSES.len() + 1],
+    /// The exact counts: one shard per queue worker that served this volume, made
+    /// when it first did, and the shared one (the last).
+    shards: [OnceLock<Box<Counts>>; MAX_WORKERS + 1],
+    timed: [Timed; Op::ALL.len()],
 }
 
 impl Default for VolumeMetrics {
     fn default() -> Self {
         VolumeMetrics {
-            ops: std::array::from_fn(|_| OpMetrics::default()),
-            errnos: std::array::from_fn(|_| AtomicU64::new(0)),
+            shards: std::array::from_fn(|_| OnceLock::new()),
+            timed: std::array::from_fn(|_| Timed::default()),
         }
     }
 }
 
 impl VolumeMetrics {
-    /// Counts one request: its operation, how long it took, and its errno (None: it
-    /// succeeded).
-    pub fn record(&self, op: Op, took: Duration, errno: Option<i32>) {
-        let m = &self.ops[op as usize];
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = BUCKET_NANOS
-            .iter()
-            .position(|&b| nanos <= b)
-            .unwrap_or(BUCKET_NANOS.len());
-        match errno {
-            None => m.ok[bucket].fetch_add(1, Ordering::Relaxed),
-            Some(e) => {
-                self.errnos[errno_class(e)].fetch_add(1, Ordering::Relaxed);
-                m.errors[bucket].fetch_add(1, Ordering::Relaxed)
-            }
-        };
-        m.duration_nanos.fetch_add(nanos, Ordering::Relaxed);
+    /// Counts one request: its operation, its errno (None: it succeeded) and, when
+    /// it was timed, how long it took.
+    pub fn record(&self, op: Op, took: Option<Duration>, errno: Option<i32>) {
+        let shard = SHARD.with(|s| s.get());
+        let counts = self.shards[shard].get_or_init(Box::default);
+        let own = shard != SHARED;
+        bump(&counts.ops[op as usize][usize::from(errno.is_some())], own);
+        if let Some(e) = errno {
+            bump(&counts.errnos[errno_class(e)], own);
+        }
+        if let Some(took) = took {
+            let t = &self.timed[op as usize];
+            let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            let bucket = BUCKET_NANOS
+                .iter()
+                .position(|&b| nanos <= b)
+                .unwrap_or(BUCKET_NANOS.len());
+            t.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+            t.nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+
+    fn shards(&self) -> impl Iterator<Item = &Counts> {
+        self.shards.iter().filter_map(|s| s.get().map(|b| &**b))
+    }
+
+    /// One operation's counts, summed over the shards, and its timed requests.
+    pub fn op(&self, op: Op) -> OpSnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (mut ok, mut errors) = (0, 0);
+        for c in self.shards() {
+            ok += load(&c.ops[op as usize][0]);
+            errors += load(&c.ops[op as usize][1]);
+        }
+        let t = &self.timed[op as usize];
+        OpSnapshot {
+            ok,
+            errors,
+            buckets: std::array::from_fn(|i| load(&t.buckets[i])),
+            duration_nanos: load(&t.nanos),
+        }
+    }
+
+    /// Errors of errno class `class` (an index of [`ERRNO_CLASSES`], or
+    /// [`OTHER_ERRNO`]), summed over the shards.
+    pub fn errors_of_class(&self, class: usize) -> u64 {
+        self.shards()
+            .map(|c| c.errnos[class].load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Requests recorded, every operation and result.
     pub fn requests(&self) -> u64 {
-        self.ops.iter().map(|m| m.snapshot().count()).sum()
+        self.shards()
+            .flat_map(|c| c.ops.iter().flatten())
+            .map(|a| a.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -277,20 +405,70 @@ mod tests {
     #[test]
     fn a_request_lands_in_its_bucket_and_class() {
         let m = VolumeMetrics::default();
-        m.record(Op::read, Duration::from_micros(30), None);
-        m.record(Op::read, Duration::from_micros(10), Some(libc::ENOENT));
-        m.record(Op::read, Duration::from_secs(60), Some(libc::E2BIG));
-        let r = m.ops[Op::read as usize].snapshot();
-        assert_eq!((r.ok, r.errors, r.count()), (1, 2, 3));
+        m.record(Op::read, Some(Duration::from_micros(30)), None);
+        m.record(
+            Op::read,
+            Some(Duration::from_micros(10)),
+            Some(libc::ENOENT),
+        );
+        m.record(Op::read, Some(Duration::from_secs(60)), Some(libc::E2BIG));
+        m.record(Op::read, None, None);
+        let r = m.op(Op::read);
+        assert_eq!((r.ok, r.errors, r.count(), r.timed()), (2, 2, 4, 3));
         assert_eq!(r.buckets[0], 1, "10 µs is in the first bucket");
         assert_eq!(r.buckets[2], 1, "30 µs is under 50 µs");
         assert_eq!(r.buckets[DURATION_BUCKETS.len()], 1);
         assert_eq!(r.duration_nanos, 60_000_040_000);
-        assert_eq!(m.requests(), 3);
-        assert_eq!(
-            m.errnos[errno_class(libc::ENOENT)].load(Ordering::Relaxed),
-            1
+        assert_eq!(m.requests(), 4);
+        assert_eq!(m.errors_of_class(errno_class(libc::ENOENT)), 1);
+        assert_eq!(m.errors_of_class(OTHER_ERRNO), 1);
+    }
+
+    #[test]
+    fn workers_count_in_shards_of_their_own_and_reads_sum_them() {
+        let m = std::sync::Arc::new(VolumeMetrics::default());
+        let threads: Vec<_> = (0..3)
+            .map(|w| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    serve_as_worker(w);
+                    for _ in 0..1000 {
+                        m.record(Op::getattr, None, None);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..1000 {
+            m.record(Op::getattr, None, Some(libc::EIO));
+        }
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let g = m.op(Op::getattr);
+        assert_eq!((g.ok, g.errors), (3000, 1000));
+        assert_eq!(m.shards().count(), 4, "three workers and the shared shard");
+    }
+
+    #[test]
+    fn the_first_request_of_a_batch_is_timed_then_one_in_sample_every() {
+        start_batch();
+        let timed: Vec<bool> = (0..2 * SAMPLE_EVERY + 1)
+            .map(|_| match request_clock() {
+                Some(t) => {
+                    request_done(t);
+                    true
+                }
+                None => false,
+            })
+            .collect();
+        assert_eq!(timed.iter().filter(|&&t| t).count(), 3);
+        assert!(timed[0] && timed[SAMPLE_EVERY as usize] && timed[2 * SAMPLE_EVERY as usize]);
+        // A new batch times its first request again, from the wake-up's clock.
+        let woke = Instant::now();
+        start_batch_at(woke);
+        assert_eq!(request_clock(), Some(woke));
+        assert!(request_clock().is_none());
+        assert!(
+            latest_clock() >= woke,
+            "an untimed request last: the clock is read"
         );
-        assert_eq!(m.errnos[OTHER_ERRNO].load(Ordering::Relaxed), 1);
     }
 }

@@ -1450,6 +1450,81 @@ static int cmd_durable(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * probe LIST [ROOT]: replay the file-system calls of a module resolution (the
+ * workloads suite's npm-style storm; vm-tests/workloads-inputs.py writes the
+ * list) and check every answer. Paths are relative to ROOT. Lines:
+ *   S f|d|l|- PATH   stat PATH: a regular file, directory, symlink or ENOENT
+ *   R SIZE PATH      open, read to the end (SIZE bytes), close
+ * Prints "ops N stats S enoent E reads R bytes B mismatches M"; the first
+ * mismatches go to stderr; exits 1 if there was any. One process for all the
+ * calls: as a shell loop they would cost a fork each under TCG.
+ */
+static int cmd_probe(int argc, char **argv)
+{
+	if (argc != 2 && argc != 3)
+		usage_exit("probe LIST [ROOT]");
+	FILE *in = fopen(argv[1], "r");
+	if (!in)
+		die(argv[1]);
+	if (argc == 3 && chdir(argv[2]) < 0)
+		die(argv[2]);
+	static char line[PATH_MAX + 64], buf[1 << 16];
+	unsigned long ops = 0, stats = 0, enoent = 0, reads = 0, bad = 0;
+	unsigned long long bytes = 0;
+	while (fgets(line, sizeof line, in)) {
+		size_t len = strlen(line);
+		if (len && line[len - 1] == '\n')
+			line[--len] = 0;
+		if (!len)
+			continue;
+		char op = line[0], *arg = line + 2, *path = strchr(arg, ' ');
+		if (len < 5 || line[1] != ' ' || !path)
+			usage_exit("probe: a line is 'S KIND PATH' or 'R SIZE PATH'");
+		*path++ = 0;
+		ops++;
+		char got[64] = "";
+		if (op == 'S') {
+			struct stat st;
+			char kind = '-';
+			stats++;
+			if (stat(path, &st) == 0)
+				kind = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : '?';
+			else if (errno == ENOENT)
+				enoent++;
+			else
+				kind = 'E';
+			if (kind != arg[0])
+				snprintf(got, sizeof got, "kind %c (%s)", kind, kind == 'E' ? errname(errno) : "");
+		} else if (op == 'R') {
+			unsigned long long n = 0;
+			ssize_t r = 0;
+			int fd = open(path, O_RDONLY | O_CLOEXEC);
+			reads++;
+			if (fd < 0) {
+				snprintf(got, sizeof got, "open: %s", errname(errno));
+			} else {
+				while ((r = read(fd, buf, sizeof buf)) > 0)
+					n += (unsigned long long)r;
+				if (r < 0)
+					snprintf(got, sizeof got, "read: %s", errname(errno));
+				close(fd);
+				bytes += n;
+				if (!got[0] && n != strtoull(arg, NULL, 10))
+					snprintf(got, sizeof got, "%llu bytes", n);
+			}
+		} else {
+			usage_exit("probe: a line starts with S or R");
+		}
+		if (got[0] && bad++ < 10)
+			fprintf(stderr, "fsops: probe: %c %s %s: got %s\n", op, arg, path, got);
+	}
+	fclose(in);
+	printf("ops %lu stats %lu enoent %lu reads %lu bytes %llu mismatches %lu\n",
+	       ops, stats, enoent, reads, bytes, bad);
+	return bad ? 1 : 0;
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(int, char **);
@@ -1501,6 +1576,7 @@ static const struct {
 	{"mmaphold", cmd_mmaphold, "FILE GOFILE (shared map written and msynced every 100 ms until GOFILE)"},
 	{"metaloop", cmd_metaloop, "DIR STOPFILE (the crash suite's metadata loop: counts EIO, EEXIST, unexpected failures)"},
 	{"durable", cmd_durable, "FILE STOPFILE DONEFILE (pwrite+fsync record after record; DONEFILE: the last one fsynced)"},
+	{"probe", cmd_probe, "LIST [ROOT] (replay 'S f|d|l|- PATH' stats and 'R SIZE PATH' reads, checking each)"},
 	{"lockwatch", cmd_lockwatch, "FILE STOPFILE [MS] (host: try a POSIX lock and an flock every MS until STOPFILE)"},
 };
 

@@ -360,11 +360,11 @@ impl PassthroughFs {
     /// Registers `file`, found as `name` in `parent` (empty: no name, a temporary
     /// file), as a node.
     fn register(&self, file: File, parent: &Arc<InodeData>, name: &[u8]) -> io::Result<Entry> {
-        let st = sys::stat_fd(&file)?;
+        let (st, mnt_id) = sys::stat_and_mount_id(&file)?;
         let key = InodeKey {
             dev: st.st_dev,
             ino: st.st_ino,
-            mnt_id: sys::mount_id(&file),
+            mnt_id,
         };
         let file_type = st.st_mode & libc::S_IFMT;
         let inode = self.inode_ref_for(&parent.share, file, file_type, key.mnt_id)?;
