@@ -9,6 +9,7 @@
 #   --a-bin PATH, --b-bin PATH   each side's volfsd binary (default target/release/volfsd
 #                      for both): what a change costs, e.g. B built from its parent commit
 #   --workload LIST    loadgen workloads (default randread4k,getattr)
+#   --queues N         request queues the load generator uses (default 1)
 #   --pairs N          alternated pairs (default 6)
 #   --duration S       seconds per workload (default 5)
 #   --out DIR          where the raw JSON and summary.md go
@@ -23,7 +24,7 @@ REPO=$(cd "$HERE/.." && pwd)
 VOLFSD="$REPO/target/release/volfsd"
 LOADGEN="$REPO/target/release/volfsd-loadgen"
 A_BIN=$VOLFSD B_BIN=$VOLFSD
-NAME="" A="" B="" WORKLOAD=randread4k,getattr PAIRS=6 DURATION=5 OUT="" ALLOW_BUSY=0
+NAME="" A="" B="" WORKLOAD=randread4k,getattr PAIRS=6 DURATION=5 OUT="" ALLOW_BUSY=0 QUEUES=1
 WORK=/var/tmp/volfsd-ab
 
 die() { echo "ab: error: $*" >&2; exit 2; }
@@ -38,10 +39,11 @@ while [[ $# -gt 0 ]]; do
 	--b-bin) B_BIN=$(realpath "${2:?}"); shift ;;
 	--workload) WORKLOAD=${2:?}; shift ;;
 	--pairs) PAIRS=${2:?}; shift ;;
+	--queues) QUEUES=${2:?}; shift ;;
 	--duration) DURATION=${2:?}; shift ;;
 	--out) OUT=${2:?}; shift ;;
 	--allow-busy) ALLOW_BUSY=1 ;;
-	-h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
 	shift
@@ -66,7 +68,7 @@ run_side() { # run_side SIDE BINARY FLAGS PAIR
 	"$bin" --socket-path "$sock" --shared-dir "$WORK/share" --log-level warn $flags \
 		>"$OUT/$side-pair$pair.daemon.log" 2>&1 &
 	pid=$!
-	"$LOADGEN" --socket "$sock" --shared-dir "$WORK/share" --queues 1 --qd 32 \
+	"$LOADGEN" --socket "$sock" --shared-dir "$WORK/share" --queues "$QUEUES" --qd 32 \
 		--duration "$DURATION" --file-size 256M --files 10000 --workload "$WORKLOAD" \
 		--keep-files --quiet --json "$OUT/$side-pair$pair.json" --daemon-pid "$pid" \
 		>"$OUT/$side-pair$pair.txt" 2>&1 || { cat "$OUT/$side-pair$pair.txt" >&2; die "loadgen failed ($side, pair $pair)"; }
@@ -80,7 +82,7 @@ run_side() { # run_side SIDE BINARY FLAGS PAIR
 		echo "a binary: $A_BIN (sha256 $(sha256sum "$A_BIN" | cut -c1-12))"
 		echo "b binary: $B_BIN (sha256 $(sha256sum "$B_BIN" | cut -c1-12))"
 	fi
-	echo "workload: $WORKLOAD, pairs: $PAIRS, duration: $DURATION s, 1 queue, QD 32"
+	echo "workload: $WORKLOAD, pairs: $PAIRS, duration: $DURATION s, $QUEUES queue(s), QD 32"
 	echo "commit: $(git -C "$REPO" rev-parse --short HEAD)"
 	echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/env.txt"

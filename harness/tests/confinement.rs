@@ -179,7 +179,8 @@ fn each_thread_keeps_only_its_roles_capabilities() {
         let want = match name.as_str() {
             // The short-lived thread that starts the queue workers is confined as one;
             // joined, it may still be listed for a moment while the kernel reaps it.
-            // volfsd-workers starts the queue workers of each frontend.
+            // volfsd-workers starts the queue workers of each frontend (with
+            // --keep-serving; otherwise the short-lived volfsd-worker-start does).
             "vring_worker" | "volfsd-worker-s" | "volfsd-workers" => WORKER_CAPS,
             "volfsd-control" | "volfsd-ctl-client" => CONTROL_CAPS,
             "volfsd-state" | "volfsd-state-st" => STATE_CAPS,
@@ -195,7 +196,6 @@ fn each_thread_keeps_only_its_roles_capabilities() {
         "volfsd-control",
         "volfsd-signals",
         "volfsd-state",
-        "volfsd-workers",
     ] {
         assert!(seen.contains(name), "thread {name} among {seen:?}");
     }
@@ -584,4 +584,61 @@ fn the_supervisor_passes_sigterm_on_and_exits_with_the_daemons_status() {
     assert!(d.log().contains("received SIGTERM"), "{}", d.log());
     assert!(!d.dir.socket().exists(), "the daemon removed its socket");
     assert!(!std::path::Path::new(&format!("/proc/{serving}")).exists());
+}
+
+fn cmdline(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// The supervisor re-executes the binary right after the fork (so that it holds none
+/// of the pages the daemon touched before it): the same file and process name as the
+/// daemon, one thread, and the daemon's own arguments still shown after its own.
+#[test]
+fn the_supervisor_is_a_fresh_image_of_the_binary() {
+    let d = Daemon::start("supervisor-exec", &[]);
+    let _c = d.client();
+    let (sup, pid) = (d.launched_pid(), d.pid());
+    let exe = |p: i32| std::fs::read_link(format!("/proc/{p}/exe")).unwrap();
+    assert_eq!(exe(sup), exe(pid));
+    let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap();
+    assert_eq!(comm(sup), comm(pid), "named as the daemon, not 'exe'");
+    assert_eq!(field(&status(sup, sup), "Threads"), "1");
+    let (sup_args, args) = (cmdline(sup), cmdline(pid));
+    assert_eq!(
+        sup_args[1], "\u{1}volfsd-sandbox-supervisor",
+        "{sup_args:?}"
+    );
+    let own = sup_args.iter().position(|a| a == "--").expect("--") + 1;
+    assert_eq!(sup_args[own..], args[1..], "the daemon's arguments");
+}
+
+/// The supervisor's mode run by hand finds no child of its own to supervise, and
+/// exits 2 without signalling anything or removing any file.
+#[test]
+fn the_supervisor_mode_by_hand_does_nothing() {
+    let dir = TestDir::new("supervisor-by-hand");
+    let sock = dir.socket();
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    for args in [
+        vec!["kill", "1", "volfsd", "9", "1", sock.to_str().unwrap()],
+        vec!["kill", "not-a-pid", "volfsd", "9", "0"],
+        vec!["none"],
+    ] {
+        let out = Command::new(daemon_binary())
+            .arg("\u{1}volfsd-sandbox-supervisor")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("internal to the namespace sandbox"), "{err}");
+    }
+    assert!(sock.exists(), "the socket was left alone");
+    drop(listener);
 }

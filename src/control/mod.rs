@@ -255,13 +255,11 @@ impl ControlServer {
             server: self,
             api: Arc::new(api),
         };
-        std::thread::Builder::new()
-            .name("volfsd-control".to_string())
-            .spawn(move || {
-                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Control);
-                serving.accept_loop()
-            })?;
-        Ok(())
+        crate::sandbox::spawn_confined(
+            "volfsd-control",
+            crate::sandbox::ThreadRole::Control,
+            move || serving.accept_loop(),
+        )
     }
 }
 

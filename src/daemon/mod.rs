@@ -3,6 +3,7 @@
 //! What fails ends the daemon as a [`DaemonError`] (`error.rs`).
 
 mod error;
+mod memory;
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
@@ -179,6 +180,11 @@ fn serve(
         socket_paths.to_vec(),
         &listening,
     )?;
+    // Every role's filter, compiled on the main thread before any thread that confines
+    // itself starts (see seccomp::compile_for), and first thing after the fork: the
+    // compiler's temporaries are freed before the daemon's long-lived allocations,
+    // which then reuse their heap pages.
+    sandbox::seccomp::compile_for(config.seccomp)?;
     // In the child only: the single-threaded supervisor never trims a thread arena,
     // and would otherwise carry a copy of the set-up thread's arena.
     sandbox::malloc::settle_heap_trim()?;
@@ -267,11 +273,6 @@ fn serve(
             .map_err(|e| DaemonError::host("starting the control thread", e))?;
     }
 
-    // The queue workers are started by VhostUserDaemon::new; they inherit the
-    // confinement of the thread that creates them, so a thread confined for the
-    // worker role creates them: for the first frontend, and, with --keep-serving,
-    // for each one after it.
-    let daemons = DaemonFactory::start(backend.clone())?;
     // The thread that saves and loads the device state (migration, snapshots),
     // confined for its role like the workers are.
     let state_cfg = StateConfig {
@@ -293,6 +294,15 @@ fn serve(
     if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
         backend.recover(half).map_err(DaemonError::Recover)?;
     }
+    // The queue workers are started by VhostUserDaemon::new; they inherit the
+    // confinement of the thread that creates them, so a thread confined for the
+    // worker role creates them: for the first frontend, and, with --keep-serving,
+    // for each one after it.
+    let mut daemons = DaemonFactory::start(backend.clone(), config.keep_serving)?;
+    // Nothing is served before the namespace mode's supervisor is confined too.
+    sandbox::namespaces::await_supervisor()?;
+    // Set-up is over: what it touched and will not touch again goes back.
+    memory::give_back_setup_memory();
     // The main thread, and the vhost-user thread `start` creates, from here on.
     sandbox::confine_thread(ThreadRole::Main)?;
 
@@ -366,14 +376,34 @@ fn serve(
 /// Makes a vhost-user daemon (its queue workers) per frontend, on a thread confined
 /// for the worker role: the workers inherit that confinement, which the main thread,
 /// confined for its own role, could no longer give them.
-struct DaemonFactory {
-    ask: std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>,
+enum DaemonFactory {
+    /// `--keep-serving`: a thread that waits for the next frontend's turn.
+    Thread(std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>),
+    /// One frontend: its daemon, made at start by a short-lived thread, so that no
+    /// thread (a stack and its pages) waits for a frontend that never comes.
+    Once(Option<Daemon>),
 }
 
 type Daemon = VhostUserDaemon<Arc<FsBackend>>;
 
+fn new_daemon(backend: &Arc<FsBackend>) -> Result<Daemon, DaemonError> {
+    VhostUserDaemon::new(
+        "volfsd".to_string(),
+        backend.clone(),
+        GuestMemoryAtomic::new(GuestMmap::default()),
+    )
+    .map_err(|source| DaemonError::Vhost {
+        step: "creating the vhost-user daemon",
+        source,
+    })
+}
+
 impl DaemonFactory {
-    fn start(backend: Arc<FsBackend>) -> Result<DaemonFactory, DaemonError> {
+    fn start(backend: Arc<FsBackend>, keep_serving: bool) -> Result<DaemonFactory, DaemonError> {
+        if !keep_serving {
+            let daemon = run_confined(ThreadRole::Worker, move || new_daemon(&backend))?;
+            return Ok(DaemonFactory::Once(Some(daemon)));
+        }
         let (ask, asks) =
             std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>();
         run_confined(ThreadRole::Worker, move || {
@@ -381,30 +411,24 @@ impl DaemonFactory {
                 .name("volfsd-workers".into())
                 .spawn(move || {
                     for reply in asks {
-                        let daemon = VhostUserDaemon::new(
-                            "volfsd".to_string(),
-                            backend.clone(),
-                            GuestMemoryAtomic::new(GuestMmap::default()),
-                        )
-                        .map_err(|source| DaemonError::Vhost {
-                            step: "creating the vhost-user daemon",
-                            source,
-                        });
-                        let _ = reply.send(daemon);
+                        let _ = reply.send(new_daemon(&backend));
                     }
                 })
                 .map(|_| ())
                 .map_err(|e| DaemonError::host("starting the thread that starts queue workers", e))
         })?;
-        Ok(DaemonFactory { ask })
+        Ok(DaemonFactory::Thread(ask))
     }
 
-    fn next(&self) -> Result<Daemon, DaemonError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.ask
-            .send(tx)
-            .map_err(|_| DaemonError::WorkerStarterGone)?;
-        rx.recv().map_err(|_| DaemonError::WorkerStarterGone)?
+    fn next(&mut self) -> Result<Daemon, DaemonError> {
+        match self {
+            DaemonFactory::Thread(ask) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                ask.send(tx).map_err(|_| DaemonError::WorkerStarterGone)?;
+                rx.recv().map_err(|_| DaemonError::WorkerStarterGone)?
+            }
+            DaemonFactory::Once(daemon) => daemon.take().ok_or(DaemonError::WorkerStarterGone),
+        }
     }
 }
 
@@ -584,20 +608,17 @@ fn check_listening_socket(fd: RawFd) -> Result<(), DaemonError> {
 }
 
 fn spawn_signal_thread(term: SigSet, files: Arc<Vec<SocketFile>>) {
-    std::thread::Builder::new()
-        .name("volfsd-signals".to_string())
-        .spawn(move || {
-            sandbox::confine_thread_or_exit(ThreadRole::Signals);
-            // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
-            match term.wait() {
-                Ok(sig) => info!("received {sig:?}, exiting"),
-                Err(e) => warn!("waiting for SIGTERM/SIGINT: {e}; exiting"),
-            }
-            for f in files.iter() {
-                f.remove();
-            }
-            log::logger().flush();
-            std::process::exit(0);
-        })
-        .expect("spawning the signal thread");
+    sandbox::spawn_confined("volfsd-signals", ThreadRole::Signals, move || {
+        // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
+        match term.wait() {
+            Ok(sig) => info!("received {sig:?}, exiting"),
+            Err(e) => warn!("waiting for SIGTERM/SIGINT: {e}; exiting"),
+        }
+        for f in files.iter() {
+            f.remove();
+        }
+        log::logger().flush();
+        std::process::exit(0);
+    })
+    .expect("spawning the signal thread");
 }

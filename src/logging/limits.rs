@@ -70,6 +70,11 @@ impl RateLimiter {
         }
     }
 
+    /// Whether any site dropped messages not reported yet.
+    pub fn any_suppressed(&self) -> bool {
+        self.sites.values().any(|s| s.suppressed > 0)
+    }
+
     /// Sites that dropped messages and dropped none for [`SUMMARY_PERIOD`]: their
     /// counts, reset to zero.
     pub fn take_quiet(&mut self, now: Instant) -> Vec<(String, u32, u64)> {
@@ -137,6 +142,11 @@ impl LogBudget {
             self.dropped += weight;
             false
         }
+    }
+
+    /// The lines dropped and not reported yet.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// The lines dropped since the last report, reset to zero: None when there are

@@ -235,16 +235,26 @@ fn rfc3339_now() -> String {
 /// The logger `init` installed, for the summary thread.
 static LOGGER: std::sync::OnceLock<Arc<GuardLogger>> = std::sync::OnceLock::new();
 
-/// Starts the thread that summarises suppressed messages for sites that went quiet.
-/// Separate from [`init`]: logging starts before the sandbox (it may connect to
+/// Starts the thread that summarises suppressed messages for sites that went quiet,
+/// and what the budget dropped. It sleeps until a message is dropped (an idle daemon
+/// has no thread that wakes on a timer), then reports every [`SUMMARY_PERIOD`] / 2 while anything is left to report, and sleeps
+/// again. Separate from [`init`]: logging starts before the sandbox (it may connect to
 /// /dev/log), threads only after it. The thread starts with every signal blocked (it
 /// inherits the mask), so that SIGTERM/SIGINT reach the daemon's signal thread, never
 /// this one. `confine` runs first on the new thread: the caller's sandbox for it
 /// (logging knows no sandbox, which logs through it).
 pub fn spawn_summary_thread(confine: impl FnOnce() + Send + 'static) -> Result<(), LogError> {
-    let Some(logger) = LOGGER.get().cloned() else {
-        return Ok(());
-    };
+    match LOGGER.get().cloned() {
+        Some(logger) => spawn_summaries(logger, confine),
+        None => Ok(()),
+    }
+}
+
+/// [`spawn_summary_thread`] for a given logger.
+fn spawn_summaries(
+    logger: Arc<GuardLogger>,
+    confine: impl FnOnce() + Send + 'static,
+) -> Result<(), LogError> {
     let all = nix::sys::signal::SigSet::all();
     let mut old = nix::sys::signal::SigSet::empty();
     nix::sys::signal::pthread_sigmask(
@@ -253,18 +263,20 @@ pub fn spawn_summary_thread(confine: impl FnOnce() + Send + 'static) -> Result<(
         Some(&mut old),
     )
     .map_err(|e| LogError::host("blocking signals", e))?;
+    let (confined, wait) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("volfsd-log".to_string())
         .spawn(move || {
             confine();
-            loop {
-                std::thread::sleep(SUMMARY_PERIOD / 2);
-                logger.flush_suppressed(Instant::now());
-            }
+            drop(confined);
+            logger.report_suppressed()
         });
     nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
         .map_err(|e| LogError::host("restoring the signal mask", e))?;
     spawned.map_err(|e| LogError::host("starting the log thread", e))?;
+    // Returns once `confine` ran (see sandbox::spawn_confined: a thread started in
+    // set-up is never seen unconfined after it).
+    let _ = wait.recv();
     Ok(())
 }
 
@@ -328,11 +340,31 @@ pub struct GuardLogger {
     /// The per-site limiter and the budget, under one lock: a record takes it once.
     limits: Mutex<Limits>,
     format: LogFormat,
+    /// The summary thread, unparked by the first message dropped while it sleeps.
+    summaries: std::sync::OnceLock<std::thread::Thread>,
+    /// Its timed wake-ups (the tests check that it has none while idle).
+    summary_ticks: std::sync::atomic::AtomicU64,
 }
 
 struct Limits {
     sites: RateLimiter,
     budget: LogBudget,
+    /// The summary thread sleeps with nothing to report: the next drop wakes it.
+    summaries_asleep: bool,
+}
+
+impl Limits {
+    /// Whether a summary is still owed: a site or the budget dropped messages not
+    /// reported yet.
+    fn pending(&self) -> bool {
+        self.sites.any_suppressed() || self.budget.dropped() > 0
+    }
+
+    /// Called on every dropped message: whether the summary thread must be woken
+    /// (only the first drop after it went to sleep wakes it).
+    fn wake_on_drop(&mut self) -> bool {
+        std::mem::take(&mut self.summaries_asleep)
+    }
 }
 
 impl GuardLogger {
@@ -343,8 +375,11 @@ impl GuardLogger {
             limits: Mutex::new(Limits {
                 sites: RateLimiter::default(),
                 budget: LogBudget::new(Budget::for_level(level), Instant::now()),
+                summaries_asleep: false,
             }),
             format: LogFormat::Text,
+            summaries: std::sync::OnceLock::new(),
+            summary_ticks: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -397,23 +432,34 @@ impl GuardLogger {
             return;
         }
         let mut suffix = None;
-        {
+        let (admitted, wake) = {
             let mut limits = self.limits.lock().unwrap();
-            if level <= Level::Warn {
+            let site_admits = level > Level::Warn || {
                 let site = Site {
                     module: record.module_path().unwrap_or(record.target()),
                     line: record.line().unwrap_or(0),
                 };
                 match limits.sites.admit(&site, now) {
-                    Admit::Drop => return,
-                    Admit::Emit { suppressed } => suffix = (suppressed > 0).then_some(suppressed),
+                    Admit::Drop => false,
+                    Admit::Emit { suppressed } => {
+                        suffix = (suppressed > 0).then_some(suppressed);
+                        true
+                    }
                 }
-            }
+            };
             // Refused, the line counts as dropped, and so do the site's messages its
             // suffix would have reported.
-            if record.target() != LIFECYCLE && !limits.budget.admit(now, 1 + suffix.unwrap_or(0)) {
-                return;
-            }
+            let admitted = site_admits
+                && (record.target() == LIFECYCLE
+                    || limits.budget.admit(now, 1 + suffix.unwrap_or(0)));
+            (admitted, !admitted && limits.wake_on_drop())
+        };
+        if wake {
+            // The first drop since the summary thread went to sleep: one futex wake.
+            self.wake_summaries();
+        }
+        if !admitted {
+            return;
         }
         let mut msg = Bounded::new();
         let _ = fmt::write(&mut msg, *record.args());
@@ -450,6 +496,44 @@ impl GuardLogger {
                 "suppressed {n} log lines over the log budget ({} at once, then {} a second)",
                 budget.burst, budget.per_second
             ));
+        }
+    }
+
+    fn wake_summaries(&self) {
+        if let Some(thread) = self.summaries.get() {
+            thread.unpark();
+        }
+    }
+
+    /// The summary thread's loop: asleep (parked, no timer) while nothing was
+    /// dropped, [`flush_suppressed`](Self::flush_suppressed) every
+    /// [`SUMMARY_PERIOD`] / 2 while anything is left to report.
+    fn report_suppressed(&self) -> ! {
+        // Known before the first sleep, so that no drop can miss it.
+        let _ = self.summaries.set(std::thread::current());
+        loop {
+            loop {
+                {
+                    let mut limits = self.limits.lock().unwrap();
+                    if limits.pending() {
+                        limits.summaries_asleep = false;
+                        break;
+                    }
+                    // Set under the lock a drop takes: the drop after it wakes us,
+                    // and an unpark before the park below makes the park return.
+                    limits.summaries_asleep = true;
+                }
+                std::thread::park();
+            }
+            loop {
+                std::thread::sleep(SUMMARY_PERIOD / 2);
+                self.summary_ticks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.flush_suppressed(Instant::now());
+                if !self.limits.lock().unwrap().pending() {
+                    break;
+                }
+            }
         }
     }
 

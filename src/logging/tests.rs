@@ -350,3 +350,57 @@ fn guest_payload_crates_are_debug_only_and_others_rate_limited() {
     assert!(lines[0].starts_with("DEBUG fuse: bytes"), "{}", lines[0]);
     assert!(lines[0].ends_with("[truncated]"));
 }
+
+/// The summary thread sleeps without a timer until a message is dropped (an idle
+/// daemon never wakes it), reports while there is something to report, and sleeps
+/// again once everything is reported.
+#[test]
+fn the_summary_thread_wakes_only_while_something_was_dropped() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let logger = Arc::new(GuardLogger::new(
+        LevelFilter::Info,
+        Sink::Memory(Mutex::new(Vec::new())),
+    ));
+    spawn_summaries(logger.clone(), || {}).unwrap();
+    let warn = || {
+        logger.log(
+            &Record::builder()
+                .args(format_args!("queue 0: a bad descriptor"))
+                .level(Level::Warn)
+                .target("volfsd::device::queue")
+                .module_path(Some("volfsd::device::queue"))
+                .line(Some(42))
+                .build(),
+        )
+    };
+    let asleep = || logger.limits.lock().unwrap().summaries_asleep;
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + 4 * SUMMARY_PERIOD;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: {:?}", logger.lines());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait("the thread goes to sleep", &|| asleep());
+    std::thread::sleep(SUMMARY_PERIOD * 3 / 4);
+    assert_eq!(logger.summary_ticks.load(Relaxed), 0, "no timed wake-up");
+    // Lines that pass wake nothing.
+    for _ in 0..BURST {
+        warn();
+    }
+    assert!(asleep());
+    // A dropped one does; its summary follows once the site is quiet.
+    warn();
+    assert!(!asleep(), "the first drop wakes it");
+    wait("the summary", &|| {
+        logger
+            .lines()
+            .iter()
+            .any(|l| l.contains("suppressed 1 similar messages"))
+    });
+    wait("asleep again", &|| asleep());
+    let ticks = logger.summary_ticks.load(Relaxed);
+    assert!((2..=4).contains(&ticks), "{ticks} wake-ups");
+    std::thread::sleep(SUMMARY_PERIOD * 3 / 4);
+    assert_eq!(logger.summary_ticks.load(Relaxed), ticks, "none since");
+}

@@ -7,19 +7,20 @@
 //! vhost-user thread was killed this way under load). With `M_ARENA_MAX` set, glibc
 //! takes the limit from it and never asks. The same goes for the first trim of a
 //! thread arena's heap (see [`settle_heap_trim`]).
+//!
+//! The limit is one arena: every thread allocates from the main heap. An arena per
+//! thread (glibc's default, 8 per CPU) cost each idle daemon ~60 KiB of RssAnon (a
+//! heap of at least two touched pages per thread that ever allocated, ten threads);
+//! the request path no longer allocates for GETATTR, READ and WRITE, and each
+//! thread's tcache serves the small allocations that are freed again without the
+//! arena's lock (docs/PROFILING.md, "Idle density").
 
 use super::SandboxError;
 
-/// Sets glibc's arena limit to its own default for this machine (8 per CPU on
-/// 64-bit), computed now, before any filter. Call before the first thread starts.
+/// Sets glibc's arena limit to [`ARENAS`], before any filter. Call before the first
+/// thread starts.
 pub fn fix_arena_limit() -> Result<(), SandboxError> {
-    // glibc's own count (`__get_nprocs`, the online CPUs): one read of
-    // /sys/devices/system/cpu/online, where available_parallelism also reads the
-    // cgroup's CPU quota, a dozen system calls on the way to the socket.
-    // SAFETY: sysconf only reads system information.
-    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    let cpus = usize::try_from(online).map_or(1, |n| n.max(1));
-    let arenas = arena_limit(cpus);
+    let arenas = ARENAS;
     // SAFETY: mallopt only changes malloc's tunables; no thread allocates concurrently
     // (the caller runs before any thread starts).
     if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } != 1 {
@@ -38,6 +39,10 @@ pub fn fix_arena_limit() -> Result<(), SandboxError> {
 /// ask once now, in a thread of its own (so in an arena of its own), before any
 /// filter; the answer is cached for the process and the children it forks.
 pub fn settle_heap_trim() -> Result<(), SandboxError> {
+    if ARENAS == 1 {
+        // No thread arena, so no thread heap ever shrinks: nothing to settle.
+        return Ok(());
+    }
     std::thread::Builder::new()
         .name("volfsd-malloc".into())
         .spawn(|| {
@@ -57,19 +62,15 @@ pub fn settle_heap_trim() -> Result<(), SandboxError> {
         })
 }
 
-/// glibc's default: `NARENAS_FROM_NCORES(n)` is 8 × n on 64-bit targets.
-fn arena_limit(cpus: usize) -> libc::c_int {
-    libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX)
-}
+/// malloc arenas: the main one only (see the module doc).
+const ARENAS: libc::c_int = 1;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_limit_is_glibcs_default_and_never_overflows() {
-        assert_eq!(arena_limit(2), 16);
-        assert_eq!(arena_limit(usize::MAX), libc::c_int::MAX);
+    fn the_limit_is_accepted() {
         fix_arena_limit().unwrap();
     }
 }

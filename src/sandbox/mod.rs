@@ -144,6 +144,29 @@ pub fn confine_thread_or_exit(role: ThreadRole) {
     }
 }
 
+/// Starts a thread named `name` that confines itself for `role` first (exiting the
+/// process if it cannot), then runs `f`; returns once it is confined. A thread started
+/// during set-up is then never seen running unconfined after it: on a busy host a new
+/// thread may not run for a while, and one was still unconfined (named as its
+/// creator) after the frontend's INIT.
+pub fn spawn_confined(
+    name: &str,
+    role: ThreadRole,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    let (confined, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            confine_thread_or_exit(role);
+            drop(confined);
+            f()
+        })?;
+    // Disconnected once the thread dropped its end: confined (or the process exits).
+    let _ = wait.recv();
+    Ok(())
+}
+
 /// Step 1 of the module doc. In namespace mode only the forked child returns;
 /// `sockets` are the files the supervisor removes if the child dies without doing so.
 pub fn enter(

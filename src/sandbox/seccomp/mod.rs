@@ -4,8 +4,10 @@
 //! may make it, an argument rule, and why; docs/SECCOMP.md has the same table). A
 //! thread installs its role's filter on itself only (`seccompiler::apply_filter`, no
 //! TSYNC); the threads it then creates inherit it. The programs are compiled once per
-//! process and mode, at the first [`apply`], so that confining a per-request thread
-//! (a control client, a lock wait) costs two `seccomp(2)` calls.
+//! process and mode, by the daemon's main thread before any thread confines itself
+//! ([`compile_for`]; else at the first [`apply`]), so that confining a per-request
+//! thread (a control client, a lock wait) costs two `seccomp(2)` calls. The
+//! supervisor compiles its own role's alone ([`apply_alone`]).
 //!
 //! No process can be started by any thread: there is no `fork`, `vfork`, `execve` or
 //! `execveat` in any list, `clone` is allowed only with `CLONE_THREAD`, and `clone3`
@@ -37,8 +39,44 @@ use table::*;
 /// Installs `role`'s filter on the calling thread (and on the threads it creates
 /// afterwards). `SeccompMode::None` installs nothing.
 pub fn apply(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxError> {
-    let action = match mode {
+    match mismatch_for(role, mode)? {
+        Some(mismatch) => install(role, mismatch),
+        None => Ok(()),
+    }
+}
+
+/// [`apply`] for a process with one role and one thread (the supervisor): only
+/// that role's programs are compiled, and not kept. Compiling every role's list, as
+/// the daemon's first [`apply`] does, touched ~40 KiB of heap the supervisor then
+/// held for its whole life.
+pub fn apply_alone(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxError> {
+    let Some(mismatch) = mismatch_for(role, mode)? else {
+        return Ok(());
+    };
+    let programs = compile_role(role, mismatch)?;
+    install_programs(&programs)
+}
+
+/// Compiles every role's programs for `mode` now, on the calling thread, rather than
+/// at the first [`apply`]: the daemon's main thread, before any other thread starts,
+/// so that the work is done in the main heap and not in the malloc arena of
+/// whichever thread confines itself first (where ~50 KiB it touched stayed).
+pub fn compile_for(mode: SeccompMode) -> Result<(), SandboxError> {
+    let mismatch = match mode {
         SeccompMode::None => return Ok(()),
+        SeccompMode::Kill => Mismatch::Kill,
+        SeccompMode::Trap => Mismatch::Trap,
+        SeccompMode::Log => Mismatch::Log,
+    };
+    programs(mismatch)?;
+    Ok(())
+}
+
+/// What a mismatch does in `mode` (None: no filter), with the trap handler set up
+/// for `role` in trap mode.
+fn mismatch_for(role: ThreadRole, mode: SeccompMode) -> Result<Option<Mismatch>, SandboxError> {
+    Ok(Some(match mode {
+        SeccompMode::None => return Ok(None),
         SeccompMode::Kill => Mismatch::Kill,
         SeccompMode::Trap => {
             trap::install()?;
@@ -46,8 +84,7 @@ pub fn apply(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxError> {
             Mismatch::Trap
         }
         SeccompMode::Log => Mismatch::Log,
-    };
-    install(role, action)
+    }))
 }
 
 /// What a call outside the list does: the three modes of `--seccomp`, and an errno
@@ -77,7 +114,10 @@ impl Mismatch {
 /// `seccomp` call that installs the next), then the allow-list.
 fn install(role: ThreadRole, mismatch: Mismatch) -> Result<(), SandboxError> {
     let programs = programs(mismatch)?;
-    let p = &programs[role_index(role)];
+    install_programs(&programs[role_index(role)])
+}
+
+fn install_programs(p: &Programs) -> Result<(), SandboxError> {
     let installing = |step| move |source| SandboxError::Seccomp { step, source };
     if let Some(clone3) = &p.clone3 {
         seccompiler::apply_filter(clone3).map_err(installing("seccomp (clone3 filter)"))?;
@@ -119,17 +159,19 @@ fn programs(mismatch: Mismatch) -> Result<&'static [Programs], FilterError> {
 fn compile_all(mismatch: Mismatch) -> Compiled {
     ThreadRole::ALL
         .iter()
-        .map(|&role| {
-            Ok(Programs {
-                list: compile(role, mismatch)?,
-                clone3: if creates_threads(role) {
-                    Some(clone3_enosys()?)
-                } else {
-                    None
-                },
-            })
-        })
+        .map(|&role| compile_role(role, mismatch))
         .collect()
+}
+
+fn compile_role(role: ThreadRole, mismatch: Mismatch) -> Result<Programs, FilterError> {
+    Ok(Programs {
+        list: compile(role, mismatch)?,
+        clone3: if creates_threads(role) {
+            Some(clone3_enosys()?)
+        } else {
+            None
+        },
+    })
 }
 
 fn role_index(role: ThreadRole) -> usize {
