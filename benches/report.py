@@ -252,6 +252,33 @@ AB_RUNS = {
                      "A records every request's operation, duration and errno; B keeps only the "
                      "per-volume totals of `GET /volumes`.",
                      ("metrics cost ≤ 2% CPU per request on {w}", 1.02)),
+    "metrics-sampled": ("Metrics (`GET /metrics`) against `--no-metrics`, counts per worker and "
+                        "durations sampled (issue 27)",
+                        "A counts every request per operation, result and errno class in its "
+                        "worker's own shard (a load and a store, no locked add) and times the "
+                        "first request of each drain and one in 16 after it (a clock read costs "
+                        "~50 ns here); B keeps only the per-volume totals of `GET /volumes` "
+                        "(one atomic add per request).",
+                        ("metrics cost ≤ 1% CPU per request on {w}", 1.01)),
+    "request-path": ("The request path rebuilt (issue 27): one walk of the chain, replies in "
+                     "place, the frequent requests decoded by volfsd, rings mapped per drain",
+                     "Two binaries with the same flags (`--a-bin`, `--b-bin`), both defaults: A "
+                     "is this commit's daemon, B 1b0bf66, the commit before issue 27's request "
+                     "path work (docs/PROFILING.md, \"The request path, rebuilt\": the "
+                     "instructions per request each step took off).",
+                     None),
+    "signal-batch": ("One interrupt per 32 completions (or per drain) against one per 8",
+                     "Two binaries of the same commit with the same flags: A returns up to 32 "
+                     "completions (`SIGNAL_BATCH`) before it interrupts the frontend while more "
+                     "are pending, B (the default) 8. Tried for issue 27's \"one notification per "
+                     "drain\".",
+                     None),
+    "signal-drain": ("One interrupt per drain against one per 8 completions",
+                     "Two binaries of the same commit with the same flags: A interrupts the "
+                     "frontend once per drain of the ring, whatever its length; B (the default) "
+                     "after every 8 completions while more are pending. Tried for issue 27's "
+                     "\"one notification per drain\".",
+                     None),
     "poll": ("Adaptive polling (`--poll-us`) against none",
              "A watches each ring for the window after it ran dry while requests keep coming; "
              "B sleeps on the kick at once (the default before). QD 1 is where it shows: "
