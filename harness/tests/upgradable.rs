@@ -255,6 +255,18 @@ fn wait_log(d: &Daemon, line: &str, n: usize) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    if line == "keeper: upgraded" {
+        // The old serving process exits after that line, and until it has, it may
+        // take a control client on the socket both share and end before answering.
+        while volfsd_harness::fixtures::host::serving_pid(d.launched_pid()) == d.launched_pid() {
+            assert!(
+                Instant::now() < deadline,
+                "the old serving process stays:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 #[test]
