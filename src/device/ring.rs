@@ -46,6 +46,11 @@ pub struct QueueCounters {
     /// drains, so that one that ended early (a broken ring) leaves them to the next
     /// look, as virtio-queue's own count of unsignalled completions does.
     pub unsignalled_from: AtomicU32,
+    /// Whether this process looked at the ring for an interrupt yet. The first look
+    /// interrupts whatever the guest asked for, as virtio-queue's does: completions a
+    /// killed process returned without the interrupt lie before the ones this one
+    /// counts from, and the guest's `used_event` may point at them.
+    pub looked_once: AtomicBool,
 }
 
 /// [`QueueCounters::unsignalled_from`] when every completion was looked at.
@@ -57,6 +62,7 @@ impl Default for QueueCounters {
             served: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             unsignalled_from: AtomicU32::new(NONE_UNSIGNALLED),
+            looked_once: AtomicBool::new(false),
         }
     }
 }
@@ -250,6 +256,7 @@ pub(crate) struct Completions<'r, 'm> {
     /// where their completions not looked at yet start.
     split: Option<&'r SplitRing<'m>>,
     unsignalled_from: &'r AtomicU32,
+    looked_once: &'r AtomicBool,
 }
 
 /// Completions returned before the guest is interrupted while more are pending.
@@ -267,6 +274,7 @@ impl<'r, 'm> Completions<'r, 'm> {
             bytes: 0,
             split: None,
             unsignalled_from: &ring.counters.unsignalled_from,
+            looked_once: &ring.counters.looked_once,
         }
     }
 
@@ -314,7 +322,11 @@ impl<'r, 'm> Completions<'r, 'm> {
                 .swap(NONE_UNSIGNALLED, Ordering::Relaxed);
             match (self.split, u16::try_from(from)) {
                 (Some(split), Ok(from)) => {
-                    if split.needs_notification(state.get_queue().next_used(), from) {
+                    let first = !self.looked_once.load(Ordering::Relaxed);
+                    if first {
+                        self.looked_once.store(true, Ordering::Relaxed);
+                    }
+                    if split.needs_notification(state.get_queue().next_used(), from) || first {
                         state.signal_used_queue()?;
                     }
                 }
@@ -411,5 +423,52 @@ mod tests {
         assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Now);
         health.ring_gone();
         assert_eq!(health.answer_to(&vring.get_ref(), ring), Answer::Never);
+    }
+
+    #[test]
+    fn the_first_look_of_a_process_interrupts_whatever_used_event_says() {
+        use std::fs::File;
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        use vm_memory::{Bytes, GuestAddress};
+        use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+        let vring = vring();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        // SAFETY: a fresh fd of our own, handed over whole.
+        let file = unsafe { File::from_raw_fd(call.try_clone().unwrap().into_raw_fd()) };
+        vring.set_call(Some(file));
+        let guest = GuestMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        let (counters, health) = (QueueCounters::default(), Arc::new(QueueHealth::default()));
+        let poller = Poller::new(std::time::Duration::ZERO);
+        let ring = RingRef {
+            vring: &vring,
+            index: 1,
+            event_idx: true,
+            counters: &counters,
+            health: &health,
+            inflight: InFlight::default(),
+            poller: &poller,
+        };
+        let mut state = vring.get_mut();
+        state.get_queue_mut().set_event_idx(true);
+        // A killed process returned 0..5 and died before their interrupt; the guest
+        // still waits for one from 0 on (used_event 0).
+        state.get_queue_mut().set_next_used(5);
+        let split = SplitRing::map(&guest, &state).expect("rings in one region");
+        let mut done = Completions::on(&ring, Some(&split));
+        done.add(&mut state, 1, 0).unwrap();
+        done.flush(&mut state).unwrap();
+        assert_eq!(call.read().unwrap(), 1, "the first look interrupts");
+        // From then on used_event decides: 0 lies behind, so no interrupt...
+        done.add(&mut state, 2, 0).unwrap();
+        done.flush(&mut state).unwrap();
+        assert!(call.read().is_err(), "used_event behind: no interrupt");
+        // ...until the guest asks for the next one.
+        guest
+            .write_obj(7u16, GuestAddress(0x1000 + 4 + 2 * 256))
+            .unwrap();
+        done.add(&mut state, 3, 0).unwrap();
+        done.flush(&mut state).unwrap();
+        assert_eq!(call.read().unwrap(), 1);
     }
 }
