@@ -337,6 +337,8 @@ echo "guest_kernel_used: $(cat "$REPO/build/guest/kernel-version" 2>/dev/null)" 
 # The small raw results, kept in the repository: the report is generated from them.
 REV=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 DATA=${DATA:-$REPO/docs/bench-data/$(date -u +%Y-%m-%d)-$REV}
+# Absolute: the copy below runs from inside $OUT.
+[[ $DATA == /* ]] || DATA=$PWD/$DATA
 rm -rf "$DATA"
 mkdir -p "$DATA"
 (cd "$OUT" && find . \( -name '*.json' -o -name '*.cmd' -o -name '*.loadgen-cmd' -o -name env.txt -o -name quiet.tsv \) \
