@@ -1,0 +1,1 @@
+env VMTEST_WORKLOADS_FILES=5000 VMTEST_WORKLOADS_PACKAGES=100 VMTEST_WORKLOADS_TX=50 VMTEST_WORKLOADS_ROWS=100 /work/main/vm-tests/run-vm.sh --prebuilt-guest --daemon /var/tmp/volfsd-bins/9aad30a/volfsd --suite workloads --shared-dir /var/tmp/volfsd-workloads/share --queues 1 --smp 1 --mem 2G --timeout 14400 --log-dir /work/main/build/bench-workloads/pair2-volfsd 
