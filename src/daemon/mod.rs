@@ -185,9 +185,6 @@ fn serve(
     // compiler's temporaries are freed before the daemon's long-lived allocations,
     // which then reuse their heap pages.
     sandbox::seccomp::compile_for(config.seccomp)?;
-    // In the child only: the single-threaded supervisor never trims a thread arena,
-    // and would otherwise carry a copy of the set-up thread's arena.
-    sandbox::malloc::settle_heap_trim()?;
     sandbox::rlimits::set_nofile(config.rlimit_nofile)?;
     sandbox::rlimits::no_core_dumps()?;
 

@@ -42,8 +42,6 @@ pub enum SandboxError {
     SupervisorGone,
     /// mallopt refused the arena limit.
     Mallopt { arenas: i32 },
-    /// A set-up thread panicked.
-    Panicked { thread: &'static str },
     /// A seccomp filter could not be compiled.
     Filter(FilterError),
     /// A compiled filter could not be installed (`step`: which one).
@@ -135,7 +133,6 @@ impl fmt::Display for SandboxError {
                 write!(f, "sandbox: the supervisor exited during setup")
             }
             SandboxError::Mallopt { arenas } => write!(f, "mallopt(M_ARENA_MAX, {arenas}) failed"),
-            SandboxError::Panicked { thread } => write!(f, "the {thread} panicked"),
             SandboxError::Filter(e) => write!(f, "{e}"),
             SandboxError::Seccomp { step, source } => write!(f, "{step}: {source}"),
             SandboxError::Thread { role, source } => write!(f, "{role:?} thread: {source}"),

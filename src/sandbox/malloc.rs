@@ -5,8 +5,11 @@
 //! `/sys/devices/system/cpu/online`. That happens whenever contention first occurs,
 //! long after the filters are on, in threads that may not open files (the
 //! vhost-user thread was killed this way under load). With `M_ARENA_MAX` set, glibc
-//! takes the limit from it and never asks. The same goes for the first trim of a
-//! thread arena's heap (see [`settle_heap_trim`]).
+//! takes the limit from it and never asks. With one arena there is no thread arena
+//! heap either, so glibc never shrinks one: its first shrink opened
+//! `/proc/sys/vm/overcommit_memory` (`check_may_shrink_heap`), which once ended the
+//! daemon with SIGSYS at exit, when Main freed the inode table the workers had
+//! allocated.
 //!
 //! The limit is one arena: every thread allocates from the main heap. An arena per
 //! thread (glibc's default, 8 per CPU) cost each idle daemon ~60 KiB of RssAnon (a
@@ -27,39 +30,6 @@ pub fn fix_arena_limit() -> Result<(), SandboxError> {
         return Err(SandboxError::Mallopt { arenas });
     }
     Ok(())
-}
-
-/// The first time glibc gives back the top of a thread arena's heap (`shrink_heap`,
-/// after a free of 64 KiB or more leaves more than the trim threshold free at the
-/// top), it opens `/proc/sys/vm/overcommit_memory` and caches what it read
-/// (`check_may_shrink_heap`). That happened at exit, when the main thread dropped the
-/// inode table of a guest that held 10,000 nodes the workers had allocated: Main may
-/// not open files, and `--seccomp kill` ended the daemon with SIGSYS instead of exit
-/// 0. Any thread that frees what another allocated could meet it. This makes glibc
-/// ask once now, in a thread of its own (so in an arena of its own), before any
-/// filter; the answer is cached for the process and the children it forks.
-pub fn settle_heap_trim() -> Result<(), SandboxError> {
-    if ARENAS == 1 {
-        // No thread arena, so no thread heap ever shrinks: nothing to settle.
-        return Ok(());
-    }
-    std::thread::Builder::new()
-        .name("volfsd-malloc".into())
-        .spawn(|| {
-            // Each block is below the mmap threshold (128 KiB), so it comes from the
-            // arena's heap, and at least 64 KiB, so its free runs heap_trim; 400 KiB
-            // leave more than the trim threshold plus glibc's top pad free. The blocks
-            // are never written: only malloc's chunk headers touch their pages, so
-            // the daemon keeps ~4 pages of them, not 400 KiB (which, with the
-            // supervisor's copy, was 230 KiB more RssAnon per daemon).
-            let blocks: Vec<Vec<u8>> = (0..4).map(|_| Vec::with_capacity(100 << 10)).collect();
-            drop(std::hint::black_box(blocks));
-        })
-        .map_err(|e| SandboxError::host("starting the malloc set-up thread", e))?
-        .join()
-        .map_err(|_| SandboxError::Panicked {
-            thread: "malloc set-up thread",
-        })
 }
 
 /// malloc arenas: the main one only (see the module doc).
