@@ -62,29 +62,21 @@ pub fn apply_alone(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxErr
 /// so that the work is done in the main heap and not in the malloc arena of
 /// whichever thread confines itself first (where ~50 KiB it touched stayed).
 pub fn compile_for(mode: SeccompMode) -> Result<(), SandboxError> {
-    let mismatch = match mode {
-        SeccompMode::None => return Ok(()),
-        SeccompMode::Kill => Mismatch::Kill,
-        SeccompMode::Trap => Mismatch::Trap,
-        SeccompMode::Log => Mismatch::Log,
-    };
-    programs(mismatch)?;
+    if let Some(mismatch) = Mismatch::of(mode) {
+        programs(mismatch)?;
+    }
     Ok(())
 }
 
 /// What a mismatch does in `mode` (None: no filter), with the trap handler set up
 /// for `role` in trap mode.
 fn mismatch_for(role: ThreadRole, mode: SeccompMode) -> Result<Option<Mismatch>, SandboxError> {
-    Ok(Some(match mode {
-        SeccompMode::None => return Ok(None),
-        SeccompMode::Kill => Mismatch::Kill,
-        SeccompMode::Trap => {
-            trap::install()?;
-            trap::name_thread(role);
-            Mismatch::Trap
-        }
-        SeccompMode::Log => Mismatch::Log,
-    }))
+    let mismatch = Mismatch::of(mode);
+    if mismatch == Some(Mismatch::Trap) {
+        trap::install()?;
+        trap::name_thread(role);
+    }
+    Ok(mismatch)
 }
 
 /// What a call outside the list does: the three modes of `--seccomp`, and an errno
@@ -99,6 +91,16 @@ enum Mismatch {
 }
 
 impl Mismatch {
+    /// `--seccomp`'s mode as what a mismatch does (None: no filter).
+    fn of(mode: SeccompMode) -> Option<Mismatch> {
+        match mode {
+            SeccompMode::None => None,
+            SeccompMode::Kill => Some(Mismatch::Kill),
+            SeccompMode::Trap => Some(Mismatch::Trap),
+            SeccompMode::Log => Some(Mismatch::Log),
+        }
+    }
+
     fn action(self) -> SeccompAction {
         match self {
             Mismatch::Kill => SeccompAction::KillProcess,
