@@ -35,6 +35,9 @@ fn ns(at: Instant) -> u64 {
 
 impl Poller {
     pub fn new(window: Duration) -> Poller {
+        // The epoch is set before any clock read it measures: one set at the first
+        // `ns` call would come after the `Instant` passed in, and count it as 0.
+        epoch();
         Poller {
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             last_dry_ns: AtomicU64::new(0),

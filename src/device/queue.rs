@@ -120,7 +120,7 @@ fn drain(
     let ring_id = ring.health.ring(state);
     // Polling needs the guest's notifications off while the worker watches: with
     // EVENT_IDX they are. Its clock read is the first request's too.
-    let polling = if event_idx && ring.poller.is_on() {
+    let mut polling = if event_idx && ring.poller.is_on() {
         let now = std::time::Instant::now();
         crate::metrics::start_batch_at(now);
         ring.poller.keeps_coming(now)
@@ -175,6 +175,9 @@ fn drain(
         if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
             return Ok(());
         }
+        // A request came as the ring ran dry (found by the re-check after notifications
+        // were re-enabled): requests keep coming, so this drain polls from now on.
+        polling = ring.poller.is_on();
     }
 }
 
