@@ -63,7 +63,8 @@ cargo_counted() { # name command...
 stage "cargo test --workspace"
 # The harness's tests run target/debug/volfsd (see harness/src/fixtures/mod.rs): build
 # the binaries first, cargo test only builds those of a package with tests/.
-cargo_counted "cargo test" bash -c 'cargo build --locked --workspace --bins && cargo test --locked --workspace'
+# --no-fail-fast: one failing test binary must not hide how the ones after it fare.
+cargo_counted "cargo test" bash -c 'cargo build --locked --workspace --bins && cargo test --locked --workspace --no-fail-fast'
 
 # The hostile-guest suite again in the other sandbox modes (the run above used the
 # default, namespace): confinement must not be what keeps the guest in.
