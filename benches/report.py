@@ -304,6 +304,15 @@ AB_RUNS = {
                     "catches the next request at QD 1 on a day this machine's wake-ups are slow "
                     "(the 25 µs default was chosen on 2026-12-06, when a QD 1 round trip took 18 µs).",
                     None),
+    "poll-recheck": ("Polling from a request found as the ring ran dry (b75a149) against polling "
+                     "decided at the drain's start only",
+                     "Two binaries with the same flags, both defaults (`--poll-us 25`): A is "
+                     "b75a149's daemon, where a request that the re-check finds after "
+                     "notifications were re-enabled turns polling on for the rest of its drain; "
+                     "B is a364884's, which looked at \"requests keep coming\" only when a drain "
+                     "started, so a frontend whose next request met the drain's end was never "
+                     "polled (harness/tests/polling.rs failed 1 run in 4).",
+                     None),
     "aa-calibration": ("The A/B method itself: volfsd against itself",
                        "A and B are the same daemon with the same flags (its defaults): what the "
                        "method reads when nothing differs, so a ratio elsewhere can be told from "
