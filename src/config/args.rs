@@ -175,9 +175,10 @@ pub struct Args {
     pub num_request_queues: u16,
 
     /// After a queue's ring runs dry, watch it this many microseconds for the next
-    /// request before sleeping, while requests keep coming (the last one came
-    /// within the window): such a request is served without the guest's kick and
-    /// the worker's wake-up. An idle queue never polls. 0: never. The default is
+    /// request before sleeping, while requests keep coming (the drain's first one
+    /// came within the window, or it found two): such a request is served without
+    /// the guest's kick and the worker's wake-up. An idle queue never polls. 0:
+    /// never. The default is
     /// the window measured best here (docs/BENCHMARKS.md, adaptive polling).
     #[arg(long, value_name = "US", default_value_t = 25,
           value_parser = clap::value_parser!(u64).range(0..=1000))]

@@ -1,47 +1,52 @@
 //! Adaptive polling (`--poll-us`): after a drain runs its ring dry, the worker
 //! watches the avail index for a short window before it sleeps on the kick
 //! eventfd, with the guest's notifications still off, but only while requests
-//! keep coming: when the last request came within the window of the ring running
-//! dry. A request that comes during the window is served without the guest's kick
-//! (a VM exit in a real VM) and without the worker's wake-up; one that comes after
-//! it costs what it costs without polling, and the next drain does not poll.
+//! keep coming: the drain's first request came within the window of the ring
+//! running dry, or the drain found a second one before it slept (in the same pass
+//! or by the re-check after notifications were re-enabled). A request that comes
+//! during the window is served without the guest's kick (a VM exit in a real VM)
+//! and without the worker's wake-up; one that comes after it costs what it costs
+//! without polling, and the next drain does not poll unless it finds two.
 //!
 //! An idle queue never polls (no drain, no window), and a queue whose requests
-//! come further apart than the window polls at most once per request, then stops.
+//! come one at a time further apart than the window polls at most once per
+//! request, then stops.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// One queue's polling: the window, and when its ring last ran dry.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Poller {
     window_ns: u64,
-    /// Nanoseconds since [`epoch`] when the ring last ran dry (0: never).
+    /// When the poller was made: every time it is given comes after it (a drain
+    /// runs on a made poller), so none is cut to 0.
+    epoch: Instant,
+    /// Nanoseconds since `epoch` when the ring last ran dry (0: never).
     last_dry_ns: AtomicU64,
 }
 
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// `at` as nanoseconds since [`epoch`], at least 1 (0 means never).
-fn ns(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(epoch()).as_nanos())
-        .unwrap_or(u64::MAX)
-        .max(1)
+impl Default for Poller {
+    /// Never polls.
+    fn default() -> Poller {
+        Poller::new(Duration::ZERO)
+    }
 }
 
 impl Poller {
     pub fn new(window: Duration) -> Poller {
-        // The epoch is set before any clock read it measures: one set at the first
-        // `ns` call would come after the `Instant` passed in, and count it as 0.
-        epoch();
         Poller {
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            epoch: Instant::now(),
             last_dry_ns: AtomicU64::new(0),
         }
+    }
+
+    /// `at` as nanoseconds since `epoch`, at least 1 (0 means never).
+    fn ns(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     pub fn is_on(&self) -> bool {
@@ -52,14 +57,14 @@ impl Poller {
     /// this request came within the window of the ring running dry.
     pub fn keeps_coming(&self, now: Instant) -> bool {
         let dry = self.last_dry_ns.load(Ordering::Relaxed);
-        self.is_on() && dry != 0 && ns(now).saturating_sub(dry) <= self.window_ns
+        self.is_on() && dry != 0 && self.ns(now).saturating_sub(dry) <= self.window_ns
     }
 
     /// The ring ran dry `at` (a recent clock: the last request's end). One worker
     /// per queue: a plain store.
     pub fn ran_dry(&self, at: Instant) {
         if self.is_on() {
-            self.last_dry_ns.store(ns(at), Ordering::Relaxed);
+            self.last_dry_ns.store(self.ns(at), Ordering::Relaxed);
         }
     }
 
@@ -71,7 +76,7 @@ impl Poller {
             if pending()? {
                 return Ok(true);
             }
-            if ns(Instant::now()).saturating_sub(dry) > self.window_ns {
+            if self.ns(Instant::now()).saturating_sub(dry) > self.window_ns {
                 return Ok(false);
             }
             std::hint::spin_loop();
@@ -103,6 +108,19 @@ mod tests {
         p.ran_dry(Instant::now());
         std::thread::sleep(Duration::from_millis(2));
         assert!(!p.keeps_coming(Instant::now()), "came after the window");
+    }
+
+    #[test]
+    fn a_dry_time_read_before_the_first_drain_counts_from_the_poller_not_from_zero() {
+        // The window's clock starts when the poller is made: a dry time read after
+        // that (the first drain's last request's end) keeps its age. An epoch set
+        // lazily at the first use came after it and read it as 0, so a drain long
+        // after the ring ran dry still polled.
+        let p = Poller::new(Duration::from_millis(1));
+        let dry = Instant::now();
+        std::thread::sleep(Duration::from_millis(5));
+        p.ran_dry(dry);
+        assert!(!p.keeps_coming(Instant::now()), "5 ms after a 1 ms window");
     }
 
     #[test]

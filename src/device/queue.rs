@@ -120,7 +120,8 @@ fn drain(
     let ring_id = ring.health.ring(state);
     // Polling needs the guest's notifications off while the worker watches: with
     // EVENT_IDX they are. Its clock read is the first request's too.
-    let mut polling = if event_idx && ring.poller.is_on() {
+    let can_poll = event_idx && ring.poller.is_on();
+    let mut polling = if can_poll {
         let now = std::time::Instant::now();
         crate::metrics::start_batch_at(now);
         ring.poller.keeps_coming(now)
@@ -135,6 +136,8 @@ fn drain(
         DescTable::new(mem, q.desc_table(), q.size())
     };
     let split = SplitRing::map(mem, state);
+    // Requests served by this drain: a second one means requests keep coming.
+    let mut served = 0u32;
     loop {
         if event_idx {
             state.disable_notification().map_err(queue_err(index))?;
@@ -147,6 +150,7 @@ fn drain(
                 break;
             };
             let head = chain.head_index();
+            served = served.saturating_add(1);
             ring.inflight.taken(ring_id.table, head);
             // One worker per queue: plain stores, no read-modify-write.
             counters.in_flight.store(1, Ordering::Relaxed);
@@ -165,6 +169,9 @@ fn drain(
         }
         done.flush(state)?;
         ring.poller.ran_dry(crate::metrics::latest_clock());
+        // A second request in this drain, in the same pass or found by the re-check
+        // below after notifications were re-enabled: requests keep coming.
+        polling |= can_poll && served > 1;
         if polling
             && ring
                 .poller
@@ -175,9 +182,6 @@ fn drain(
         if !event_idx || !state.enable_notification().map_err(queue_err(index))? {
             return Ok(());
         }
-        // A request came as the ring ran dry (found by the re-check after notifications
-        // were re-enabled): requests keep coming, so this drain polls from now on.
-        polling = ring.poller.is_on();
     }
 }
 
