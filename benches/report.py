@@ -313,6 +313,14 @@ AB_RUNS = {
                      "started, so a frontend whose next request met the drain's end was never "
                      "polled (harness/tests/polling.rs failed 1 run in 4).",
                      None),
+    "poll-rule": ("Polling after any drain that served a second request (c962a4f) against "
+                  "polling decided at the drain's start only",
+                  "Two binaries with the same flags, both defaults (`--poll-us 25`): A is "
+                  "c962a4f's daemon, where a drain that serves a second request (in one pass "
+                  "or found by the re-check) polls after its ring runs dry; B is a364884's, "
+                  "which polled only when the drain's first request came within the window "
+                  "of the ring running dry.",
+                  None),
     "aa-calibration": ("The A/B method itself: volfsd against itself",
                        "A and B are the same daemon with the same flags (its defaults): what the "
                        "method reads when nothing differs, so a ratio elsewhere can be told from "
