@@ -74,11 +74,25 @@ pub mod logging {
     pub use crate::logging::{Budget, BUDGET, BUDGET_REPORT, DEBUG_BUDGET};
 }
 
+/// The session region a keeper shares with its serving processes and a frontend
+/// keeps across a restart (tests write a hostile one; a fuzz target reads them).
+pub mod recovery {
+    pub use crate::recovery::region::Region;
+}
+
 pub mod sandbox {
     pub use crate::sandbox::{SeccompMode, ThreadRole};
 
     pub mod seccomp {
-        pub use crate::sandbox::seccomp::apply;
+        pub use crate::sandbox::seccomp::{apply, role_programs};
+    }
+
+    pub mod caps {
+        pub use crate::sandbox::caps::kept;
+    }
+
+    pub mod threads {
+        pub use crate::sandbox::threads::LAUNCHER_NAME;
     }
 }
 
@@ -87,7 +101,7 @@ pub mod state {
 
     pub mod format {
         pub use crate::state::format::{
-            decode, encode, FileHandle, GuestView, Location, SessionState,
+            decode, encode, FileHandle, GuestView, Handoff, Location, SessionState,
         };
     }
 }

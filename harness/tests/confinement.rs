@@ -1,6 +1,6 @@
 //! Confinement of the running daemon, observed from the host through /proc: its root
-//! is SharedDir with no path out, its namespaces are its own, every thread keeps only
-//! its role's capabilities under a seccomp filter, and a system call outside a
+//! is SharedDir with no path out, its namespaces are its own (each thread's own filter
+//! and capabilities: thread_roles.rs), and a system call outside a
 //! worker's allow-list ends the daemon under `--seccomp kill` (logged under `log`,
 //! reported under `trap`). Also each sandbox mode, the unprivileged mode, and clear
 //! errors when a sandbox cannot be set up.
@@ -14,22 +14,10 @@ use std::sync::Mutex;
 
 use std::time::Duration;
 
-use fuse_backend_rs::abi::fuse_abi::Opcode;
 use volfsd_harness::fixtures::host::poll;
 use volfsd_harness::fixtures::inject::{inject_syscall, thread_ids, thread_name, Injected};
-use volfsd_harness::fixtures::requests::lock_request;
 use volfsd_harness::fixtures::{daemon_binary, Daemon, TestDir, RDWR, ROOT};
 use volfsd_harness::frontend::FuseOps;
-
-/// The capability sets a thread of each role keeps (src/sandbox/caps.rs):
-/// CHOWN DAC_OVERRIDE FOWNER FSETID SETGID SETUID MKNOD SETFCAP for workers,
-/// DAC_READ_SEARCH SYS_ADMIN for the control threads, DAC_OVERRIDE DAC_READ_SEARCH
-/// FOWNER for the state thread, nothing for the others.
-const WORKER_CAPS: u64 = 0x8800_00db;
-const CONTROL_CAPS: u64 = 0x0020_0004;
-/// DAC_OVERRIDE DAC_READ_SEARCH FOWNER: the state thread (device state save/load).
-const STATE_CAPS: u64 = 0x0000_000e;
-const CAP_SYS_ADMIN: u64 = 1 << 21;
 
 /// `reboot(2)` with no valid magic: on no role's allow-list, and harmless if it ever
 /// ran (EPERM: no thread keeps CAP_SYS_BOOT; EINVAL without the magic numbers).
@@ -163,138 +151,15 @@ fn its_namespaces_are_its_own() {
 }
 
 #[test]
-fn each_thread_keeps_only_its_roles_capabilities() {
-    let dir = with_files("caps");
-    let ctl = format!("--control-socket={}", dir.control_socket().display());
-    let d = Daemon::start_in(dir, &[&ctl]);
+fn the_supervisor_keeps_no_capability_under_its_own_filter() {
+    // Each thread of the daemon itself: thread_roles.rs.
+    let d = Daemon::start("supervisor-caps", &[]);
     let _c = d.client();
-    let pid = d.pid();
-    let mut seen = BTreeSet::new();
-    for (tid, name) in threads(pid) {
-        let s = status(pid, tid);
-        for set in ["CapBnd", "CapInh", "CapAmb"] {
-            assert_eq!(hex(&s, set), 0, "{name}: {set}");
-        }
-        assert_eq!(field(&s, "NoNewPrivs"), "1", "{name}");
-        let want = match name.as_str() {
-            // The short-lived thread that starts the queue workers is confined as one;
-            // joined, it may still be listed for a moment while the kernel reaps it.
-            // volfsd-workers starts the queue workers of each frontend (with
-            // --keep-serving; otherwise the short-lived volfsd-worker-start does).
-            "vring_worker" | "volfsd-worker-s" | "volfsd-workers" => WORKER_CAPS,
-            "volfsd-control" | "volfsd-ctl-client" => CONTROL_CAPS,
-            "volfsd-state" | "volfsd-state-st" => STATE_CAPS,
-            _ => 0,
-        };
-        assert_eq!(hex(&s, "CapEff"), want, "{name}: CapEff");
-        assert_eq!(hex(&s, "CapPrm"), want, "{name}: CapPrm");
-        seen.insert(name);
-    }
-    for name in [
-        "volfsd",
-        "vring_worker",
-        "volfsd-control",
-        "volfsd-signals",
-        "volfsd-state",
-    ] {
-        assert!(seen.contains(name), "thread {name} among {seen:?}");
-    }
     let sup = status(d.launched_pid(), d.launched_pid());
     assert_eq!(hex(&sup, "CapEff"), 0, "the supervisor keeps nothing");
     assert_eq!(hex(&sup, "CapBnd"), 0);
     assert_eq!(field(&sup, "NoNewPrivs"), "1");
-}
-
-#[test]
-fn privileged_xattrs_give_the_workers_cap_sys_admin_and_no_one_else() {
-    let d = Daemon::start("caps-xattr", &["--xattr", "--allow-privileged-xattrs"]);
-    // Connected: the daemon's setup, confinement included, is over.
-    let _c = d.client();
-    let pid = d.pid();
-    for (tid, name) in threads(pid) {
-        let eff = hex(&status(pid, tid), "CapEff");
-        if name == "vring_worker" || name == "volfsd-workers" {
-            assert_eq!(eff, WORKER_CAPS | CAP_SYS_ADMIN, "{name}");
-        } else {
-            assert_eq!(eff & CAP_SYS_ADMIN, 0, "{name}");
-        }
-    }
-}
-
-#[test]
-fn every_thread_runs_under_its_seccomp_filter() {
-    let dir = with_files("seccomp");
-    let ctl = format!("--control-socket={}", dir.control_socket().display());
-    let d = Daemon::start_in(dir, &[&ctl, "--allowed-dir=v"]);
-    let mut c = d.client();
-    let v = c.lookup(ROOT, "v").expect("lookup v").nodeid;
-    let pid = d.pid();
-    let filters = |tid: i32| -> u32 {
-        let s = status(pid, tid);
-        assert_eq!(
-            field(&s, "Seccomp"),
-            "2",
-            "{}: filter mode",
-            thread_name(pid, tid)
-        );
-        field(&s, "Seccomp_filters").parse().unwrap()
-    };
-    let mut worker_filters = 0;
-    for (tid, name) in threads(pid) {
-        let n = filters(tid);
-        assert!(n >= 1, "{name}: {n} filters");
-        if name == "vring_worker" {
-            worker_filters = n;
-        }
-    }
-    let sup = status(d.launched_pid(), d.launched_pid());
     assert_eq!(field(&sup, "Seccomp"), "2", "the supervisor too");
-
-    // A lock wait runs on a thread of its own, which narrows the worker's filter with
-    // its own.
-    let (entry, open_a) = c.create(v, "locked", RDWR, 0o644).expect("create");
-    let fh_b = c.open(entry.nodeid, RDWR).expect("open").fh;
-    let q = c.request_queue(0).unwrap();
-    q.call(&lock_request(
-        Opcode::Setlk,
-        entry.nodeid,
-        open_a.fh,
-        0xa,
-        libc::F_WRLCK,
-        false,
-    ))
-    .expect("SETLK for owner A");
-    q.submit(&lock_request(
-        Opcode::Setlkw,
-        entry.nodeid,
-        fh_b,
-        0xb,
-        libc::F_WRLCK,
-        false,
-    ))
-    .unwrap();
-    q.kick().unwrap();
-    let mut waiter = None;
-    assert!(
-        poll(Duration::from_secs(2), || {
-            waiter = threads(pid)
-                .into_iter()
-                .find(|(_, n)| n == "volfsd-lockwait");
-            waiter.is_some()
-        }),
-        "a lock-wait thread starts"
-    );
-    let (tid, _) = waiter.unwrap();
-    // Named as it is created, it confines itself first thing after.
-    assert!(
-        poll(Duration::from_secs(2), || filters(tid) > worker_filters),
-        "the lock waiter stacks its own filter on the worker's"
-    );
-    assert_eq!(
-        hex(&status(pid, tid), "CapEff"),
-        0,
-        "and keeps no capability"
-    );
 }
 
 #[test]

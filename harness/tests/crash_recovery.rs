@@ -336,6 +336,14 @@ fn a_daemon_restarted_whole_takes_the_session_back_from_the_frontends_inflight_r
     let keeper = c.d.launched_pid();
     c.d.restart();
     assert_ne!(c.d.launched_pid(), keeper);
+    // The restarted daemon serves its command line's volumes; the node agent attaches
+    // the runtime one again, as after any restart of the daemon, before the frontend
+    // hands the region back (the region's own list attaches nothing: it is untrusted).
+    c.put(
+        "slow",
+        &json!({ "path": "slow", "rate_limiter": { "ops": { "size": 1, "refill_time_ms": 60_000 } } }),
+    )
+    .expect(201);
     fc.reconnect(&cfg)
         .unwrap_or_else(|e| panic!("reconnect: {e}\n{}", c.d.log()));
     wait_log(&c.d, "took over the guest's session from it", 1);
@@ -354,8 +362,8 @@ fn a_daemon_restarted_whole_takes_the_session_back_from_the_frontends_inflight_r
         f.nodeid,
         "the same node id"
     );
-    // The runtime volume and its limit came back with the session; lifted, the
-    // GETATTR the dead daemon had taken is run again.
+    // The runtime volume is the guest's again with its session; its limit lifted,
+    // the GETATTR the dead daemon had taken is run again.
     c.req(
         "PATCH",
         "/volumes/slow",

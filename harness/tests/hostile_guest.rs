@@ -14,6 +14,8 @@ mod detach;
 mod forged_ids;
 #[path = "hostile_guest/limits.rs"]
 mod limits;
+#[path = "hostile_guest/loaded_sessions.rs"]
+mod loaded_sessions;
 #[path = "hostile_guest/logs.rs"]
 mod logs;
 #[path = "hostile_guest/queues.rs"]

@@ -359,6 +359,16 @@ fn an_upgrade_keeps_the_guests_session_locks_and_connection() {
     for line in d.log().lines().filter(|l| l.contains("keeper: upgraded")) {
         eprintln!("{line}");
     }
+    // Each new process took the lock file from the very process it replaced (the
+    // peer the keeper named), holding the lock on the host: none was waited for.
+    let handed = d
+        .log()
+        .lines()
+        .filter(|l| {
+            l.contains("device state loaded") && l.contains("(0 waited for, 1 handed over)")
+        })
+        .count();
+    assert_eq!(handed, 3, "{}", d.log());
     stop.store(true, Ordering::Relaxed);
     assert_eq!(
         prober.join().unwrap(),

@@ -400,6 +400,11 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_volumes: Option<String>,
 
+    /// With it, for an upgrade: a pidfd of the serving process it replaces, the only
+    /// peer the guest's lock files are taken from.
+    #[arg(long, hide = true)]
+    pub keeper_source_pidfd: Option<i32>,
+
     /// Print the vhost-user backend capabilities as JSON and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -83,6 +83,8 @@ pub struct Config {
     /// Started by the keeper: the session region, and the journal halves.
     pub keeper_region: Option<KeeperRegion>,
     pub keeper_volumes: Option<String>,
+    /// Started for an upgrade: a pidfd of the serving process it replaces.
+    pub keeper_source_pidfd: Option<i32>,
     /// `--translate-uid`/`--translate-gid` as given (the device state compares them).
     pub translate_rules: (Vec<String>, Vec<String>),
 }
@@ -317,6 +319,7 @@ impl Args {
                     .and_then(crate::recovery::region::Half::from_index),
             }),
             keeper_volumes: self.keeper_volumes,
+            keeper_source_pidfd: self.keeper_source_pidfd,
             translate_rules,
         })
     }

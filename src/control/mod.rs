@@ -247,15 +247,14 @@ impl ControlServer {
         }
     }
 
-    /// Serves clients with `api` on a thread of its own until the process exits. The
-    /// thread confines itself for the control role first (its client threads inherit
-    /// that, and confine themselves again).
+    /// Serves clients with `api` on a thread of its own, confined for the control
+    /// role (as each client's thread is), until the process exits.
     pub fn spawn(self, api: Api) -> io::Result<()> {
         let serving = Serving {
             server: self,
             api: Arc::new(api),
         };
-        crate::sandbox::spawn_confined(
+        crate::sandbox::threads::spawn_confined(
             "volfsd-control",
             crate::sandbox::ThreadRole::Control,
             move || serving.accept_loop(),
@@ -354,13 +353,14 @@ impl Serving {
         }
         let api = self.api.clone();
         let clients = self.server.clients.clone();
-        let spawned = std::thread::Builder::new()
-            .name("volfsd-ctl-client".to_string())
-            .spawn(move || {
-                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::Control);
+        let spawned = crate::sandbox::threads::spawn(
+            "volfsd-ctl-client",
+            crate::sandbox::ThreadRole::Control,
+            move || {
                 serve_client(stream, &api, uid);
                 clients.fetch_sub(1, Ordering::AcqRel);
-            });
+            },
+        );
         if let Err(e) = spawned {
             self.server.clients.fetch_sub(1, Ordering::AcqRel);
             warn!("control socket: cannot start a client thread: {e}");

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::control::ControlError;
 use crate::error::HostError;
 use crate::logging::LogError;
-use crate::sandbox::{SandboxError, ThreadRole};
+use crate::sandbox::SandboxError;
 
 /// An error that ends the daemon.
 #[derive(Debug)]
@@ -57,10 +57,6 @@ pub enum DaemonError {
         step: &'static str,
         source: vhost_user_backend::Error,
     },
-    /// A thread started to run set-up confined for `role` panicked.
-    Panicked {
-        role: ThreadRole,
-    },
     /// The thread that starts queue workers is gone.
     WorkerStarterGone,
 }
@@ -105,7 +101,6 @@ impl fmt::Display for DaemonError {
             }
             DaemonError::Host { step, source } => write!(f, "{step}: {source}"),
             DaemonError::Vhost { step, source } => write!(f, "{step}: {source}"),
-            DaemonError::Panicked { role } => write!(f, "the {role:?} start thread panicked"),
             DaemonError::WorkerStarterGone => {
                 write!(f, "the thread that starts queue workers is gone")
             }

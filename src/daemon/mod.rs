@@ -38,6 +38,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     sandbox::malloc::fix_arena_limit()?;
     // Logging starts before the sandbox: it may connect to /dev/log.
     crate::logging::init(config.log_level, config.syslog, config.log_format)?;
+    // A panic names its thread, place and message under any thread's filter.
+    crate::logging::panic::install(|| {
+        sandbox::current_role().is_some_and(sandbox::ThreadRole::is_essential)
+    });
     for w in &config.warnings {
         log::warn!("{w}");
     }
@@ -165,6 +169,16 @@ fn serve(
             None
         }
     };
+    if let Some(fd) = config.keeper_source_pidfd {
+        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
+        let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // Not inherited by whatever this process might start.
+        // SAFETY: fcntl on an fd we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        if let Some(h) = &handoff {
+            h.expect_source(pidfd);
+        }
+    }
     // The supervisor that namespace mode leaves outside closes its copies of the
     // listening sockets: only the serving child holds them.
     let listening: Vec<RawFd> = std::iter::once(listener.as_raw_fd())
@@ -237,9 +251,11 @@ fn serve(
         privileged_xattrs: config.privileged_xattrs,
         file_handles: config.file_handles != crate::fs::file_handle::FileHandleMode::Never,
     });
+    // Every thread from here on is started by the launcher, confined for its role.
+    sandbox::threads::start_launcher()?;
     spawn_signal_thread(term, socket_files.clone());
-    crate::logging::spawn_summary_thread(|| {
-        sandbox::confine_thread_or_exit(sandbox::ThreadRole::Logger)
+    crate::logging::spawn_summary_thread(|job| {
+        sandbox::threads::spawn_confined("volfsd-log", ThreadRole::Logger, job)
     })?;
 
     let backend = Arc::new(
@@ -270,22 +286,16 @@ fn serve(
             .map_err(|e| DaemonError::host("starting the control thread", e))?;
     }
 
-    // The thread that saves and loads the device state (migration, snapshots),
-    // confined for its role like the workers are.
+    // The thread that saves and loads the device state (migration, snapshots).
     let state_cfg = StateConfig {
         view: config.guest_view(),
         save: config.migration.save,
         load: config.migration.load,
         handoff,
     };
-    run_confined(ThreadRole::State, {
-        let backend = backend.clone();
-        move || {
-            backend
-                .start_state_thread(state_cfg)
-                .map_err(|e| DaemonError::host("starting the state thread", e))
-        }
-    })?;
+    backend
+        .start_state_thread(state_cfg)
+        .map_err(|e| DaemonError::host("starting the state thread", e))?;
     // Started by the keeper after a crash under the guest's session: the session the
     // killed process recorded is served on, before the keeper sets up the rings.
     if let Some(half) = config.keeper_region.and_then(|k| k.recover) {
@@ -398,22 +408,20 @@ fn new_daemon(backend: &Arc<FsBackend>) -> Result<Daemon, DaemonError> {
 impl DaemonFactory {
     fn start(backend: Arc<FsBackend>, keep_serving: bool) -> Result<DaemonFactory, DaemonError> {
         if !keep_serving {
-            let daemon = run_confined(ThreadRole::Worker, move || new_daemon(&backend))?;
+            let daemon = sandbox::threads::run("volfsd-worker-start", ThreadRole::Worker, {
+                move || new_daemon(&backend)
+            })
+            .map_err(|e| DaemonError::host("starting the queue workers", e))??;
             return Ok(DaemonFactory::Once(Some(daemon)));
         }
         let (ask, asks) =
             std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<Daemon, DaemonError>>>();
-        run_confined(ThreadRole::Worker, move || {
-            std::thread::Builder::new()
-                .name("volfsd-workers".into())
-                .spawn(move || {
-                    for reply in asks {
-                        let _ = reply.send(new_daemon(&backend));
-                    }
-                })
-                .map(|_| ())
-                .map_err(|e| DaemonError::host("starting the thread that starts queue workers", e))
-        })?;
+        sandbox::threads::spawn_confined("volfsd-workers", ThreadRole::Worker, move || {
+            for reply in asks {
+                let _ = reply.send(new_daemon(&backend));
+            }
+        })
+        .map_err(|e| DaemonError::host("starting the thread that starts queue workers", e))?;
         Ok(DaemonFactory::Thread(ask))
     }
 
@@ -427,23 +435,6 @@ impl DaemonFactory {
             DaemonFactory::Once(daemon) => daemon.take().ok_or(DaemonError::WorkerStarterGone),
         }
     }
-}
-
-/// Runs `f` on a new thread confined for `role`, and returns its result: the threads
-/// `f` creates inherit that confinement.
-fn run_confined<T: Send + 'static>(
-    role: ThreadRole,
-    f: impl FnOnce() -> Result<T, DaemonError> + Send + 'static,
-) -> Result<T, DaemonError> {
-    std::thread::Builder::new()
-        .name(format!("volfsd-{role:?}-start").to_lowercase())
-        .spawn(move || {
-            sandbox::confine_thread(role)?;
-            f()
-        })
-        .map_err(|e| DaemonError::host(format!("starting a {role:?} thread"), e))?
-        .join()
-        .map_err(|_| DaemonError::Panicked { role })?
 }
 
 /// Runtime attach relies on mount propagation: a volume the node agent bind-mounts
@@ -605,7 +596,7 @@ fn check_listening_socket(fd: RawFd) -> Result<(), DaemonError> {
 }
 
 fn spawn_signal_thread(term: SigSet, files: Arc<Vec<SocketFile>>) {
-    sandbox::spawn_confined("volfsd-signals", ThreadRole::Signals, move || {
+    sandbox::threads::spawn_confined("volfsd-signals", ThreadRole::Signals, move || {
         // sigwait fails only on a bad set; whatever ends the wait ends the daemon.
         match term.wait() {
             Ok(sig) => info!("received {sig:?}, exiting"),

@@ -360,8 +360,8 @@ impl FsBackend {
         self.server.start_over();
     }
 
-    /// Starts the thread that saves and loads the device state; call it on a thread
-    /// confined for the state role (the new thread inherits the confinement).
+    /// Starts the thread that saves and loads the device state, confined for its
+    /// role.
     pub fn start_state_thread(self: &Arc<Self>, cfg: StateConfig) -> io::Result<()> {
         let collect = {
             let (parked, rooms) = (self.parked.clone(), self.rooms.clone());
@@ -385,10 +385,21 @@ impl FsBackend {
                 Ok(())
             })
         };
+        let check = {
+            let queues = self.num_request_queues + 1;
+            Box::new(move |requests: &[crate::state::format::ParkedRequest]| {
+                crate::device::later::Parked::check(requests, queues)
+                    .map_err(|e| crate::state::LoadError::Invalid(e.to_string()))
+            })
+        };
         self.state.start_thread(
             self.server.clone(),
             cfg,
-            state_transfer::DeviceSide { collect, deliver },
+            state_transfer::DeviceSide {
+                collect,
+                check,
+                deliver,
+            },
         )
     }
 }

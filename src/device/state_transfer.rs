@@ -11,7 +11,7 @@
 //!
 //! A save is not destructive: a migration that fails resumes the source, which
 //! serves on with everything it had. A load replaces whatever session the daemon
-//! had, and leaves none if it fails.
+//! had; one refused leaves it as it was (`fs/session_load.rs`).
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -79,12 +79,17 @@ impl From<LoadError> for TransferError {
 type Queued = (Job, Sender<Result<(), TransferError>>);
 
 /// What the state needs from the device beside the file system: its unanswered
-/// requests at a save, and where those of a loaded state go (a refusal is a
-/// [`LoadError::Invalid`]: the state's requests are not what a ring can take).
+/// requests at a save, whether those of a loaded state are what its rings can take
+/// (checked before the load changes anything; a refusal is a
+/// [`LoadError::Invalid`]), and where they go once it is loaded.
 pub struct DeviceSide {
     pub collect: Box<dyn Fn() -> Vec<format::ParkedRequest> + Send>,
+    pub check: Box<CheckParked>,
     pub deliver: Box<dyn Fn(Vec<format::ParkedRequest>) -> Result<(), LoadError> + Send>,
 }
+
+/// Whether a loaded state's unanswered requests are what the rings can take.
+pub type CheckParked = dyn Fn(&[format::ParkedRequest]) -> Result<(), LoadError> + Send;
 
 /// The device's side of the transfer: hands jobs to the state thread, and waits for
 /// their outcome.
@@ -97,8 +102,7 @@ pub struct StateTransfer {
 }
 
 impl StateTransfer {
-    /// Starts the state thread on the calling thread's confinement (the caller is
-    /// confined for the state role).
+    /// Starts the state thread, confined for its role.
     pub fn start_thread(
         &self,
         server: Arc<FsServer>,
@@ -109,9 +113,10 @@ impl StateTransfer {
         if let Some(h) = &cfg.handoff {
             let _ = self.handoff.set(h.clone());
         }
-        std::thread::Builder::new()
-            .name("volfsd-state".into())
-            .spawn(move || {
+        crate::sandbox::threads::spawn_confined(
+            "volfsd-state",
+            crate::sandbox::ThreadRole::State,
+            move || {
                 for (job, done) in rx {
                     let result = match job {
                         Job::Save(file) => save(&server, &cfg, &device, file),
@@ -124,7 +129,8 @@ impl StateTransfer {
                     }
                     let _ = done.send(result);
                 }
-            })?;
+            },
+        )?;
         *self.jobs.lock().unwrap() = Some(tx);
         Ok(())
     }
@@ -279,9 +285,10 @@ fn load(
         },
         _ => HandedFiles::default(),
     };
+    (device.check)(&state.parked)?;
     let report = server.load_session(&state, &cfg.view, &cfg.load, handed)?;
     if let Err(e) = (device.deliver)(state.parked.clone()) {
-        // Nothing of a refused state is kept.
+        // Checked above: only a device gone meanwhile gets here.
         server.start_over();
         return Err(e.into());
     }
@@ -311,7 +318,9 @@ fn recover(
     let start = Instant::now();
     let region = crate::recovery::region()
         .ok_or_else(|| LoadError::Io("no session region: no keeper".into()))?;
-    let (report, dropped) = server.recover_session(region.half(half), &cfg.view)?;
+    let claimed = region.volumes();
+    let (report, dropped) =
+        server.recover_session(region.half(half), &cfg.view, claimed.as_deref())?;
     info!(
         "the guest's session taken over from the killed serving process's journal: {} \
          nodes, {} handles, {} locks; lost {} nodes and {} handles (ESTALE), {} records \

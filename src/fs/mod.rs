@@ -42,6 +42,7 @@ pub mod registry;
 pub mod request;
 pub mod server;
 pub mod session;
+pub mod session_load;
 pub mod share;
 pub mod share_root;
 pub mod snapshot;

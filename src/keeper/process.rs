@@ -432,6 +432,7 @@ impl Keeper<'_> {
         recover: Option<Half>,
         connect: bool,
         command: Option<&Command>,
+        source: Option<&OwnedFd>,
     ) -> Result<Spawned, String> {
         let command = command
             .or(self.command.as_ref())
@@ -447,6 +448,7 @@ impl Keeper<'_> {
             journal,
             recover,
             volumes: self.volumes.clone(),
+            source: source.map(|fd| fd.as_raw_fd()),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {
             if !connect {
@@ -490,7 +492,7 @@ impl Keeper<'_> {
     /// Starts a new serving process, with no session, in place of a dead one.
     fn replace(&mut self) -> Result<(), String> {
         let half = self.region.header().current();
-        let new = self.spawn(half, None, false, None)?;
+        let new = self.spawn(half, None, false, None, None)?;
         self.adopt(new);
         self.served = false;
         Ok(())
@@ -510,7 +512,7 @@ impl Keeper<'_> {
             return Err(format!("the session cannot be replayed: {why}"));
         }
         let from = self.region.header().current();
-        let mut new = self.spawn(from.other(), Some(from), true, None)?;
+        let mut new = self.spawn(from.other(), Some(from), true, None, None)?;
         let stream = new.stream.take().expect("connected");
         let set_up = replay::ready(&stream, STEP_TIMEOUT)
             .and_then(|()| {
@@ -582,11 +584,12 @@ impl Keeper<'_> {
             return Err(format!("the session cannot be replayed: {why}"));
         }
         let ours = std::mem::replace(&mut self.region, region);
-        // The volumes the earlier daemon had attached, the runtime ones included.
-        let volumes = std::mem::replace(&mut self.volumes, self.region.volumes());
+        // The volumes stay this daemon's own (its command line, and what its control
+        // socket attached since it started): the region's list is untrusted, and the
+        // new serving process only checks it against them (fs/session_load.rs).
         let from = self.region.header().current();
         let set_up = self
-            .spawn(from.other(), Some(from), true, None)
+            .spawn(from.other(), Some(from), true, None, None)
             .and_then(|mut new| {
                 let stream = new.stream.take().expect("connected");
                 let done = replay::ready(&stream, STEP_TIMEOUT).and_then(|()| {
@@ -606,7 +609,6 @@ impl Keeper<'_> {
             Ok(v) => v,
             Err(e) => {
                 self.region = ours;
-                self.volumes = volumes;
                 return Err(e);
             }
         };
@@ -620,6 +622,12 @@ impl Keeper<'_> {
         // The fresh process served nothing; its region is gone with `ours`.
         let _ = nix::sys::signal::kill(fresh, Signal::SIGKILL);
         drop(ours);
+        // From now on the region holds this daemon's own list.
+        if let Some(volumes) = &self.volumes {
+            if let Err(e) = self.region.set_volumes(volumes) {
+                warn!("keeper: keeping the attached volumes in the session region: {e}");
+            }
+        }
         let c = &self.region.header().counters;
         c.crashes.fetch_add(1, Ordering::Relaxed);
         c.recoveries.fetch_add(1, Ordering::Relaxed);
@@ -638,7 +646,11 @@ impl Keeper<'_> {
             (None, _) => None,
         };
         let half = self.region.header().current().other();
-        let mut new = self.spawn(half, None, true, command.as_ref())?;
+        // The new process takes the guest's lock files only from the one it replaces.
+        let source = pidfd_of(self.child)
+            .map_err(|e| warn!("keeper: no pidfd of serving process {}: {e}", self.child))
+            .ok();
+        let mut new = self.spawn(half, None, true, command.as_ref(), source.as_ref())?;
         let stream = new.stream.take().expect("connected");
         match upgrade::hand_over(relay, stream) {
             Ok(done) => Ok(Pending {
@@ -772,6 +784,17 @@ struct Pending {
     pause: std::time::Duration,
     /// The binary named for it (`ctl upgrade --binary`): the daemon's from now on.
     command: Option<Command>,
+}
+
+/// A pidfd of `pid` (pidfd_open), close-on-exec.
+fn pidfd_of(pid: Pid) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open with a pid and no flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new fd nobody else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
 }
 
 /// Ends a new serving process an upgrade gave up on, and says how it ended if it

@@ -53,6 +53,9 @@ pub const JOURNAL_FLAG: &str = "--keeper-journal";
 pub const RECOVER_FLAG: &str = "--keeper-recover";
 /// The volumes to attach first (the control API's bodies), as the old process had.
 pub const VOLUMES_FLAG: &str = "--keeper-volumes";
+/// And, for an upgrade, a pidfd of the serving process it replaces: the only peer
+/// its load takes the guest's lock files from (`state/handoff.rs`).
+pub const SOURCE_PIDFD_FLAG: &str = "--keeper-source-pidfd";
 
 /// What the daemon was started as, kept to start its successor.
 #[derive(Clone, Debug)]
@@ -254,6 +257,8 @@ pub struct Inherited {
     pub recover: Option<Half>,
     /// The volumes the old process had attached (JSON), when it said.
     pub volumes: Option<String>,
+    /// For an upgrade: a pidfd of the serving process it replaces.
+    pub source: Option<RawFd>,
 }
 
 /// Forks and execs `cmd` with the `inherited` fds. The child dies with the keeper.
@@ -263,6 +268,7 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
         (CONTROL_FD_FLAG, inherited.control),
         (CHANNEL_FD_FLAG, Some(inherited.channel)),
         (REGION_FD_FLAG, Some(inherited.region)),
+        (SOURCE_PIDFD_FLAG, inherited.source),
     ]
     .into_iter()
     .filter_map(|(flag, fd)| Some((flag, fd?)))

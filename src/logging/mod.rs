@@ -44,6 +44,7 @@ use log::{Level, LevelFilter, Log, Metadata, Record};
 
 mod bounded;
 mod limits;
+pub mod panic;
 #[cfg(test)]
 mod tests;
 
@@ -239,45 +240,35 @@ static LOGGER: std::sync::OnceLock<Arc<GuardLogger>> = std::sync::OnceLock::new(
 /// and what the budget dropped. It sleeps until a message is dropped (an idle daemon
 /// has no thread that wakes on a timer), then reports every [`SUMMARY_PERIOD`] / 2 while anything is left to report, and sleeps
 /// again. Separate from [`init`]: logging starts before the sandbox (it may connect to
-/// /dev/log), threads only after it. The thread starts with every signal blocked (it
-/// inherits the mask), so that SIGTERM/SIGINT reach the daemon's signal thread, never
-/// this one. `confine` runs first on the new thread: the caller's sandbox for it
-/// (logging knows no sandbox, which logs through it).
-pub fn spawn_summary_thread(confine: impl FnOnce() + Send + 'static) -> Result<(), LogError> {
+/// /dev/log), threads only after it. `spawn` starts the thread, as the daemon starts
+/// every thread (confined for its role; logging knows no sandbox, which logs through
+/// it); the thread blocks every signal first, so that signals reach the threads that
+/// wait for them, never this one.
+pub fn spawn_summary_thread(
+    spawn: impl FnOnce(Box<dyn FnOnce() + Send>) -> std::io::Result<()>,
+) -> Result<(), LogError> {
     match LOGGER.get().cloned() {
-        Some(logger) => spawn_summaries(logger, confine),
+        Some(logger) => spawn_summaries(logger, spawn),
         None => Ok(()),
     }
 }
 
-/// [`spawn_summary_thread`] for a given logger.
+/// [`spawn_summary_thread`] for a given logger: `spawn` starts the thread (confined
+/// for its role, and returning once it is), which takes no signal.
 fn spawn_summaries(
     logger: Arc<GuardLogger>,
-    confine: impl FnOnce() + Send + 'static,
+    spawn: impl FnOnce(Box<dyn FnOnce() + Send>) -> std::io::Result<()>,
 ) -> Result<(), LogError> {
-    let all = nix::sys::signal::SigSet::all();
-    let mut old = nix::sys::signal::SigSet::empty();
-    nix::sys::signal::pthread_sigmask(
-        nix::sys::signal::SigmaskHow::SIG_BLOCK,
-        Some(&all),
-        Some(&mut old),
-    )
-    .map_err(|e| LogError::host("blocking signals", e))?;
-    let (confined, wait) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new()
-        .name("volfsd-log".to_string())
-        .spawn(move || {
-            confine();
-            drop(confined);
-            logger.report_suppressed()
-        });
-    nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None)
-        .map_err(|e| LogError::host("restoring the signal mask", e))?;
-    spawned.map_err(|e| LogError::host("starting the log thread", e))?;
-    // Returns once `confine` ran (see sandbox::spawn_confined: a thread started in
-    // set-up is never seen unconfined after it).
-    let _ = wait.recv();
-    Ok(())
+    spawn(Box::new(move || {
+        let all = nix::sys::signal::SigSet::all();
+        let _ = nix::sys::signal::pthread_sigmask(
+            nix::sys::signal::SigmaskHow::SIG_BLOCK,
+            Some(&all),
+            None,
+        );
+        logger.report_suppressed()
+    }))
+    .map_err(|e| LogError::host("starting the log thread", e))
 }
 
 /// The level a record is logged at: guest-payload crates are demoted to debug.

@@ -361,7 +361,11 @@ fn the_summary_thread_wakes_only_while_something_was_dropped() {
         LevelFilter::Info,
         Sink::Memory(Mutex::new(Vec::new())),
     ));
-    spawn_summaries(logger.clone(), || {}).unwrap();
+    spawn_summaries(logger.clone(), |job| {
+        std::thread::spawn(job);
+        Ok(())
+    })
+    .unwrap();
     let warn = || {
         logger.log(
             &Record::builder()

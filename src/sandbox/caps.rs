@@ -34,6 +34,10 @@ impl CapSet {
         CapSet(caps.iter().fold(0, |m, c| m | (1u64 << c)))
     }
 
+    pub fn union(self, other: CapSet) -> CapSet {
+        CapSet(self.0 | other.0)
+    }
+
     #[cfg(test)]
     pub fn contains(self, cap: u32) -> bool {
         self.0 & (1u64 << cap) != 0
@@ -91,6 +95,8 @@ pub fn kept(role: ThreadRole, privileged_xattrs: bool, file_handles: bool) -> Ca
         | ThreadRole::Signals
         | ThreadRole::Logger
         | ThreadRole::Supervisor => CapSet::EMPTY,
+        // It uses none; it holds every role's permitted (sandbox::confine_thread).
+        ThreadRole::Launcher => CapSet::EMPTY,
     }
 }
 
@@ -135,6 +141,14 @@ pub fn restrict_thread(keep: CapSet) -> io::Result<()> {
     let (_, permitted) = current()?;
     let set = CapSet(keep.0 & permitted.0);
     set_thread(set, set)
+}
+
+/// Reduces this thread's permitted set to `permitted` and its effective set to
+/// `effective` (each intersected with what it has).
+pub fn restrict_thread_to(effective: CapSet, permitted: CapSet) -> io::Result<()> {
+    let (_, has) = current()?;
+    let permitted = CapSet(permitted.0 & has.0);
+    set_thread(CapSet(effective.0 & permitted.0), permitted)
 }
 
 /// Sets this thread's effective and permitted sets (capset on the calling thread).

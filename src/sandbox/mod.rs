@@ -11,8 +11,9 @@
 //! 2. what else is needed from outside SharedDir is opened (`/proc/self/fd`);
 //! 3. the root changes to SharedDir (`mounts.rs`);
 //! 4. rlimits, and process-wide capability lock-down (`caps.rs`) before any thread;
-//! 5. each thread confines itself for its role when it starts ([`confine_thread`]):
-//!    capabilities, then seccomp (`seccomp/`).
+//! 5. every thread is started by the launcher and confines itself for its role
+//!    when it starts (`threads.rs`, [`confine_thread`]): capabilities, then seccomp
+//!    (`seccomp/`).
 //!
 //! A step that fails is an error naming it ([`SandboxError`], `error.rs`); the daemon
 //! never carries on unconfined.
@@ -24,6 +25,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod rlimits;
 pub mod seccomp;
+pub mod threads;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -79,10 +81,14 @@ pub enum ThreadRole {
     /// (SET_DEVICE_STATE_FD): it reads and writes the VMM's state stream and reopens
     /// the session's files.
     State,
+    /// The thread that starts every other thread of the daemon (`threads.rs`): it
+    /// may make any call another role makes, so that each thread it starts narrows
+    /// that to its own role's list.
+    Launcher,
 }
 
 impl ThreadRole {
-    pub const ALL: [ThreadRole; 8] = [
+    pub const ALL: [ThreadRole; 9] = [
         ThreadRole::Main,
         ThreadRole::Worker,
         ThreadRole::Control,
@@ -91,6 +97,7 @@ impl ThreadRole {
         ThreadRole::Logger,
         ThreadRole::Supervisor,
         ThreadRole::State,
+        ThreadRole::Launcher,
     ];
 }
 
@@ -115,9 +122,39 @@ pub fn set_policy(p: Policy) {
     let _ = POLICY.set(p);
 }
 
+thread_local! {
+    /// The role the calling thread confined itself for (None: it did not, or it
+    /// inherited its creator's).
+    static ROLE: std::cell::Cell<Option<ThreadRole>> = const { std::cell::Cell::new(None) };
+}
+
+/// The role the calling thread confined itself for.
+pub fn current_role() -> Option<ThreadRole> {
+    ROLE.with(|r| r.get())
+}
+
+/// Tests that install a role's filter without a policy: the role it stands for.
+#[cfg(test)]
+pub fn set_role_for_test(role: ThreadRole) {
+    ROLE.with(|r| r.set(Some(role)));
+}
+
+impl ThreadRole {
+    /// Whether the daemon cannot run on without this thread (nothing would end it
+    /// on SIGTERM, log its summaries, or start its threads): a panic there ends the
+    /// process rather than the thread (whose list has no `exit` either).
+    pub fn is_essential(self) -> bool {
+        matches!(
+            self,
+            ThreadRole::Signals | ThreadRole::Logger | ThreadRole::Launcher
+        )
+    }
+}
+
 /// Confines the calling thread for `role`. Without a policy set (the file system
 /// stack used in-process by tests), it does nothing.
 pub fn confine_thread(role: ThreadRole) -> Result<(), SandboxError> {
+    ROLE.with(|r| r.set(Some(role)));
     let Some(p) = POLICY.get() else {
         return Ok(());
     };
@@ -126,8 +163,19 @@ pub fn confine_thread(role: ThreadRole) -> Result<(), SandboxError> {
         source: Box::new(e),
     };
     if p.drop_caps {
-        caps::restrict_thread(caps::kept(role, p.privileged_xattrs, p.file_handles))
-            .map_err(|e| in_thread(SandboxError::host("dropping capabilities", e)))?;
+        let kept = |r| caps::kept(r, p.privileged_xattrs, p.file_handles);
+        let restricted = match role {
+            // The launcher only passes capabilities on: every role's permitted, none
+            // effective.
+            ThreadRole::Launcher => {
+                let all = ThreadRole::ALL
+                    .iter()
+                    .fold(caps::CapSet::EMPTY, |set, &r| set.union(kept(r)));
+                caps::restrict_thread_to(caps::CapSet::EMPTY, all)
+            }
+            _ => caps::restrict_thread(kept(role)),
+        };
+        restricted.map_err(|e| in_thread(SandboxError::host("dropping capabilities", e)))?;
     }
     seccomp::apply(role, p.seccomp).map_err(in_thread)
 }
@@ -142,29 +190,6 @@ pub fn confine_thread_or_exit(role: ThreadRole) {
         log::logger().flush();
         std::process::exit(1);
     }
-}
-
-/// Starts a thread named `name` that confines itself for `role` first (exiting the
-/// process if it cannot), then runs `f`; returns once it is confined. A thread started
-/// during set-up is then never seen running unconfined after it: on a busy host a new
-/// thread may not run for a while, and one was still unconfined (named as its
-/// creator) after the frontend's INIT.
-pub fn spawn_confined(
-    name: &str,
-    role: ThreadRole,
-    f: impl FnOnce() + Send + 'static,
-) -> std::io::Result<()> {
-    let (confined, wait) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
-        .name(name.to_string())
-        .spawn(move || {
-            confine_thread_or_exit(role);
-            drop(confined);
-            f()
-        })?;
-    // Disconnected once the thread dropped its end: confined (or the process exits).
-    let _ = wait.recv();
-    Ok(())
 }
 
 /// Step 1 of the module doc. In namespace mode only the forked child returns;

@@ -14,7 +14,12 @@
 //! when the daemon starts, before its sandbox gives it a network namespace of its
 //! own; the destination connects with a socket also made at start. The device state
 //! names the socket and a random token; the source answers only a peer with its own
-//! uid (SO_PEERCRED) that presents the token. Both run on the state thread's role.
+//! uid (SO_PEERCRED) that presents the token. The state is untrusted, so the
+//! destination checks its peer as well: its uid must be this daemon's, and, under a
+//! keeper (an upgrade), it must be the very process the keeper started (the serving
+//! process it replaces: a pidfd from the keeper, compared with SO_PEERPIDFD where the
+//! kernel has both, Linux 6.9 and later). The whole exchange has a deadline: a peer
+//! that trickles entries cannot hold a load open. Both run on the state thread's role.
 //!
 //! ```text
 //! destination -> source   token (32 bytes)
@@ -28,7 +33,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use nix::sys::socket::{
@@ -55,6 +60,13 @@ pub enum HandoffError {
         peer: u32,
         own: u32,
     },
+    /// The peer is not the process the keeper started (pid as the kernel reports it
+    /// here: 0 when outside this daemon's pid namespace).
+    WrongProcess {
+        peer: i32,
+    },
+    /// The exchange took longer than [`DEADLINE`].
+    TooSlow,
     NothingOffered,
     WrongToken,
     /// The offer names a source on another host (or boot).
@@ -88,6 +100,13 @@ impl std::fmt::Display for HandoffError {
             HandoffError::WrongUid { peer, own } => {
                 write!(f, "a peer with uid {peer} (this daemon runs as {own})")
             }
+            HandoffError::WrongProcess { peer } => write!(
+                f,
+                "a peer (pid {peer} here) that is not the serving process the keeper started"
+            ),
+            HandoffError::TooSlow => {
+                write!(f, "the hand-over took more than {} s", DEADLINE.as_secs())
+            }
             HandoffError::NothingOffered => write!(f, "nothing is offered"),
             HandoffError::WrongToken => write!(f, "a wrong token"),
             HandoffError::OtherHost => write!(f, "the source ran on another host (or boot)"),
@@ -112,6 +131,9 @@ const BATCH: usize = 200;
 const ENTRY_LEN: usize = 17;
 /// How long either side waits for the other before giving up.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a whole hand-over may take, either side (a million open files take well
+/// under a second on one host).
+const DEADLINE: Duration = Duration::from_secs(10);
 /// The most entries a destination takes (a bound against a source gone wrong).
 const MAX_ENTRIES: usize = 1 << 20;
 
@@ -155,6 +177,8 @@ pub struct Handoff {
     name: String,
     boot_id: String,
     offer: Mutex<Option<Offer>>,
+    /// Under a keeper: the process a source must be (a pidfd the keeper gave).
+    expected_source: Mutex<Option<OwnedFd>>,
     /// `offer` holds one (read without its lock on every kick).
     offering: AtomicBool,
     serving: std::sync::Once,
@@ -197,9 +221,16 @@ impl Handoff {
             name,
             boot_id,
             offer: Mutex::new(None),
+            expected_source: Mutex::new(None),
             offering: AtomicBool::new(false),
             serving: std::sync::Once::new(),
         }))
+    }
+
+    /// Under a keeper: a source is taken only from the process of `pidfd` (the
+    /// serving process the keeper started this one to replace).
+    pub fn expect_source(&self, pidfd: OwnedFd) {
+        *self.expected_source.lock().unwrap() = Some(pidfd);
     }
 
     /// The fds a process other than the serving one must close (the namespace
@@ -230,10 +261,11 @@ impl Handoff {
         let me = self.clone();
         let mut started = Ok(());
         self.serving.call_once(|| {
-            started = std::thread::Builder::new()
-                .name("volfsd-handoff".into())
-                .spawn(move || me.serve())
-                .map(|_| ());
+            started = crate::sandbox::threads::spawn(
+                "volfsd-handoff",
+                crate::sandbox::ThreadRole::State,
+                move || me.serve(),
+            );
         });
         started?;
         Ok(Some(format::Handoff {
@@ -275,14 +307,8 @@ impl Handoff {
     }
 
     fn answer(&self, mut s: UnixStream) -> Result<(), HandoffError> {
-        let peer =
-            getsockopt(&s, PeerCredentials).map_err(|e| HandoffError::host("SO_PEERCRED", e))?;
-        // SAFETY: geteuid cannot fail.
-        let own = unsafe { libc::geteuid() };
-        if peer.uid() != own {
-            let peer = peer.uid();
-            return Err(HandoffError::WrongUid { peer, own });
-        }
+        check_peer_uid(&s)?;
+        let deadline = Instant::now() + DEADLINE;
         s.set_read_timeout(Some(TIMEOUT))
             .map_err(|e| HandoffError::host("setting the read timeout", e))?;
         s.set_write_timeout(Some(TIMEOUT))
@@ -304,6 +330,9 @@ impl Handoff {
             return Err(HandoffError::WrongToken);
         }
         for batch in offer.files.chunks(BATCH) {
+            if Instant::now() >= deadline {
+                return Err(HandoffError::TooSlow);
+            }
             let mut payload = (batch.len() as u32).to_le_bytes().to_vec();
             let fds: Vec<RawFd> = batch.iter().map(|(_, f)| f.as_raw_fd()).collect();
             for (entry, _) in batch {
@@ -336,13 +365,29 @@ impl Handoff {
             .map_err(|e| HandoffError::host("naming the source's socket", e))?;
         connect(&fd, &addr).map_err(|e| HandoffError::host("connecting to the source", e))?;
         let mut s = UnixStream::from(fd);
-        s.set_read_timeout(Some(TIMEOUT))
-            .map_err(|e| HandoffError::host("setting the read timeout", e))?;
+        // The state named the socket: whoever serves it is checked before anything
+        // is sent to it or taken from it.
+        check_peer_uid(&s)?;
+        if let Some(expected) = self.expected_source.lock().unwrap().as_ref() {
+            check_peer_process(&s, expected)?;
+        }
+        let deadline = Instant::now() + DEADLINE;
+        s.set_write_timeout(Some(TIMEOUT))
+            .map_err(|e| HandoffError::host("setting the write timeout", e))?;
         s.write_all(&h.token)
             .map_err(|e| HandoffError::host("sending the token", e))?;
         let mut files = Vec::new();
         loop {
-            let (payload, fds) = recv_with_fds(&s)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(HandoffError::TooSlow);
+            }
+            s.set_read_timeout(Some(left))
+                .map_err(|e| HandoffError::host("setting the read timeout", e))?;
+            let (payload, fds) = recv_with_fds(&s).map_err(|e| match e {
+                HandoffError::Host { .. } if Instant::now() >= deadline => HandoffError::TooSlow,
+                e => e,
+            })?;
             let count = payload
                 .get(..4)
                 .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -369,6 +414,68 @@ impl Handoff {
             }
         }
     }
+}
+
+/// The peer of `s` must run as this daemon's user.
+fn check_peer_uid(s: &UnixStream) -> Result<(), HandoffError> {
+    let peer = getsockopt(s, PeerCredentials).map_err(|e| HandoffError::host("SO_PEERCRED", e))?;
+    // SAFETY: geteuid cannot fail.
+    let own = unsafe { libc::geteuid() };
+    if peer.uid() != own {
+        let peer = peer.uid();
+        return Err(HandoffError::WrongUid { peer, own });
+    }
+    Ok(())
+}
+
+/// `SO_PEERPIDFD` (asm-generic/socket.h): a pidfd of the peer (Linux 6.5 and later).
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The peer of `s` must be the process of the pidfd `expected`: both pidfds name the
+/// same process when they are the same inode of pidfs (Linux 6.9 and later give each
+/// process its own; before, every pidfd is the one anonymous inode and this cannot
+/// tell, nor can a kernel without SO_PEERPIDFD: the uid check stands alone there).
+fn check_peer_process(s: &UnixStream, expected: &OwnedFd) -> Result<(), HandoffError> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes one int and its length into our variables.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOPROTOOPT) {
+            return Ok(());
+        }
+        return Err(HandoffError::host("SO_PEERPIDFD", e));
+    }
+    // SAFETY: the kernel just installed this fd in this process.
+    let peer = unsafe { OwnedFd::from_raw_fd(fd) };
+    let stat = |f: &OwnedFd| -> Result<(u64, u64), HandoffError> {
+        let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
+        // SAFETY: fstat64 fills `st` for an fd we own.
+        if unsafe { libc::fstat64(f.as_raw_fd(), st.as_mut_ptr()) } < 0 {
+            return Err(HandoffError::host(
+                "fstat of a pidfd",
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fstat64 succeeded.
+        let st = unsafe { st.assume_init() };
+        Ok((st.st_dev, st.st_ino))
+    };
+    if stat(&peer)? != stat(expected)? {
+        let creds =
+            getsockopt(s, PeerCredentials).map_err(|e| HandoffError::host("SO_PEERCRED", e))?;
+        return Err(HandoffError::WrongProcess { peer: creds.pid() });
+    }
+    Ok(())
 }
 
 fn getrandom(buf: &mut [u8]) -> io::Result<()> {
@@ -523,6 +630,57 @@ mod tests {
             ..offer
         };
         assert!(Handoff::prepare().unwrap().fetch(&elsewhere).is_err());
+    }
+
+    fn pidfd(pid: libc::pid_t) -> OwnedFd {
+        // SAFETY: pidfd_open with a pid and no flags; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        assert!(fd >= 0, "pidfd_open: {}", io::Error::last_os_error());
+        // SAFETY: a new fd nobody else owns.
+        unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+    }
+
+    #[test]
+    fn under_a_keeper_only_the_process_it_named_is_a_source() {
+        let source = Handoff::prepare().unwrap();
+        let files: Vec<(Entry, OwnedFd)> = (0..2)
+            .map(|i| {
+                let f = std::fs::File::open("/proc/self/stat").unwrap();
+                (Entry::FlockHandle { handle: i }, OwnedFd::from(f))
+            })
+            .collect();
+        let offer = source.offer(files).unwrap().expect("an offer");
+        // Another process (a child that waits): not the one that serves the socket.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let wrong = Handoff::prepare().unwrap();
+        wrong.expect_source(pidfd(other.id() as libc::pid_t));
+        let got = wrong.fetch(&offer);
+        let _ = other.kill();
+        let _ = other.wait();
+        // Kernels before 6.5 (no SO_PEERPIDFD) or 6.9 (no pidfs) cannot tell.
+        let ino = |f: &OwnedFd| {
+            // SAFETY: plain data; fstat64 fills it for an fd we own.
+            let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::fstat64(f.as_raw_fd(), &mut st) };
+            st.st_ino
+        };
+        // SAFETY: getpid cannot fail.
+        let pidfs = ino(&pidfd(unsafe { libc::getpid() })) != ino(&pidfd(1));
+        if pidfs {
+            assert!(
+                matches!(got, Err(HandoffError::WrongProcess { .. })),
+                "{got:?}"
+            );
+        }
+        // This process serves the socket: it is the source the keeper named.
+        let right = Handoff::prepare().unwrap();
+        // SAFETY: getpid cannot fail.
+        right.expect_source(pidfd(unsafe { libc::getpid() }));
+        assert_eq!(right.fetch(&offer).unwrap().len(), 2);
     }
 
     #[test]

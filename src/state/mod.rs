@@ -13,6 +13,31 @@ pub mod handoff;
 
 use std::fmt;
 
+/// The largest id counter a loaded session may carry (the next node id, the next
+/// handle id): far more than a daemon hands out in its life (2^48 ids at a million a
+/// second take nine years), and far below the ids a daemon keeps for itself (virtual
+/// directories from 2^63, volume roots moving between ids from 2^62), so the ids
+/// handed out after a load never reach one of those, nor wrap to the mount root.
+pub const MAX_LOADED_ID: u64 = 1 << 48;
+
+/// The id counters of a loaded session, checked: a next node id above the mount
+/// root's id and a next handle id above 0 (the ids before them are the session's),
+/// neither past [`MAX_LOADED_ID`].
+pub fn check_counters(next_node_id: u64, next_handle_id: u64) -> Result<(), LoadError> {
+    // The mount root is node 1: a session's own ids start at 2.
+    if !(2..=MAX_LOADED_ID).contains(&next_node_id) {
+        return Err(LoadError::Invalid(format!(
+            "next node id {next_node_id:#x}: a loaded session's counters lie in 2..={MAX_LOADED_ID:#x}"
+        )));
+    }
+    if !(1..=MAX_LOADED_ID).contains(&next_handle_id) {
+        return Err(LoadError::Invalid(format!(
+            "next handle id {next_handle_id:#x}: a loaded session's counters lie in 1..={MAX_LOADED_ID:#x}"
+        )));
+    }
+    Ok(())
+}
+
 /// `--migration-mode`, with virtiofsd's meaning: how the source names each node.
 /// The destination follows what the state holds.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialEq, clap::ValueEnum)]

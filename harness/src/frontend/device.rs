@@ -285,6 +285,12 @@ impl VhostUserFsDevice {
         self.inflight.take()
     }
 
+    /// Gives the device back an inflight region taken with [`Self::take_inflight`]
+    /// (a test that looked at or changed it).
+    pub fn put_inflight(&mut self, inflight: (VhostUserInflight, std::fs::File)) {
+        self.inflight = Some(inflight);
+    }
+
     /// A migration's destination VMM: connects to the backend of `cfg` (its socket,
     /// its negotiation), loads `state`, and hands it the same guest memory and the
     /// same rings, each started at its index in `bases` (what the source's
@@ -386,6 +392,19 @@ impl VhostUserFsDevice {
             transfer_state(&mut self.frontend, VhostTransferStateDirection::SAVE, None)?;
         self.last_transfer = Some(times);
         Ok(bytes)
+    }
+
+    /// Loads `state` into the backend (SET_DEVICE_STATE_FD LOAD over a pipe, then
+    /// CHECK_DEVICE_STATE) on this very connection, as a VMM restoring a snapshot into
+    /// a running device does (`loadvm`); the caller stopped the queues first.
+    pub fn load_state(&mut self, state: &[u8]) -> Result<()> {
+        let (_, times) = transfer_state(
+            &mut self.frontend,
+            VhostTransferStateDirection::LOAD,
+            Some(state),
+        )?;
+        self.last_transfer = Some(times);
+        Ok(())
     }
 
     /// How long the last successful device-state transfer took: the last

@@ -61,10 +61,10 @@ pub(super) fn wait_off_thread(
     // Known until answered: a device state saved meanwhile carries it.
     let id = parked.lock_wait_started(index, chain.head_index(), request);
     let on_thread = parked.clone();
-    let spawned = std::thread::Builder::new()
-        .name("volfsd-lockwait".to_string())
-        .spawn(move || {
-            crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
+    let spawned = crate::sandbox::threads::spawn(
+        "volfsd-lockwait",
+        crate::sandbox::ThreadRole::LockWaiter,
+        move || {
             let answer = server.wait(&mut copy);
             let answer = Answered {
                 chain: taken,
@@ -74,7 +74,8 @@ pub(super) fn wait_off_thread(
             answer_when_running(&vring, &health, ring_id, answer, index);
             on_thread.lock_wait_done(id);
             LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);
-        });
+        },
+    );
     if let Err(e) = spawned {
         parked.lock_wait_done(id);
         LOCK_WAITERS.fetch_sub(1, Ordering::AcqRel);

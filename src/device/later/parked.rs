@@ -79,14 +79,14 @@ impl Parked {
         all
     }
 
-    /// Takes the requests of a loaded state, to answer once their queues run.
-    /// Refuses what cannot be one (a queue this device has not, a head past the
-    /// largest ring, a request that is not one, more than the rings hold).
-    pub fn deliver(&self, requests: Vec<ParkedRequest>, queues: usize) -> Result<(), Refused> {
+    /// Whether the requests of a loaded state can be taken: refuses what cannot be
+    /// one (a queue this device has not, a head past the largest ring, a request
+    /// that is not one, more than the rings hold). Checked before the load changes
+    /// anything.
+    pub fn check(requests: &[ParkedRequest], queues: usize) -> Result<(), Refused> {
         if requests.len() > queues * MAX_QUEUE_SIZE {
             return Err(Refused::TooMany(requests.len()));
         }
-        let mut incoming: HashMap<u16, Vec<ParkedRequest>> = HashMap::new();
         for p in requests {
             if p.queue == 0 || usize::from(p.queue) >= queues {
                 return Err(Refused::Queue(p.queue));
@@ -97,6 +97,16 @@ impl Parked {
             if !is_request(&p.request) {
                 return Err(Refused::NotARequest(p.request.len()));
             }
+        }
+        Ok(())
+    }
+
+    /// Takes the requests of a loaded state, to answer once their queues run
+    /// (refused as [`Self::check`] refuses).
+    pub fn deliver(&self, requests: Vec<ParkedRequest>, queues: usize) -> Result<(), Refused> {
+        Self::check(&requests, queues)?;
+        let mut incoming: HashMap<u16, Vec<ParkedRequest>> = HashMap::new();
+        for p in requests {
             incoming.entry(p.queue).or_default().push(p);
         }
         let mut held = self.incoming.lock().unwrap();

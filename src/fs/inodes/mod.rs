@@ -563,43 +563,70 @@ impl InodeStore {
         all
     }
 
-    /// Registers a node a device state names, under its own id and with its lookup
-    /// count. EEXIST if the id is taken; ENOENT if the share was detached or the
-    /// session moved on meanwhile; ENFILE past the limits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn insert_restored(
+    /// A node a load found on the host, not registered: the load opens what the
+    /// state's handles and locks need through it, and registers it with
+    /// [`Self::commit_found`] only once everything of the state was found.
+    pub fn found(
         &self,
         nodeid: u64,
         inode: InodeRef,
         key: InodeKey,
         file_type: u32,
         share: Arc<Share>,
+    ) -> Arc<InodeData> {
+        Arc::new(InodeData::new(
+            nodeid,
+            inode,
+            key,
+            file_type,
+            share,
+            0,
+            false,
+            Slot::NONE,
+        ))
+    }
+
+    /// Registers a node of [`Self::found`] in the current session under its id, with
+    /// `lookups` lookups (the caller holds the only reference). EEXIST if the id is
+    /// taken; ENOENT if its share was detached; ENFILE past the limits.
+    pub fn commit_found(
+        &self,
+        found: Arc<InodeData>,
         lookups: u64,
         at: FoundAt,
     ) -> io::Result<Arc<InodeData>> {
-        let handle = journal_handle(&inode);
+        let mut data = Arc::try_unwrap(found).map_err(|_| errno(libc::EBUSY))?;
+        let handle = journal_handle(&data.inode);
         let mut maps = self.maps.write().unwrap();
-        if nodeid == 0 || maps.get(nodeid).is_some() {
+        if data.nodeid == 0 || maps.get(data.nodeid).is_some() {
             return Err(errno(libc::EEXIST));
         }
         let epoch = self.session.current();
-        if !self.session.admits(&share, epoch) {
+        if !self.session.admits(&data.share, epoch) {
             return Err(errno(libc::ENOENT));
         }
-        if inode.holds_fd() {
-            reserve(&share.usage.nodes, self.max_nodes, &self.budget)?;
+        if data.inode.holds_fd() {
+            reserve(&data.share.usage.nodes, self.max_nodes, &self.budget)?;
         } else {
-            reserve_without_fd(&share.usage.nodes, self.max_nodes)?;
+            reserve_without_fd(&data.share.usage.nodes, self.max_nodes)?;
         }
         let lookups = lookups.max(1);
-        let slot = record_node(nodeid, key, file_type, &share, at, handle.as_ref(), lookups);
+        let key = data.key();
+        data.epoch = epoch;
+        data.journal = record_node(
+            data.nodeid,
+            key,
+            data.file_type(),
+            &data.share,
+            at,
+            handle.as_ref(),
+            lookups,
+        );
         if let Some(j) = journal::get() {
-            j.next_ids(Some(nodeid + 1), None);
+            j.next_ids(Some(data.nodeid + 1), None);
         }
-        let data = Arc::new(InodeData::new(
-            nodeid, inode, key, file_type, share, epoch, false, slot,
-        ));
         data.refcount.store(lookups, Ordering::Release);
+        let data = Arc::new(data);
         maps.insert(data.clone());
         Ok(data)
     }

@@ -118,7 +118,22 @@ pub fn rebuild(
     let mut handles = Vec::new();
     let mut locks = Vec::new();
     let mut vdirs = Vec::new();
+    // An id no daemon hands out (0, past the bound a loaded counter has, a
+    // virtual directory's where a node's belongs) is not a record of a session.
+    let node_id = |id: u64| (1..crate::state::MAX_LOADED_ID).contains(&id);
+    let mut out = Rebuilt::default();
     for r in records {
+        let in_range = match &r.record {
+            Record::Root { id, .. } => node_id(*id),
+            Record::Node(n) => node_id(n.id),
+            Record::Handle { id, node, .. } => node_id(*id) && node_id(*node),
+            Record::Lock { node, .. } => node_id(*node),
+            Record::VirtualDir { .. } => true,
+        };
+        if !in_range {
+            out.dropped += 1;
+            continue;
+        }
         match r.record {
             Record::Root { id, name } => roots.push((id, r.seq, name)),
             Record::Node(n) => nodes.push((n.id, r.seq, n)),
@@ -137,7 +152,6 @@ pub fn rebuild(
             Record::VirtualDir { id, path } => vdirs.push((id, r.seq, path)),
         }
     }
-    let mut out = Rebuilt::default();
     // Volumes: a root record whose name is attached here; the latest per name.
     let by_name = latest(
         latest(roots.into_iter())

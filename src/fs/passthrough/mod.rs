@@ -235,6 +235,24 @@ impl PassthroughFs {
         self.inodes.advance_next_id(next);
     }
 
+    /// The root node of `share`, if `nodeid` is it.
+    pub fn share_root(&self, nodeid: u64, share: &Arc<Share>) -> Option<Arc<InodeData>> {
+        self.inodes
+            .get(nodeid)
+            .ok()
+            .filter(|d| d.is_share_root() && Arc::ptr_eq(&d.share, share))
+    }
+
+    /// Whether the guest's INIT turned POSIX ACLs on; a refused load puts back what
+    /// its replay of the INIT changed.
+    pub fn acl_on(&self) -> bool {
+        self.acl.load(Ordering::Relaxed)
+    }
+
+    pub fn set_acl_on(&self, on: bool) {
+        self.acl.store(on, Ordering::Relaxed);
+    }
+
     /// Gives a volume root the id `new` (see `InodeStore::renumber_fixed`).
     pub fn renumber_root(&self, old: u64, new: u64, lookups: u64) -> io::Result<()> {
         self.inodes.renumber_fixed(old, new, lookups)

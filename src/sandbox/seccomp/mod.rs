@@ -53,7 +53,7 @@ pub fn apply_alone(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxErr
     let Some(mismatch) = mismatch_for(role, mode)? else {
         return Ok(());
     };
-    let programs = compile_role(role, mismatch)?;
+    let programs = compile_role(role, mismatch, own_pid())?;
     install_programs(&programs)
 }
 
@@ -161,13 +161,39 @@ fn programs(mismatch: Mismatch) -> Result<&'static [Programs], FilterError> {
 fn compile_all(mismatch: Mismatch) -> Compiled {
     ThreadRole::ALL
         .iter()
-        .map(|&role| compile_role(role, mismatch))
+        .map(|&role| compile_role(role, mismatch, own_pid()))
         .collect()
 }
 
-fn compile_role(role: ThreadRole, mismatch: Mismatch) -> Result<Programs, FilterError> {
+/// This process's pid, as its filters name it (`tgkill` only to its own threads).
+fn own_pid() -> u32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
+/// The filters [`apply`] installs for `role` in `mode` in a process whose pid is
+/// `pid` (as that process sees it), in the order it installs them: what a test
+/// compares the filters the kernel holds for a thread of the daemon with.
+/// Each instruction is (code, jt, jf, k).
+pub fn role_programs(
+    role: ThreadRole,
+    mode: SeccompMode,
+    pid: u32,
+) -> Vec<Vec<(u16, u8, u8, u32)>> {
+    let Some(mismatch) = Mismatch::of(mode) else {
+        return Vec::new();
+    };
+    let p = compile_role(role, mismatch, pid).expect("the allow-lists compile");
+    p.clone3
+        .into_iter()
+        .chain([p.list])
+        .map(|prog| prog.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect())
+        .collect()
+}
+
+fn compile_role(role: ThreadRole, mismatch: Mismatch, pid: u32) -> Result<Programs, FilterError> {
     Ok(Programs {
-        list: compile(role, mismatch)?,
+        list: compile(role, mismatch, pid)?,
         clone3: if creates_threads(role) {
             Some(clone3_enosys()?)
         } else {
@@ -183,13 +209,17 @@ fn role_index(role: ThreadRole) -> usize {
         .expect("every role is in ThreadRole::ALL")
 }
 
-/// The roles whose threads start threads: the vhost-user thread (Main), lock waits
-/// (Worker), client threads (Control), the wait for locks a loaded state names
-/// (State).
+/// The roles whose threads start threads: the launcher (every thread of the
+/// daemon), and those in which library code starts threads that inherit their role
+/// (the queue workers in a Worker thread), or that could (Main, Control, State).
 fn creates_threads(role: ThreadRole) -> bool {
     matches!(
         role,
-        ThreadRole::Main | ThreadRole::Worker | ThreadRole::Control | ThreadRole::State
+        ThreadRole::Main
+            | ThreadRole::Worker
+            | ThreadRole::Control
+            | ThreadRole::State
+            | ThreadRole::Launcher
     )
 }
 
@@ -200,7 +230,7 @@ const ARCH: TargetArch = TargetArch::x86_64;
 compile_error!("the seccomp allow-lists are only written for x86_64");
 
 /// The arguments of `args` as seccompiler rules; empty: any arguments.
-fn rules(args: Args) -> Result<Vec<SeccompRule>, BackendError> {
+fn rules(args: Args, pid: u32) -> Result<Vec<SeccompRule>, BackendError> {
     let cond = |arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64| {
         SeccompCondition::new(arg, len, op, value)
     };
@@ -247,8 +277,7 @@ fn rules(args: Args) -> Result<Vec<SeccompRule>, BackendError> {
             cond(1, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)?,
         ])?]),
         Args::OwnThreads(signals) => {
-            // SAFETY: getpid cannot fail.
-            let pid = unsafe { libc::getpid() } as u32 as u64;
+            let pid = u64::from(pid);
             signals
                 .iter()
                 .map(|&s| {
@@ -266,13 +295,14 @@ fn rules(args: Args) -> Result<Vec<SeccompRule>, BackendError> {
 fn role_rules(
     role: ThreadRole,
     mismatch: Mismatch,
+    pid: u32,
 ) -> Result<BTreeMap<i64, Vec<SeccompRule>>, FilterError> {
     let bit = role_bit(role);
     let filter_error = |why: String| FilterError {
         filter: format!("{role:?} filter"),
         why,
     };
-    let rules = |args| rules(args).map_err(|e| filter_error(e.to_string()));
+    let rules = |args| rules(args, pid).map_err(|e| filter_error(e.to_string()));
     let mut map = BTreeMap::new();
     for a in ALLOWED.iter().filter(|a| a.roles & bit != 0) {
         let mut r = rules(a.args)?;
@@ -288,9 +318,14 @@ fn role_rules(
             // either matches. An unconditional entry cannot be combined.
             std::collections::btree_map::Entry::Occupied(mut e) => {
                 if e.get().is_empty() || r.is_empty() {
-                    return Err(filter_error(format!("{} is listed twice", a.name)));
+                    if role != ThreadRole::Launcher {
+                        return Err(filter_error(format!("{} is listed twice", a.name)));
+                    }
+                    // The union: any arguments for one role are any arguments.
+                    e.get_mut().clear();
+                } else {
+                    e.get_mut().extend(r);
                 }
-                e.get_mut().extend(r);
             }
         }
     }
@@ -301,8 +336,8 @@ fn role_rules(
     Ok(map)
 }
 
-fn compile(role: ThreadRole, mismatch: Mismatch) -> Result<BpfProgram, FilterError> {
-    let rules = role_rules(role, mismatch)?;
+fn compile(role: ThreadRole, mismatch: Mismatch, pid: u32) -> Result<BpfProgram, FilterError> {
+    let rules = role_rules(role, mismatch, pid)?;
     SeccompFilter::new(rules, mismatch.action(), SeccompAction::Allow, ARCH)
         .and_then(|f| f.try_into())
         .map_err(|e: BackendError| FilterError {

@@ -16,8 +16,13 @@ pub(super) const STATE: u8 = 1 << 7;
 pub(super) const DAEMON: u8 = MAIN | WORKER | CONTROL | LOCKW | SIGNALS | LOGGER | STATE;
 pub(super) const ALL: u8 = DAEMON | SUPER;
 
+/// The entries a role's list is made of: its own bit's; the launcher's are every
+/// daemon role's (the union of their lists).
 pub(super) fn role_bit(role: ThreadRole) -> u8 {
-    1 << role_index(role)
+    match role {
+        ThreadRole::Launcher => DAEMON,
+        _ => 1 << role_index(role),
+    }
 }
 
 /// What the arguments of an allowed call must be.
@@ -97,7 +102,7 @@ pub(super) static ALLOWED: &[Allowed] = &[
     allow!(SYS_capget, WORKER | CONTROL | STATE, "lock-wait and client threads read their capabilities before dropping them"),
     allow!(SYS_capset, WORKER | CONTROL | STATE, "lock-wait and client threads drop capabilities; a worker lowers CAP_SYS_ADMIN/CAP_SETFCAP around a translated caller's xattr change and raises them again (never above its permitted set)"),
     allow!(SYS_sigaltstack, DAEMON | SUPER, "std's stack-overflow signal stack, set up in a new thread, removed at its exit"),
-    allow!(SYS_rt_sigprocmask, MAIN | WORKER | CONTROL | LOCKW | STATE, "glibc blocks signals around thread start and exit, pthread_kill; a lock wait unblocks SIGUSR1"),
+    allow!(SYS_rt_sigprocmask, MAIN | WORKER | CONTROL | LOCKW | LOGGER | STATE, "glibc blocks signals around thread start and exit, pthread_kill; a lock wait unblocks SIGUSR1; the log thread blocks every signal at its start"),
     allow!(SYS_exit, MAIN | WORKER | CONTROL | LOCKW | STATE, "a thread ends (client, lock wait, start thread, workers and frontend thread at disconnect)"),
     allow!(SYS_exit_group, ALL, "the process ends (also the trap handler's _exit)"),
     allow!(SYS_restart_syscall, ALL, "a sleep or wait restarted after the thread was stopped (SIGSTOP, ptrace)"),

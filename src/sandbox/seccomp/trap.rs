@@ -132,5 +132,6 @@ fn role_name(role: ThreadRole) -> &'static [u8] {
         ThreadRole::Logger => b"Logger",
         ThreadRole::Supervisor => b"Supervisor",
         ThreadRole::State => b"State",
+        ThreadRole::Launcher => b"Launcher",
     }
 }

@@ -175,6 +175,26 @@ impl FuseClient {
         state
     }
 
+    /// Loads `state` into the backend with every queue stopped, then starts them
+    /// again where the backend stopped them, as a VMM restoring a snapshot into a
+    /// running VM does. The queues run again whether or not the load succeeded: a
+    /// refused load leaves the backend serving what it served.
+    pub fn load_state_paused(&mut self, state: &[u8]) -> Result<()> {
+        let mut indexes = vec![self.hiprio.index()];
+        indexes.extend(self.request_queues.iter().map(|q| q.index()));
+        let mut bases = Vec::new();
+        for index in &indexes {
+            bases.push(self.device.stop_queue(*index)?);
+        }
+        let loaded = self.device.load_state(state);
+        self.device.start_device_again()?;
+        self.device.resume_queue(self.hiprio.ring_mut(), bases[0])?;
+        for (q, base) in self.request_queues.iter_mut().zip(&bases[1..]) {
+            self.device.resume_queue(q.ring_mut(), *base)?;
+        }
+        loaded
+    }
+
     /// Routes subsequent typed calls to request queue `i`.
     pub fn use_request_queue(&mut self, i: usize) -> Result<()> {
         self.request_queue(i)?;

@@ -1,9 +1,14 @@
-//! Loading: the state's nodes, handles and locks found again and registered.
+//! Loading, in two steps: [`PassthroughFs::find_tables`] checks the state's nodes,
+//! handles and locks and finds each on the host without touching the tables (a
+//! refusal there leaves the daemon serving what it served), then
+//! [`PassthroughFs::commit_tables`] registers everything found in the session the
+//! caller started.
 
 use std::collections::{HashMap, HashSet};
 
+use super::super::super::inodes::FoundAt;
 use super::super::super::lock_ranges::HeldRange;
-use super::super::super::registry::VIRTUAL_BIT;
+use super::super::super::registry::{ROOT_ID, VIRTUAL_BIT};
 use super::super::super::share::Share;
 use super::super::prelude::*;
 use super::load_parts::PendingLock;
@@ -11,36 +16,78 @@ use super::*;
 use crate::state::format::{self, Location};
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError};
 
+/// A node found on the host, not registered yet.
+struct FoundNode {
+    data: Arc<InodeData>,
+    lookups: u64,
+    /// Its parent and name, for the journal (0 and empty: none).
+    parent: u64,
+    name: Vec<u8>,
+}
+
+/// A handle reopened (or handed over), not registered yet.
+struct FoundHandle {
+    id: u64,
+    node: u64,
+    file: File,
+    dir_offset: Option<u64>,
+    /// Its open file came from the source (the same-host hand-over).
+    handed: bool,
+    /// The flock it holds, and whether it is held yet (false: waited for once the
+    /// session runs).
+    flock: Option<(i32, bool)>,
+}
+
+/// A lock file with its ranges taken (or handed over), not registered yet.
+struct FoundLockFile {
+    node: u64,
+    owner: u64,
+    access: i32,
+    file: Arc<File>,
+    ranges: Vec<HeldRange>,
+    /// Ranges still held by another, waited for once the session runs.
+    pending: Vec<libc::flock>,
+}
+
+/// Everything of a state found on the host: what [`PassthroughFs::commit_tables`]
+/// registers.
+pub struct FoundTables {
+    nodes: Vec<FoundNode>,
+    handles: Vec<FoundHandle>,
+    lock_files: Vec<FoundLockFile>,
+    lost: Vec<u64>,
+    next_node_id: u64,
+    next_handle_id: u64,
+    report: LoadReport,
+}
+
+/// The ids a load may not give a node or a handle, and what it checks them against.
+fn node_id_ok(id: u64, next: u64) -> bool {
+    id != 0 && id & VIRTUAL_BIT == 0 && id < next
+}
+
 impl PassthroughFs {
-    /// Finds the state's nodes, handles and locks again and registers them under
-    /// their ids. `volumes` gives each state volume's share here; the volume roots
-    /// already carry the state's ids. On an error with `--migration-on-error=abort`
-    /// nothing is kept (the caller resets the session).
-    pub fn restore_tables(
+    /// Checks the state's nodes, handles and locks and finds each again on the host.
+    /// `volumes` gives each state volume's share here, `roots` its root node here
+    /// (under the id it has now: the caller gives it the state's id at commit). The
+    /// tables are not touched: an error leaves the daemon as it was.
+    pub fn find_tables(
         &self,
         state: &format::SessionState,
         volumes: &[Arc<Share>],
+        roots: &[Arc<InodeData>],
         opts: &LoadOptions,
         mut handed: HandedFiles,
-    ) -> Result<LoadReport, LoadError> {
+    ) -> Result<FoundTables, LoadError> {
         let mut report = LoadReport::default();
+        // Node id to (its data, its path below its volume's root).
         let mut restored: HashMap<u64, Restored> = HashMap::new();
-        let roots: HashMap<u64, usize> = state
+        let root_index: HashMap<u64, usize> = state
             .volumes
             .iter()
             .enumerate()
             .map(|(i, v)| (v.root, i))
             .collect();
-        // Each volume's root here (attached before the load, with the state's id).
-        let mut root_of: Vec<Option<Arc<InodeData>>> = Vec::with_capacity(volumes.len());
-        for (v, share) in state.volumes.iter().zip(volumes) {
-            root_of.push(
-                self.inodes
-                    .get(v.root)
-                    .ok()
-                    .filter(|d| d.is_share_root() && Arc::ptr_eq(&d.share, share)),
-            );
-        }
         let mut seen = HashSet::new();
         // What could not be found again, with `guest-error`: answered ESTALE.
         let lost = |l: Lost, report: &mut LoadReport| -> Result<(), LoadError> {
@@ -58,9 +105,10 @@ impl PassthroughFs {
             }
         };
         let mut lost_ids = Vec::new();
+        let mut nodes = Vec::with_capacity(state.nodes.len());
         for node in &state.nodes {
             // What any writer must get right, checked before anything is opened.
-            if node.id == 0 || node.id & VIRTUAL_BIT != 0 || node.id >= state.next_node_id {
+            if !node_id_ok(node.id, state.next_node_id) {
                 return Err(invalid(format!("node id {:#x} out of range", node.id)));
             }
             if !seen.insert(node.id) {
@@ -81,18 +129,15 @@ impl PassthroughFs {
                     node.id, node.volume
                 )));
             };
-            let is_root = roots.get(&node.id) == Some(&(node.volume as usize));
-            if (node.location == Location::Root) != is_root {
+            let is_root = root_index.get(&node.id) == Some(&(node.volume as usize));
+            if (node.location == Location::Root) != is_root || (node.id == ROOT_ID && !is_root) {
                 return Err(invalid(format!(
                     "node {}: a volume root only at its volume's root id",
                     node.id
                 )));
             }
             if is_root {
-                // Attached here before the load, and given this id already.
-                let data = self.inodes.get(node.id).map_err(|e| {
-                    invalid(format!("volume root {} is not attached: {e}", node.id))
-                })?;
+                let data = roots[node.volume as usize].clone();
                 if data.file_type() != node.file_type {
                     return Err(invalid(format!("volume root {}: not a directory", node.id)));
                 }
@@ -140,7 +185,7 @@ impl PassthroughFs {
                 Location::Unknown => (None, Vec::new(), Vec::new()),
                 Location::Root => unreachable!("checked above"),
             };
-            let root = root_of[node.volume as usize].as_deref();
+            let root = Some(&*roots[node.volume as usize]);
             let result = self
                 .find_node(root, from.as_deref(), &components, node)
                 .or_else(|why| {
@@ -153,8 +198,18 @@ impl PassthroughFs {
                         Err(why)
                     }
                 });
-            match result.and_then(|file| self.register_restored(share, file, node)) {
+            match result.and_then(|file| self.found_node(share, file, node)) {
                 Ok(data) => {
+                    let (parent, name) = match &node.location {
+                        Location::Child { parent, name } => (*parent, name.clone()),
+                        _ => (0, Vec::new()),
+                    };
+                    nodes.push(FoundNode {
+                        data: data.clone(),
+                        lookups: node.lookups,
+                        parent,
+                        name,
+                    });
                     restored.insert(node.id, Restored { data, path });
                     report.nodes += 1;
                 }
@@ -176,12 +231,9 @@ impl PassthroughFs {
                 }
             }
         }
-        self.inodes.advance_next_id(state.next_node_id);
-        self.mark_lost(&lost_ids);
 
         let mut handle_ids = HashSet::new();
-        let mut handed_flocks = HashSet::new();
-        let mut handles: HashMap<u64, Arc<HandleData>> = HashMap::new();
+        let mut handles: Vec<FoundHandle> = Vec::new();
         for h in &state.handles {
             if h.id == 0 || h.id >= state.next_handle_id || !handle_ids.insert(h.id) {
                 return Err(invalid(format!(
@@ -205,22 +257,17 @@ impl PassthroughFs {
                 Some(f) => self.adopt_handed(&node.data, f, h.flags),
                 None => self.reopen_restored(&node.data, h),
             };
-            match file.and_then(|f| {
-                self.handles
-                    .insert_restored(h.id, node.data.clone(), f)
-                    .map_err(at("registering it"))
-            }) {
-                Ok(data) => {
+            match file {
+                Ok(file) => {
                     report.handles += 1;
-                    if let Some(off) = h.dir_offset {
-                        // The stream's position, where the guest's next READDIR names
-                        // it again anyway.
-                        data.dir_offset.store(off, Ordering::Relaxed);
-                    }
-                    if was_handed {
-                        handed_flocks.insert(h.id);
-                    }
-                    handles.insert(h.id, data);
+                    handles.push(FoundHandle {
+                        id: h.id,
+                        node: h.node,
+                        file,
+                        dir_offset: h.dir_offset,
+                        handed: was_handed,
+                        flock: None,
+                    });
                 }
                 Err(why) => lost(
                     Lost {
@@ -233,10 +280,10 @@ impl PassthroughFs {
                 )?,
             }
         }
-        self.handles.advance_next_id(state.next_handle_id);
 
         // POSIX locks, one lock file per (node, owner); then flocks.
         let mut by_owner: HashMap<(u64, u64), (i32, Vec<HeldRange>)> = HashMap::new();
+        let mut flocks = Vec::new();
         for lock in &state.locks {
             match *lock {
                 format::Lock::Posix {
@@ -266,34 +313,41 @@ impl PassthroughFs {
                     {
                         return Err(invalid(format!("flock on handle {handle}")));
                     }
+                    flocks.push((handle, kind));
                 }
             }
         }
-        let mut pending = Vec::new();
+        // Nodes whose lock the load lost: the guest believes it holds a lock it
+        // does not, so the file is lost to it.
+        let mut lock_lost: HashSet<u64> = HashSet::new();
+        let mut lock_files = Vec::new();
         let mut owners: Vec<_> = by_owner.into_iter().collect();
         owners.sort_by_key(|(k, _)| *k);
         for ((nodeid, owner), (access, ranges)) in owners {
             let Some(node) = restored.get(&nodeid) else {
                 continue; // its node is lost
             };
-            let outcome = match handed.lock_files.remove(&(nodeid, owner)) {
-                Some(f) => self.adopt_handed(&node.data, f, access).map(|f| (f, true)),
-                None => self
-                    .take_posix_locks(&node.data, access, &ranges, &mut pending)
-                    .map(|f| (f, false)),
+            let taken = match handed.lock_files.remove(&(nodeid, owner)) {
+                Some(f) => self
+                    .adopt_handed(&node.data, f, access)
+                    .and_then(|f| self.verify_handed_posix(f, &ranges)),
+                None => self.take_posix_locks(&node.data, access, &ranges),
             };
-            let done = outcome.and_then(|(f, handed_over)| {
-                self.locks
-                    .insert_restored(node.data.clone(), owner, access, f, &ranges)
-                    .map(|_| handed_over)
-                    .map_err(at("registering it"))
-            });
-            match done {
-                Ok(handed_over) => {
+            match taken {
+                Ok((file, pending, handed_over)) => {
                     report.locks += ranges.len();
                     if handed_over {
                         report.handed_over_locks += ranges.len();
                     }
+                    report.pending_locks += pending.len();
+                    lock_files.push(FoundLockFile {
+                        node: nodeid,
+                        owner,
+                        access,
+                        file,
+                        ranges,
+                        pending,
+                    });
                 }
                 Err(why) => {
                     lost(
@@ -305,63 +359,207 @@ impl PassthroughFs {
                         },
                         &mut report,
                     )?;
-                    // The guest believes it holds a lock it lost: its file is lost.
-                    self.lose_node(nodeid);
+                    lock_lost.insert(nodeid);
                 }
             }
         }
-        for lock in &state.locks {
-            let format::Lock::Flock { handle, kind } = *lock else {
-                continue;
+        for (handle, kind) in flocks {
+            let Some(h) = handles.iter_mut().find(|h| h.id == handle) else {
+                continue; // its node or the handle is lost
             };
-            let Some(h) = handles.get(&handle) else {
-                continue;
-            };
-            if handed_flocks.contains(&handle) {
-                // Its open file came from the source with the lock on it.
-                h.set_flock(kind);
-                report.locks += 1;
-                report.handed_over_locks += 1;
-                continue;
-            }
             let op = if kind == libc::F_WRLCK {
                 libc::LOCK_EX
             } else {
                 libc::LOCK_SH
             };
+            // An open file the source handed over holds the lock already, and the call
+            // changes nothing; one that does not is not taken on trust: the lock is
+            // taken on it now, or waited for.
             // SAFETY: flock on an fd we own.
             match cvt(unsafe { libc::flock(h.file.as_raw_fd(), op | libc::LOCK_NB) }) {
                 Ok(_) => {
-                    h.set_flock(kind);
+                    h.flock = Some((kind, true));
                     report.locks += 1;
+                    if h.handed {
+                        report.handed_over_locks += 1;
+                    }
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
-                    // Still the source's, until it exits: waited for below.
-                    h.set_flock(kind);
-                    pending.push(PendingLock::Flock {
-                        handle: h.clone(),
-                        op,
-                    });
+                    // Still the source's, until it exits: waited for once the session
+                    // runs.
+                    h.flock = Some((kind, false));
                     report.locks += 1;
+                    report.pending_locks += 1;
                 }
                 Err(e) => {
+                    let node = &restored[&h.node];
                     lost(
                         Lost {
                             what: LostKind::Lock,
-                            volume: h.inode.share.name.clone(),
-                            path: restored
-                                .get(&h.inode.nodeid)
-                                .map(|r| display(&r.path))
-                                .unwrap_or_default(),
+                            volume: node.data.share.name.clone(),
+                            path: display(&node.path),
                             why: at("flock")(e),
                         },
                         &mut report,
                     )?;
-                    self.lose_node(h.inode.nodeid);
+                    lock_lost.insert(h.node);
                 }
             }
         }
-        report.pending_locks = pending.len();
+        if !lock_lost.is_empty() {
+            let before = nodes.len();
+            nodes.retain(|n| !lock_lost.contains(&n.data.nodeid));
+            report.nodes -= before - nodes.len();
+            handles.retain(|h| !lock_lost.contains(&h.node));
+            lock_files.retain(|l| !lock_lost.contains(&l.node));
+            // A volume root stays (the guest's view of the volume does not go).
+            lost_ids.extend(
+                lock_lost
+                    .into_iter()
+                    .filter(|id| !root_index.contains_key(id)),
+            );
+        }
+        drop(restored);
+        self.check_room(volumes, &nodes, &handles, &lock_files)?;
+        Ok(FoundTables {
+            nodes,
+            handles,
+            lock_files,
+            lost: lost_ids,
+            next_node_id: state.next_node_id,
+            next_handle_id: state.next_handle_id,
+            report,
+        })
+    }
+
+    /// Whether what the state holds fits the per-volume limits and the fd budget once
+    /// the session before it is gone: the commit then cannot run out of room halfway.
+    fn check_room(
+        &self,
+        volumes: &[Arc<Share>],
+        nodes: &[FoundNode],
+        handles: &[FoundHandle],
+        lock_files: &[FoundLockFile],
+    ) -> Result<(), LoadError> {
+        let index = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
+        let volume_of: HashMap<u64, usize> = nodes
+            .iter()
+            .filter_map(|n| Some((n.data.nodeid, index(&n.data.share)?)))
+            .collect();
+        // Per volume: nodes (its root included), handles, lock files.
+        let mut counts = vec![[1usize, 0, 0]; volumes.len()];
+        for v in volume_of.values() {
+            counts[*v][0] += 1;
+        }
+        for node in handles.iter().map(|h| h.node) {
+            if let Some(v) = volume_of.get(&node) {
+                counts[*v][1] += 1;
+            }
+        }
+        for node in lock_files.iter().map(|l| l.node) {
+            if let Some(v) = volume_of.get(&node) {
+                counts[*v][2] += 1;
+            }
+        }
+        let limits = &self.cfg.limits;
+        for (share, [n, h, l]) in volumes.iter().zip(&counts) {
+            for (count, max, what) in [
+                (n, limits.max_nodes, "--max-inodes"),
+                (h, limits.max_handles, "--max-handles"),
+                (l, limits.max_lock_files, "--max-lock-files"),
+            ] {
+                if *count > max {
+                    return Err(LoadError::Volume {
+                        name: share.name.clone(),
+                        why: format!("the guest holds {count}, more than {what} {max}"),
+                    });
+                }
+            }
+        }
+        let fds = volumes.len()
+            + handles.len()
+            + lock_files.len()
+            + nodes
+                .iter()
+                .filter(|n| n.data.inode_ref().holds_fd())
+                .count();
+        let (_, max) = self.fd_budget();
+        if fds > max {
+            return Err(LoadError::Invalid(format!(
+                "the guest holds {fds} open files, more than this daemon's budget of {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Registers what [`Self::find_tables`] found in the session the caller started
+    /// (the volume roots carry the state's ids already), and starts waiting for the
+    /// locks another still held. An error leaves a partly registered session: the
+    /// caller ends it.
+    pub fn commit_tables(&self, found: FoundTables) -> io::Result<LoadReport> {
+        let FoundTables {
+            nodes,
+            handles,
+            lock_files,
+            lost,
+            next_node_id,
+            next_handle_id,
+            report,
+        } = found;
+        let mut live: HashMap<u64, Arc<InodeData>> = HashMap::with_capacity(nodes.len());
+        for n in nodes {
+            let at = if n.name.is_empty() {
+                FoundAt::NOWHERE
+            } else {
+                FoundAt {
+                    parent: n.parent,
+                    name: &n.name,
+                }
+            };
+            let data = self.inodes.commit_found(n.data, n.lookups, at)?;
+            live.insert(data.nodeid, data);
+        }
+        self.inodes.advance_next_id(next_node_id);
+        self.mark_lost(&lost);
+        let mut pending = Vec::new();
+        for h in handles {
+            let Some(node) = live.get(&h.node) else {
+                continue;
+            };
+            let data = self.handles.insert_restored(h.id, node.clone(), h.file)?;
+            if let Some(off) = h.dir_offset {
+                // The stream's position, where the guest's next READDIR names it again
+                // anyway.
+                data.dir_offset.store(off, Ordering::Relaxed);
+            }
+            if let Some((kind, held)) = h.flock {
+                data.set_flock(kind);
+                if !held {
+                    let op = if kind == libc::F_WRLCK {
+                        libc::LOCK_EX
+                    } else {
+                        libc::LOCK_SH
+                    };
+                    pending.push(PendingLock::Flock { handle: data, op });
+                }
+            }
+        }
+        self.handles.advance_next_id(next_handle_id);
+        for l in lock_files {
+            let Some(node) = live.get(&l.node) else {
+                continue;
+            };
+            let own = l.file.try_clone()?;
+            self.locks
+                .insert_restored(node.clone(), l.owner, l.access, own, &l.ranges)?;
+            for fl in l.pending {
+                pending.push(PendingLock::Posix {
+                    node: node.clone(),
+                    file: l.file.clone(),
+                    fl,
+                });
+            }
+        }
         if !pending.is_empty() {
             self.wait_for_pending(pending);
         }

@@ -2,7 +2,6 @@
 //! taken again or waited for.
 
 use super::super::super::file_handle::{open_raw_handle, raw_handle_of};
-use super::super::super::inodes::FoundAt;
 use super::super::super::lock_ranges::HeldRange;
 use super::super::super::share::Share;
 use super::super::prelude::*;
@@ -104,8 +103,9 @@ impl PassthroughFs {
         Ok(file)
     }
 
-    /// Registers a node found again under the state's id.
-    pub(super) fn register_restored(
+    /// A node found again, as the node the state names (not registered: see
+    /// [`InodeStore::commit_found`](super::super::super::inodes::InodeStore::commit_found)).
+    pub(super) fn found_node(
         &self,
         share: &Arc<Share>,
         file: File,
@@ -119,24 +119,9 @@ impl PassthroughFs {
         };
         let file_type = st.st_mode & libc::S_IFMT;
         let inode = self.inode_ref_for(share, file, file_type, key.mnt_id)?;
-        let at_place = match &node.location {
-            format::Location::Child { parent, name } => FoundAt {
-                parent: *parent,
-                name,
-            },
-            _ => FoundAt::NOWHERE,
-        };
-        self.inodes
-            .insert_restored(
-                node.id,
-                inode,
-                key,
-                file_type,
-                share.clone(),
-                node.lookups,
-                at_place,
-            )
-            .map_err(at("registering it"))
+        Ok(self
+            .inodes
+            .found(node.id, inode, key, file_type, share.clone()))
     }
 
     /// Opens a handle of the state again, with its flags as far as this daemon's
@@ -200,16 +185,15 @@ impl PassthroughFs {
         Ok(file)
     }
 
-    /// Opens `owner`'s lock file on `node` and takes its ranges again. A range still
-    /// held by another (the source on this host, until it exits) is waited for after
-    /// the load.
+    /// Opens `owner`'s lock file on `node` and takes its ranges again. Returns the
+    /// file, the ranges still held by another (the source on this host, until it
+    /// exits: waited for once the session runs), and false (not handed over).
     pub(super) fn take_posix_locks(
         &self,
         node: &Arc<InodeData>,
         access: i32,
         ranges: &[HeldRange],
-        pending: &mut Vec<PendingLock>,
-    ) -> Result<File, RestoreError> {
+    ) -> Result<TakenLocks, RestoreError> {
         if node.file_type() != libc::S_IFREG && node.file_type() != libc::S_IFDIR {
             return Err(RestoreError::Refused("locks on a special file"));
         }
@@ -219,38 +203,23 @@ impl PassthroughFs {
             ));
         }
         let file = self.reopen(node, access | libc::O_NONBLOCK)?;
-        let file = Arc::new(file);
-        for r in ranges {
-            let lock = FileLock {
-                start: r.start,
-                end: r.end,
-                lock_type: r.kind as u32,
-                pid: 0,
-            };
-            let fl = locks::to_flock(&lock)?;
-            let mut try_fl = fl;
-            // SAFETY: fcntl with a valid flock struct on an fd we own.
-            match cvt(unsafe {
-                libc::fcntl(
-                    file.as_raw_fd(),
-                    libc::F_OFD_SETLK,
-                    &mut try_fl as *mut libc::flock,
-                )
-            }) {
-                Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
-                    pending.push(PendingLock::Posix {
-                        node: node.clone(),
-                        file: file.clone(),
-                        fl,
-                    })
-                }
-                Err(e) => return Err(at("F_OFD_SETLK")(e)),
-            }
-        }
-        // The table keeps its own handle of the open file description.
-        let owned = file.try_clone()?;
-        Ok(owned)
+        let pending = set_ranges(&file, ranges)?;
+        Ok((Arc::new(file), pending, false))
+    }
+
+    /// A lock file the source handed over (checked by [`Self::adopt_handed`]) is
+    /// trusted only as far as the host says: each range is taken on it again, which
+    /// changes nothing where it holds the range, takes it where no one does, and
+    /// leaves it to be waited for where another holds it. Handed over (true) only if
+    /// it holds every range.
+    pub(super) fn verify_handed_posix(
+        &self,
+        file: File,
+        ranges: &[HeldRange],
+    ) -> Result<TakenLocks, RestoreError> {
+        let pending = set_ranges(&file, ranges)?;
+        let handed_over = pending.is_empty();
+        Ok((Arc::new(file), pending, handed_over))
     }
 
     /// Waits, on a thread of its own, for the locks another still held at the load.
@@ -262,10 +231,12 @@ impl PassthroughFs {
             pending.len()
         );
         let locks = self.locks.clone();
-        let spawned = std::thread::Builder::new()
-            .name("volfsd-locktake".into())
-            .spawn(move || {
-                crate::sandbox::confine_thread_or_exit(crate::sandbox::ThreadRole::LockWaiter);
+        // Started by the launcher, whatever thread loads the state: it runs under
+        // the lock waiters' list, not under the loading thread's as well.
+        let spawned = crate::sandbox::threads::spawn(
+            "volfsd-locktake",
+            crate::sandbox::ThreadRole::LockWaiter,
+            move || {
                 for p in pending {
                     let (what, result) = match p {
                         PendingLock::Posix { node, file, fl } => {
@@ -305,11 +276,47 @@ impl PassthroughFs {
                         Err(e) => log::warn!("lock on {what} could not be taken again: {e}"),
                     }
                 }
-            });
+            },
+        );
         if let Err(e) = spawned {
             log::warn!("cannot start the thread that takes locks again: {e}");
         }
     }
+}
+
+/// A lock file, the ranges another still holds on it, and whether the source handed
+/// it over holding every range.
+pub(super) type TakenLocks = (Arc<File>, Vec<libc::flock>, bool);
+
+/// Takes `ranges` on the open file `file` (F_OFD_SETLK); returns those another
+/// holds.
+fn set_ranges(file: &File, ranges: &[HeldRange]) -> Result<Vec<libc::flock>, RestoreError> {
+    let mut pending = Vec::new();
+    for r in ranges {
+        let lock = FileLock {
+            start: r.start,
+            end: r.end,
+            lock_type: r.kind as u32,
+            pid: 0,
+        };
+        let fl = locks::to_flock(&lock)?;
+        let mut try_fl = fl;
+        // SAFETY: fcntl with a valid flock struct on an fd we own.
+        match cvt(unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_OFD_SETLK,
+                &mut try_fl as *mut libc::flock,
+            )
+        }) {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {
+                pending.push(fl)
+            }
+            Err(e) => return Err(at("F_OFD_SETLK")(e)),
+        }
+    }
+    Ok(pending)
 }
 
 /// A lock another held when the state was loaded.

@@ -17,6 +17,7 @@ use super::prelude::*;
 
 mod load;
 mod load_parts;
+pub use load::FoundTables;
 mod save;
 #[cfg(test)]
 mod tests;
