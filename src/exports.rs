@@ -101,7 +101,8 @@ pub mod state {
 
     pub mod format {
         pub use crate::state::format::{
-            decode, encode, FileHandle, GuestView, Handoff, Location, SessionState,
+            decode, encode, FileHandle, GuestView, Handoff, Location, Lock, ParkedRequest,
+            SessionState,
         };
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 use serde_json::json;
 use volfsd::exports::recovery::Region;
-use volfsd::exports::state::format::{self, Handoff, SessionState};
+use volfsd::exports::state::format::{self, Handoff, Location, SessionState};
 use volfsd_harness::fixtures::host::{host_lock, host_sees_lock, poll};
 use volfsd_harness::fixtures::requests::lock_request;
 use volfsd_harness::fixtures::{assert_errno, is_virtiofsd, Daemon, TestDir, RDWR, ROOT};
@@ -62,7 +62,14 @@ impl Serving {
     #[track_caller]
     fn refused_and_unchanged(&mut self, state: &SessionState, what: &str) {
         let bytes = format::encode(state);
-        let loaded = self.c.load_state_paused(&bytes);
+        self.refused_bytes_and_unchanged(&bytes, what);
+    }
+
+    /// `bytes` are refused, and the daemon serves on as [`Self::refused_and_unchanged`]
+    /// says.
+    #[track_caller]
+    fn refused_bytes_and_unchanged(&mut self, bytes: &[u8], what: &str) {
+        let loaded = self.c.load_state_paused(bytes);
         assert!(loaded.is_err(), "{what}: loaded\n{}", self.d.log());
         for (node, name) in [(self.a, "a"), (self.b, "b"), (self.file, "a/f")] {
             self.c
@@ -112,6 +119,108 @@ fn a_state_whose_volumes_share_one_root_id_is_refused_and_changes_nothing() {
     state.volumes[0].root = s.file;
     s.refused_and_unchanged(&state, "a root on a file's id");
     s.still_loads_and_starts_over();
+}
+
+#[test]
+fn a_refused_load_of_any_kind_leaves_the_daemon_as_it_was() {
+    if is_virtiofsd() {
+        return;
+    }
+    let mut s = serving("ls-any-refusal");
+    let saved = decode(&s.saved);
+    let file = s.file;
+    // Bytes that are no state, or half of one.
+    let half = s.saved[..s.saved.len() / 2].to_vec();
+    s.refused_bytes_and_unchanged(b"not a device state", "not a state");
+    s.refused_bytes_and_unchanged(&half, "a truncated state");
+    let changed = |f: &dyn Fn(&mut SessionState)| {
+        let mut st = saved.clone();
+        f(&mut st);
+        st
+    };
+    let cases: Vec<(SessionState, &str)> = vec![
+        (
+            changed(&|st| st.config.cache = "always".into()),
+            "another --cache",
+        ),
+        (
+            changed(&|st| st.volumes[1].name = "c".into()),
+            "a volume not attached here",
+        ),
+        (
+            changed(&|st| st.volumes[0].read_only = true),
+            "a read-write volume saved read-only",
+        ),
+        (
+            changed(&|st| {
+                for n in &mut st.nodes {
+                    if n.id == file {
+                        n.location = Location::Child {
+                            parent: n_parent(&n.location),
+                            name: b"missing".to_vec(),
+                        };
+                    }
+                }
+            }),
+            "a node that is not there (--migration-on-error=abort)",
+        ),
+        (
+            changed(&|st| {
+                for n in &mut st.nodes {
+                    if n.id == file {
+                        n.location = Location::Child {
+                            parent: 999,
+                            name: b"f".to_vec(),
+                        };
+                    }
+                }
+            }),
+            "a node under a parent the state does not have",
+        ),
+        (
+            changed(&|st| st.handles[0].node = 12_345),
+            "a handle of no node",
+        ),
+        (
+            changed(&|st| {
+                st.parked.push(format::ParkedRequest {
+                    queue: 0,
+                    head: 0,
+                    request: vec![0; 40],
+                })
+            }),
+            "an unanswered request on the hiprio queue",
+        ),
+        (
+            changed(&|st| {
+                if let Some(f) = &mut st.fuse {
+                    f.granted ^= 1 << 3;
+                }
+            }),
+            "an INIT this daemon would not grant so",
+        ),
+        (
+            changed(&|st| {
+                st.locks.push(format::Lock::Flock {
+                    handle: 999,
+                    kind: libc::F_WRLCK,
+                })
+            }),
+            "a flock on no handle",
+        ),
+    ];
+    for (state, what) in &cases {
+        s.refused_and_unchanged(state, what);
+    }
+    s.still_loads_and_starts_over();
+}
+
+/// The parent a node's location names (its volume root for a child of the root).
+fn n_parent(l: &Location) -> u64 {
+    match l {
+        Location::Child { parent, .. } => *parent,
+        _ => 0,
+    }
 }
 
 #[test]
