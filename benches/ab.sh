@@ -17,7 +17,9 @@
 # Prints, and writes to OUT/summary.md, per workload: each side's median ops/s and
 # CPU per request (daemon process tree, utime + stime), and the median of the
 # per-pair ratios A/B with their range, so "within the spread" shows.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -13,7 +13,9 @@
 # Usage: benches/callgrind-diff.sh WORKLOAD [--commit REV] [--n1 5000] [--n2 25000]
 #                                  [--out DIR] [--inclusive]
 # Prints the total and the functions of more than 15 instructions per request.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -50,7 +50,9 @@
 # run (warm for both daemons); fio lays its file out inside the guest before
 # its read jobs. Both daemons run without caching in the guest (volfsd
 # --cache none, virtiofsd --cache=never). Run as root.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -26,7 +26,9 @@
 #   --allow-busy       measure even if the machine is not quiet (and say so)
 # Writes OUT/raw.jsonl (one line per run), OUT/cmd.txt, OUT/env.txt, OUT/logs/ (the
 # daemons' logs) and OUT/summary.md (benches/downtime_report.py).
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -9,7 +9,9 @@
 #              by inclusive and self cost (callgrind_annotate)
 # The daemon serves a fresh directory under /var/tmp; the loadgen runs
 # --ops N requests (default 20000; callgrind is ~50x slower, use fewer).
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -10,7 +10,9 @@
 #   out docs/bench-data/<date>-<commit>-qos-neighbour
 # Prints one line per run (b ops/s, a ops/s, daemon CPU µs per request) and the
 # per-pair ratios; keeps the loadgen JSON and summary.txt in the out directory.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -51,7 +51,9 @@
 # vhost-user daemon to run, and refuses to measure otherwise (exit 3) unless
 # --allow-busy; the load and any such process at the start of every run are in
 # quiet.tsv, and the report marks the runs that had company.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

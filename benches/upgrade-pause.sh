@@ -29,7 +29,9 @@
 # Writes OUT/raw.jsonl (one line per upgrade), OUT/cmd.txt, OUT/env.txt,
 # OUT/quiet.tsv, OUT/logs/ (the daemon's logs) and OUT/summary.md
 # (benches/upgrade_report.py).
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

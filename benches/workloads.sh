@@ -35,7 +35,9 @@
 # .serial (the guest's VMTEST lines). DATA/env.txt: commit, kernels, QEMU and
 # daemon versions, the guest's tools, the inputs, load averages; quiet.tsv: the
 # load and any other QEMU, cargo or daemon at the start of every run.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

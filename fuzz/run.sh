@@ -14,7 +14,7 @@
 #   fuzz/run.sh --replay             only the replay tests (corpora + regressions)
 #   fuzz/run.sh --build              only install and build
 #   --target NAME                    restrict to one target (repeatable): fuse,
-#                                    virtqueue, control, paths, state
+#                                    virtqueue, control, paths, state, region
 #
 # Environment: FUZZ_SECONDS (--ci per-target time), VOLFSD_FUZZ_TARGET_DIR (cargo
 # target dir, default /var/tmp/volfsd-fuzz-target, kept between runs so a second
@@ -25,7 +25,7 @@ set -uo pipefail
 
 FUZZ_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$FUZZ_DIR"
-ALL_TARGETS=(fuse virtqueue control paths state)
+ALL_TARGETS=(fuse virtqueue control paths state region)
 AFL_VERSION=0.18.2
 export CARGO_TARGET_DIR=${VOLFSD_FUZZ_TARGET_DIR:-/var/tmp/volfsd-fuzz-target}
 export PATH="$HOME/.cargo/bin:$PATH"

@@ -77,7 +77,17 @@ pub mod logging {
 /// The session region a keeper shares with its serving processes and a frontend
 /// keeps across a restart (tests write a hostile one; a fuzz target reads them).
 pub mod recovery {
-    pub use crate::recovery::region::Region;
+    pub use crate::device::inflight::unanswered_in;
+    pub use crate::recovery::region::{Half, Region, AREAS, MAX_QUEUES, QUEUE_SIZE};
+
+    /// This process records the guest's session into `region`'s journal half `half`
+    /// from now on, as a serving process under a keeper does (the fuzz seeds are
+    /// regions a real stack wrote). Once per process.
+    pub fn record_into(region: Region, half: Half) -> &'static Region {
+        let region = crate::recovery::set_region(region);
+        crate::fs::journal::start(region, half);
+        region
+    }
 }
 
 pub mod sandbox {
@@ -102,7 +112,7 @@ pub mod state {
     pub mod format {
         pub use crate::state::format::{
             decode, encode, FileHandle, GuestView, Handoff, Location, Lock, ParkedRequest,
-            SessionState,
+            SessionState, VirtualDir,
         };
     }
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what volfsd's build, tests and VM suites need on a fresh Debian machine.
 # Idempotent: installs only what is missing. Needs root for apt.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 # redis-server: JuiceFS's metadata engine in the shared-volume suites (run-pair.sh,
 # run-plugin.sh).

@@ -25,7 +25,9 @@
 # minutes on a fresh machine). The next build for the suites puts it back.
 #
 # Usage: vm-tests/build-guest.sh [--force] [--quiet] [--without-pjdfstest]
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

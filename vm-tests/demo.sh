@@ -8,7 +8,9 @@
 #   5. shows the guest's file from the host
 #
 # Usage: vm-tests/demo.sh [--daemon PATH]   (PATH: use another daemon, e.g. virtiofsd)
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

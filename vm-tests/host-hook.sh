@@ -22,7 +22,9 @@
 #   directio PATH yes|no     whether the daemon (VMTEST_DAEMON_PID or its child)
 #                            holds PATH open with O_DIRECT
 # It runs until killed.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 SHARE=${1:?usage: host-hook.sh SHARED_DIR}
 SYNC="$SHARE/.sync"

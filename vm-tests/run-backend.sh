@@ -10,7 +10,9 @@
 # Usage: vm-tests/run-backend.sh juicefs|s3fs [--keep-work] [run-vm.sh args...]
 #   (the backend may come anywhere among the arguments, as run-all.sh passes
 #   --daemon first; run-vm.sh's defaults apply: --vmm qemu --suite basic)
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BACKEND=""

@@ -74,7 +74,9 @@
 #   --keep            keep the temp dir (share, libvirt state) and the domain's
 #                     files
 # Exit status: 0 only if every check passed.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -193,7 +195,9 @@ EOF
 	done | sort -k1,1 -s | awk '{p[$1] = $2; if (!($1 in seen)) {seen[$1] = 1; o[++n] = $1}}
 		END {for (i = 1; i <= n; i++) print p[o[i]]}' |
 		while read -r f; do
-			[[ -s $f ]] && grep -q '"type" *: *"fs"' "$f" && printf '%s ' "$f"
+			# Descriptors of other types (QEMU's own 50-qemu-gpu.json) are skipped;
+			# the loop's status must not be the last grep's.
+			if [[ -s $f ]] && grep -q '"type" *: *"fs"' "$f"; then printf '%s ' "$f"; fi
 		done)
 	info "fs descriptors in libvirt's order (the first wins): $order"
 }

@@ -23,7 +23,9 @@
 #          [--timeout SECS] [--keep]
 # Needs root (mount namespaces and mounts). Ends with "N passed, N failed" over
 # both sides; exit 0 only if nothing failed.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -15,7 +15,9 @@
 # JuiceFS runs on Redis (unix socket) with local object storage, as in
 # run-backend.sh. Needs root. Ends with "N passed, N failed".
 # Usage: vm-tests/run-plugin.sh [--keep-work] [run-vm.sh args...]
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

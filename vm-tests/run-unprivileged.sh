@@ -40,7 +40,9 @@
 #                      session-mode cases run volfsd as this user)
 # Other options go to run-vm.sh after the defaults above (so they override
 # them), e.g. --daemon-args "--seccomp none" or --timeout 1200.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

@@ -56,7 +56,9 @@
 # result, adds its own checks (the daemon must exit 0 once the VM is gone),
 # and ends with "N passed, N failed". Exit status: 0 only if nothing failed
 # and the guest printed DONE.
-set -euo pipefail
+set -Eeuo pipefail
+# A failure always says what failed (set -e alone ends the script without a word).
+trap 'echo "${BASH_SOURCE[0]##*/}: line $LINENO: \"$BASH_COMMAND\" failed (status $?)" >&2' ERR
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)

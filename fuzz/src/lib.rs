@@ -8,12 +8,14 @@ pub mod common;
 pub mod control;
 pub mod fuse;
 pub mod paths;
+pub mod region;
 pub mod state;
 pub mod virtqueue;
 
 pub use control::run_control;
 pub use fuse::run_fuse;
 pub use paths::run_paths;
+pub use region::run_region;
 pub use state::run_state;
 pub use virtqueue::run_virtqueue;
 
@@ -29,4 +31,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("control", run_control),
     ("paths", run_paths),
     ("state", run_state),
+    ("region", run_region),
 ];

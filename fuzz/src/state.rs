@@ -2,18 +2,26 @@
 //! `FsServer::load_session`), which reads bytes a VMM hands over from wherever the
 //! state was saved: another host, an old snapshot file, anyone who could write it.
 //!
-//! Input: the state's bytes as a VMM would hand them over (header and postcard
-//! body), loaded into a fresh stack on a SharedDir with a read-write volume `rw`, a
-//! read-only volume `ro` and a directory `hidden` no volume names, beside a symlink
-//! out of the tree. The first input byte, before the state, picks the load's
-//! options (bit 0: `--migration-on-error=guest-error`). A loaded state is then used:
+//! Input: the first byte picks the load's options (bit 0:
+//! `--migration-on-error=guest-error`; bit 1: loaded as a crashed process's
+//! successor loads its journal; bit 2: the rest mutates a valid state, below), then
+//! the state's bytes as a VMM would hand them over (header and postcard body).
+//! With bit 2, the next byte picks one of the states a real stack saved (the seeds)
+//! and each following 10 bytes (`op u8 | index u8 | value u64 LE`) change it where
+//! a byte-level mutation rarely reaches: the id counters, a volume's root id, mode,
+//! name, place or presence in the volume table, a node's id, volume or lookups, a
+//! handle's id, a virtual directory added. The state is loaded into a fresh stack
+//! on a SharedDir with a read-write volume `rw`, a read-only volume `ro` and a
+//! directory `hidden` no volume names, beside a symlink out of the tree, whose
+//! guest has a session already (INIT, `rw` looked up). A loaded state is then used:
 //! GETATTR of every node id it names and READ through every handle, as the guest
 //! would on.
 //!
 //! Oracle: no panic; decoding and loading return within 2 s (a watchdog aborts);
-//! a state refused leaves no session (the next request on its ids fails); after
-//! each input no fd the loader or the requests opened refers to anything outside
-//! the scratch tree, to `hidden`, or to a device; `ro` is unchanged.
+//! a state refused changes nothing (the session before it serves on: `rw`'s node
+//! id answers, and a new INIT works); after each input no fd the loader or the
+//! requests opened refers to anything outside the scratch tree, to `hidden`, or to
+//! a device; `ro` is unchanged.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -33,12 +41,19 @@ const MAX_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 /// At most this many node ids and handles of a loaded state are used afterwards.
 const MAX_USES: usize = 32;
 
-struct State {
-    scratch: Scratch,
-    specs: Vec<ShareSpec>,
-    ro_sum: u64,
+/// The scratch tree the state and region targets load sessions on, and what their
+/// requests reply into.
+pub struct State {
+    pub scratch: Scratch,
+    pub specs: Vec<ShareSpec>,
+    pub ro_sum: u64,
     replies: File,
     reply_buf: Vec<u8>,
+}
+
+/// The scratch tree, made once per process.
+pub fn scratch_tree() -> &'static Mutex<State> {
+    state()
 }
 
 fn state() -> &'static Mutex<State> {
@@ -99,7 +114,7 @@ pub fn build(root: &Path, specs: &[ShareSpec]) -> FsServer {
 }
 
 /// Sends one request; returns the reply's errno (0 for success; None: no reply).
-fn send(server: &FsServer, st: &mut State, mut req: Vec<u8>) -> Option<i32> {
+pub(crate) fn send(server: &FsServer, st: &mut State, mut req: Vec<u8>) -> Option<i32> {
     let fd = st.replies.as_raw_fd();
     {
         let writer = Writer::FuseDev(FuseDevWriter::<()>::new(fd, &mut st.reply_buf).ok()?);
@@ -116,12 +131,89 @@ fn send(server: &FsServer, st: &mut State, mut req: Vec<u8>) -> Option<i32> {
     (n == 16).then(|| i32::from_le_bytes(header[4..8].try_into().unwrap()))
 }
 
+/// The seeds' states, saved once per process.
+fn seeds() -> &'static [Vec<u8>] {
+    static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    SEEDS.get_or_init(seed_states)
+}
+
+/// `state` changed by the 10-byte mutations of `ops` (see the module's doc).
+fn mutate(state: &mut format::SessionState, ops: &[u8]) {
+    const NAMES: [&str; 6] = ["rw", "ro", "hidden", "", "rw/d", "x"];
+    for op in ops.chunks_exact(10) {
+        let (kind, i) = (op[0], usize::from(op[1]));
+        let v = u64::from_le_bytes(op[2..].try_into().unwrap());
+        let nv = state.volumes.len();
+        let (nn, nh) = (state.nodes.len(), state.handles.len());
+        match kind % 13 {
+            0 => state.next_node_id = v,
+            1 => state.next_handle_id = v,
+            2 if nv > 0 => state.volumes[i % nv].root = v,
+            3 if nv > 0 => state.volumes[i % nv].read_only ^= true,
+            4 if nv > 0 => state.volumes[i % nv].name = NAMES[v as usize % NAMES.len()].into(),
+            5 if nv > 0 => state.volumes.swap(i % nv, v as usize % nv),
+            6 if nv > 0 => {
+                state.volumes.remove(i % nv);
+            }
+            7 if nv > 0 => {
+                let v = state.volumes[i % nv].clone();
+                state.volumes.push(v)
+            }
+            8 if nn > 0 => state.nodes[i % nn].id = v,
+            9 if nn > 0 => state.nodes[i % nn].volume = v as u32,
+            10 => state.virtual_dirs.push(format::VirtualDir {
+                path: NAMES[i % NAMES.len()].into(),
+                nodeid: v,
+            }),
+            11 if nh > 0 => state.handles[i % nh].id = v,
+            12 if nn > 0 => state.nodes[i % nn].lookups = v,
+            _ => {}
+        }
+    }
+}
+
+/// The node id of `name` in `parent` (None: the lookup failed).
+pub(crate) fn lookup_id(server: &FsServer, st: &mut State, parent: u64, name: &str) -> Option<u64> {
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
+    let mut req = request(op::LOOKUP as u32, 7, parent, 0, &b);
+    let fd = st.replies.as_raw_fd();
+    {
+        let w = Writer::FuseDev(FuseDevWriter::<()>::new(fd, &mut st.reply_buf).ok()?);
+        let _ = server.handle_local(&mut req, w);
+    }
+    let mut out = [0u8; 24];
+    // SAFETY: plain syscalls on our memfd.
+    let n = unsafe {
+        let n = libc::pread(fd, out.as_mut_ptr().cast(), 24, 0);
+        libc::ftruncate(fd, 0);
+        libc::lseek(fd, 0, libc::SEEK_SET);
+        n
+    };
+    let errno = i32::from_le_bytes(out[4..8].try_into().unwrap());
+    (n == 24 && errno == 0).then(|| u64::from_le_bytes(out[16..24].try_into().unwrap()))
+}
+
 pub fn run_state(data: &[u8]) {
+    let seeds = seeds();
     let mut guard = state().lock().unwrap_or_else(|e| e.into_inner());
     let st = &mut *guard;
     let root = st.scratch.path().to_path_buf();
     let Some((&options, bytes)) = data.split_first() else {
         return;
+    };
+    let mutated;
+    let bytes = if options & 4 != 0 {
+        let Some((&pick, ops)) = bytes.split_first() else {
+            return;
+        };
+        let mut seed =
+            format::decode(&seeds[usize::from(pick) % seeds.len()]).expect("a seed decodes");
+        mutate(&mut seed, ops);
+        mutated = format::encode(&seed);
+        &mutated[..]
+    } else {
+        bytes
     };
     let opts = LoadOptions {
         on_error: if options & 1 != 0 {
@@ -134,6 +226,10 @@ pub fn run_state(data: &[u8]) {
     };
     let server = build(&root, &st.specs);
     let baseline = open_fds();
+    // The guest has a session already: a refused state must leave it as it is.
+    let init = request(op::INIT as u32, 1, 0, 0, &init_body());
+    assert_eq!(send(&server, st, init), Some(0), "the first INIT");
+    let rw = lookup_id(&server, st, 1, "rw").expect("rw looked up");
     Watchdog::arm(MAX_TIME, "decoding and loading a device state");
     let decoded = format::decode(bytes);
     let loaded = decoded.as_ref().ok().map(|s| {
@@ -167,17 +263,14 @@ pub fn run_state(data: &[u8]) {
                 );
             }
         }
-        (Ok(s), Some(Err(_))) => {
-            // Refused: nothing of it is kept; its ids answer nothing (no INIT yet).
-            let any = s.nodes.iter().find(|n| n.id > 1).map(|n| n.id);
-            if let Some(id) = any {
-                let errno = send(
-                    &server,
-                    st,
-                    request(op::GETATTR as u32, 1, id, 0, &[0u8; 16]),
-                );
-                assert_ne!(errno, Some(0), "node {id} of a refused state answers");
-            }
+        (_, Some(Err(_))) | (Err(_), None) => {
+            // Refused: the session before it serves on.
+            let errno = send(
+                &server,
+                st,
+                request(op::GETATTR as u32, 1, rw, 0, &[0u8; 16]),
+            );
+            assert_eq!(errno, Some(0), "rw's node {rw} after a refused state");
             // The daemon serves a guest that starts anew.
             let init = request(op::INIT as u32, 2, 0, 0, &init_body());
             assert_eq!(
@@ -200,7 +293,7 @@ pub fn run_state(data: &[u8]) {
 }
 
 /// No fd of the process refers to an inode under `dir`.
-fn check_no_fd_into(dir: &Path) {
+pub fn check_no_fd_into(dir: &Path) {
     let inodes = tree_inodes(dir);
     for (fd, target) in open_fds() {
         let Ok(st) = std::fs::metadata(format!("/proc/self/fd/{fd}")) else {

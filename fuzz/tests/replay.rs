@@ -67,3 +67,8 @@ fn replay_paths() {
 fn replay_state() {
     replay("state");
 }
+
+#[test]
+fn replay_region() {
+    replay("region");
+}

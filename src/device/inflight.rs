@@ -94,39 +94,55 @@ impl InFlight {
         used_idx: u16,
         used_id: impl Fn(u16) -> Option<u32>,
     ) -> Unanswered {
-        let none = Unanswered {
-            heads: Vec::new(),
-            next_avail: used_idx,
-        };
-        let Some(area) = self.0 else { return none };
-        let size = usize::from(size).min(QUEUE_SIZE);
-        if area.desc_table.load(Ordering::Relaxed) != desc_table {
-            // Another ring's heads: a ring set up elsewhere since.
-            return none;
+        match self.0 {
+            Some(area) => unanswered_in(area, desc_table, size, used_idx, used_id),
+            None => Unanswered {
+                heads: Vec::new(),
+                next_avail: used_idx,
+            },
         }
-        let mut marked: Vec<(u64, u16)> = area.heads[..size]
-            .iter()
-            .enumerate()
-            .filter_map(|(h, s)| {
-                let order = s.load(Ordering::Acquire);
-                (order != 0).then_some((order, h as u16))
-            })
-            .collect();
-        // Returned but still marked: the used entries published after the index
-        // recorded (at most the one in whose return the process died; a guest that
-        // wrote its own used index gets at most a ring's worth looked at).
-        let recorded = area.used_idx.load(Ordering::Acquire);
-        let published = used_idx.wrapping_sub(recorded).min(size as u16);
-        for i in 0..published {
-            if let Some(id) = used_id(recorded.wrapping_add(i)) {
-                marked.retain(|&(_, h)| u32::from(h) != id);
-            }
+    }
+}
+
+/// [`InFlight::unanswered`] of the queue area `area` (of a region handed back, say).
+pub fn unanswered_in(
+    area: &QueueArea,
+    desc_table: u64,
+    size: u16,
+    used_idx: u16,
+    used_id: impl Fn(u16) -> Option<u32>,
+) -> Unanswered {
+    let none = Unanswered {
+        heads: Vec::new(),
+        next_avail: used_idx,
+    };
+    let size = usize::from(size).min(QUEUE_SIZE);
+    if area.desc_table.load(Ordering::Relaxed) != desc_table {
+        // Another ring's heads: a ring set up elsewhere since.
+        return none;
+    }
+    let mut marked: Vec<(u64, u16)> = area.heads[..size]
+        .iter()
+        .enumerate()
+        .filter_map(|(h, s)| {
+            let order = s.load(Ordering::Acquire);
+            (order != 0).then_some((order, h as u16))
+        })
+        .collect();
+    // Returned but still marked: the used entries published after the index
+    // recorded (at most the one in whose return the process died; a guest that
+    // wrote its own used index gets at most a ring's worth looked at).
+    let recorded = area.used_idx.load(Ordering::Acquire);
+    let published = used_idx.wrapping_sub(recorded).min(size as u16);
+    for i in 0..published {
+        if let Some(id) = used_id(recorded.wrapping_add(i)) {
+            marked.retain(|&(_, h)| u32::from(h) != id);
         }
-        marked.sort_unstable();
-        Unanswered {
-            next_avail: used_idx.wrapping_add(marked.len() as u16),
-            heads: marked.into_iter().map(|(_, h)| h).collect(),
-        }
+    }
+    marked.sort_unstable();
+    Unanswered {
+        next_avail: used_idx.wrapping_add(marked.len() as u16),
+        heads: marked.into_iter().map(|(_, h)| h).collect(),
     }
 }
 

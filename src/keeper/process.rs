@@ -619,8 +619,13 @@ impl Keeper<'_> {
             Err(e) => warn!("keeper: no inflight fd for the frontend: {e}"),
         }
         self.adopt(new);
-        // The fresh process served nothing; its region is gone with `ours`.
+        // The fresh process served nothing; its region is gone with `ours`. It is
+        // reaped before the takeover is told: until then it still accepted on the
+        // control socket beside its successor, and answered a client for volumes it
+        // did not have (in namespace mode the keeper's child is its supervisor, whose
+        // death kills the serving process below it: both are gone once it is reaped).
         let _ = nix::sys::signal::kill(fresh, Signal::SIGKILL);
+        reap(fresh);
         drop(ours);
         // From now on the region holds this daemon's own list.
         if let Some(volumes) = &self.volumes {
@@ -784,6 +789,18 @@ struct Pending {
     pause: std::time::Duration,
     /// The binary named for it (`ctl upgrade --binary`): the daemon's from now on.
     command: Option<Command>,
+}
+
+/// Waits (at most 2 s) for the child `pid`, killed, to be gone.
+fn reap(pid: Pid) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while let Ok(WaitStatus::StillAlive) = waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+        if std::time::Instant::now() >= deadline {
+            warn!("keeper: process {pid}, killed, is still there after 2 s");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// A pidfd of `pid` (pidfd_open), close-on-exec.

@@ -67,6 +67,16 @@ const HALVES_OFFSET: usize = VOLUMES_OFFSET + 2 * VOLUMES_SLOT;
 /// The whole region.
 pub const REGION_LEN: usize = HALVES_OFFSET + 2 * HALF_LEN;
 
+/// The region's areas: (what, offset, length). For a reader checking a region from
+/// outside (the `region` fuzz target writes hostile bytes into them).
+pub const AREAS: [(&str, usize, usize); 5] = [
+    ("header", 0, HEADER_LEN),
+    ("queues", QUEUES_OFFSET, QUEUES_END - QUEUES_OFFSET),
+    ("volumes", VOLUMES_OFFSET, 2 * VOLUMES_SLOT),
+    ("journal half A", HALVES_OFFSET, HALF_LEN),
+    ("journal half B", HALVES_OFFSET + HALF_LEN, HALF_LEN),
+];
+
 /// What went wrong with a region, with what was being done.
 #[derive(Debug)]
 pub enum RegionError {
@@ -282,6 +292,14 @@ impl Region {
             .map(|i| self.byte(at + 8 + i).load(Ordering::Relaxed))
             .collect();
         String::from_utf8(bytes).ok()
+    }
+
+    /// Writes `bytes` at `offset` (within the region): what a frontend that kept the
+    /// region could have written into it before handing it back.
+    pub fn write_raw(&self, offset: usize, bytes: &[u8]) {
+        for (i, &b) in bytes.iter().enumerate() {
+            self.byte(offset + i).store(b, Ordering::Relaxed);
+        }
     }
 
     fn byte(&self, offset: usize) -> &AtomicU8 {

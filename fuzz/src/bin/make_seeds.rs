@@ -486,5 +486,37 @@ fn main() {
         "not-a-state",
         b"\0VOLFSDST\x01\0\0\0\x05\0\0\0\0\0\0\0xxxxx",
     );
+    // A saved state mutated where bytes rarely reach (options bit 2): the next node
+    // id near the end of its range; two volumes on one root id; a volume renamed.
+    let op = |kind: u8, index: u8, value: u64| cat(&[&[kind, index], &le64(value)]);
+    for (name, ops) in [
+        ("mutated-counter", op(0, 0, u64::MAX - 1)),
+        ("mutated-root-ids", cat(&[&op(2, 1, 2), &op(2, 0, 2)])),
+        ("mutated-volume-name", op(4, 0, 2)),
+        ("mutated-read-only", op(3, 1, 0)),
+    ] {
+        write("state", name, &cat(&[&[4u8, 2], &ops]));
+    }
+    // Session regions a real stack recorded its session into, as the keeper's
+    // serving process does; one of them also lists volumes it was never given.
+    // Last: from here on this process records into the region.
+    let region = volfsd::exports::recovery::record_into(
+        volfsd::exports::recovery::Region::create().unwrap(),
+        volfsd::exports::recovery::Half::A,
+    );
+    region.header().set_in_session(true);
+    region
+        .set_volumes(r#"[{"name":"rw","volume":{"path":"rw","read_only":false}},{"name":"ro","volume":{"path":"ro","read_only":false}}]"#)
+        .unwrap();
+    let (recorded, foreign) = volfsd_fuzz::region::with_recorded_session(|| {
+        let recorded = volfsd_fuzz::region::seed_writes(region);
+        region
+            .set_volumes(r#"[{"name":"hidden","volume":{"path":"hidden","read_only":false}}]"#)
+            .unwrap();
+        (recorded, volfsd_fuzz::region::seed_writes(region))
+    });
+    write("region", "recorded", &recorded);
+    write("region", "recorded-foreign-volumes", &foreign);
+    write("region", "empty", b"");
     println!("seeds written under {}", root.display());
 }
