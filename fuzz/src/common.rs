@@ -97,6 +97,19 @@ fn remove_stale(target: &str) {
 
 fn mount_private_tmpfs(path: &Path, mib: u64) -> bool {
     use std::ffi::CString;
+    // A mount namespace unshared by one thread is that thread's alone: in a process
+    // of several (the replay tests), another thread using the tree would see the
+    // directory under the tmpfs, empty. Only a process of one thread mounts it.
+    let threads = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+        });
+    if threads != Some(1) {
+        return false;
+    }
     // SAFETY: unshare/mount with valid C strings; failures are reported by the return
     // value and leave the process as it was.
     unsafe {
@@ -134,10 +147,14 @@ pub fn limit_file_size(bytes: u64) {
     // SAFETY: setrlimit/signal with valid arguments.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-        let lim = libc::rlimit {
-            rlim_cur: bytes,
-            rlim_max: bytes,
+        // The soft limit only: a target that needs a large file of its own (the
+        // region target's sparse memfd) raises it for that one call.
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
         };
+        libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim);
+        lim.rlim_cur = bytes.min(lim.rlim_max);
         libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
     }
 }

@@ -48,6 +48,28 @@ fn write_into(region: &Region, mut data: &[u8]) -> Vec<usize> {
     queues
 }
 
+/// A fresh region, sized past a file size limit another target of this process
+/// may have set (the `fuse` target's, without a tmpfs of its own).
+fn fresh_region() -> Region {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct; the limit is put back after.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit);
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        libc::setrlimit(libc::RLIMIT_FSIZE, &raised);
+    }
+    let region = Region::create().expect("a fresh session region");
+    // SAFETY: as above.
+    unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) };
+    region
+}
+
 /// The volumes a stack serves: name to read-only.
 fn volumes_of(stack: &fs::Stack) -> BTreeMap<String, bool> {
     stack
@@ -63,7 +85,7 @@ pub fn run_region(data: &[u8]) {
     let tree = &mut *guard;
     let root = tree.scratch.path().to_path_buf();
     let baseline = open_fds();
-    let written = Region::create().expect("a fresh session region");
+    let written = fresh_region();
     let queues = write_into(&written, data);
     Watchdog::arm(MAX_TIME, "reading a session region handed back");
     // What the keeper checks of a region handed back.
