@@ -113,8 +113,9 @@ fn check_threads(d: &Daemon, privileged_xattrs: bool) -> Vec<(String, ThreadRole
         assert_eq!(hex(&s, "CapPrm"), prm, "{name} ({role:?}): CapPrm");
         let filters = match filters_of(tid) {
             Ok(f) => f,
-            // Ended while it was being read.
-            Err(_) if status(pid, tid).is_empty() => continue,
+            // Ended while it was being read (a set-up thread that was joined may be
+            // listed for a moment while the kernel reaps it).
+            Err(_) if ended(pid, tid) => continue,
             Err(e) => panic!("{name}: reading its filters: {e}"),
         };
         let want = expected_filters(role, own);
@@ -140,6 +141,12 @@ fn check_threads(d: &Daemon, privileged_xattrs: bool) -> Vec<(String, ThreadRole
         seen.push((name, role));
     }
     seen
+}
+
+/// Whether thread `tid` of `pid` is gone or exiting (a zombie or dead task).
+fn ended(pid: i32, tid: i32) -> bool {
+    let s = status(pid, tid);
+    s.is_empty() || field(&s, "State").starts_with(['Z', 'X'])
 }
 
 #[track_caller]
