@@ -70,6 +70,12 @@ pub mod fs {
     }
 }
 
+/// The table of FUSE operations (the harness checks every row volfsd decodes has its
+/// handler).
+pub mod fuse_ops {
+    pub use crate::fuse_ops::{opcode, row, Admission, Decoder, Row, ROWS};
+}
+
 pub mod logging {
     pub use crate::logging::{Budget, BUDGET, BUDGET_REPORT, DEBUG_BUDGET};
 }

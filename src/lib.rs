@@ -12,6 +12,9 @@ mod device;
 mod error;
 pub mod exports;
 mod fs;
+mod fuse_ops;
+#[cfg(test)]
+mod generated_docs;
 mod keeper;
 mod logging;
 mod metrics;

@@ -728,3 +728,40 @@ fn every_request_decoded_here_is_answered_as_fuse_backend_rs_answers_it() {
         4096,
     );
 }
+
+#[test]
+fn every_operation_the_table_says_volfsd_decodes_has_its_handler() {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use volfsd::exports::fuse_ops::{Decoder, ROWS};
+    let s = side("rows");
+    // SAFETY: memfd_create with a valid name; the fd is owned by the File.
+    let replies = unsafe {
+        let fd = libc::memfd_create(c"volfsd-dispatch-rows".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0);
+        std::fs::File::from_raw_fd(fd)
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    for row in ROWS.iter().filter(|r| r.decoder == Decoder::Volfsd) {
+        // A well-formed header and zeroed arguments: answered (maybe with an error),
+        // never "no handler".
+        let body = [0u8; 128];
+        let mut request = InHeader {
+            len: (HDR + body.len()) as u32,
+            opcode: row.opcode,
+            unique: 9,
+            nodeid: 1,
+            ..Default::default()
+        }
+        .as_slice()
+        .to_vec();
+        request.extend_from_slice(&body);
+        let writer = fuse_backend_rs::transport::Writer::FuseDev(
+            fuse_backend_rs::transport::FuseDevWriter::<()>::new(replies.as_raw_fd(), &mut buf)
+                .unwrap(),
+        );
+        if let Err(e) = s.server.handle_local(&mut request, writer) {
+            let e = format!("{e:?}");
+            assert!(!e.contains("no handler"), "{}: {e}", row.name);
+        }
+    }
+}

@@ -1,6 +1,8 @@
-//! The frequent requests, decoded and answered here rather than by fuse-backend-rs's
-//! `Server`: lookups, attributes, opens, reads, directory listings, releases, creates
-//! and removals, the forgets. Each is decoded from the request's local copy as that server decodes it
+//! The requests volfsd decodes itself (their rows in `fuse_ops.rs` say so), rather
+//! than fuse-backend-rs's `Server`: lookups, attributes, opens, reads and writes,
+//! directory listings, releases, creates and removals, the forgets, and the four
+//! the server does not serve as volfsd needs (`extra_ops.rs`). One `match` over the
+//! opcode: each arm is an operation's handler. Each is decoded from the request's local copy as that server decodes it
 //! and answered with the same bytes (`harness/tests/dispatch.rs` compares the two
 //! on every opcode here), but written straight into the reply's buffers
 //! ([`Reply`]): the server's writer over guest memory allocates a queue of slices
@@ -16,16 +18,19 @@ use std::mem::size_of;
 
 use fuse_backend_rs::abi::fuse_abi::{
     AccessIn, AttrOut, BatchForgetIn, CreateIn, Dirent, EntryOut, FlushIn, ForgetIn, ForgetOne,
-    FsyncIn, GetattrIn, InHeader, Kstatfs, MkdirIn, Opcode, OpenIn, OpenOut, ReadIn, ReleaseIn,
-    Rename2In, RenameIn, SetattrIn, SetattrValid, FATTR_FH, GETATTR_FH, READ_LOCKOWNER,
-    RELEASE_FLOCK_UNLOCK, RELEASE_FLUSH,
+    FsyncIn, GetattrIn, InHeader, Kstatfs, MkdirIn, OpenIn, OpenOut, ReadIn, ReleaseIn, Rename2In,
+    RenameIn, SetattrIn, SetattrValid, WriteIn, WriteOut, FATTR_FH, GETATTR_FH, READ_LOCKOWNER,
+    RELEASE_FLOCK_UNLOCK, RELEASE_FLUSH, WRITE_CACHE, WRITE_LOCKOWNER,
 };
 use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use vm_memory::ByteValued;
 
-use super::buffers::{errno_of, error, finish, ok, Reply, HEADER};
+use super::buffers::{errno_of, error, finish, ok, LocalData, Reply, WriteData, HEADER};
+use super::extra_ops;
+use super::server::{MAX_PAYLOAD, WRITE_PREFIX};
 use super::stack::VolFs;
+use crate::fuse_ops::opcode;
 
 /// The request's header and the largest message after it that fuse-backend-rs
 /// accepts (its `BUFFER_HEADER_SIZE` is 4 KiB): a longer one is answered ENOMEM.
@@ -35,37 +40,6 @@ const IN_HEADER: usize = size_of::<InHeader>();
 /// Why a request got no reply from here.
 #[derive(Debug)]
 pub struct Undecodable(pub String);
-
-/// Whether `opcode` is served here.
-pub fn handles(opcode: u32) -> bool {
-    OPCODES.iter().any(|&op| op as u32 == opcode)
-}
-
-const OPCODES: [Opcode; 23] = [
-    Opcode::Lookup,
-    Opcode::Forget,
-    Opcode::BatchForget,
-    Opcode::Getattr,
-    Opcode::Setattr,
-    Opcode::Mkdir,
-    Opcode::Unlink,
-    Opcode::Rmdir,
-    Opcode::Rename,
-    Opcode::Rename2,
-    Opcode::Open,
-    Opcode::Read,
-    Opcode::Statfs,
-    Opcode::Release,
-    Opcode::Fsync,
-    Opcode::Flush,
-    Opcode::Opendir,
-    Opcode::Readdir,
-    Opcode::Readdirplus,
-    Opcode::Releasedir,
-    Opcode::Fsyncdir,
-    Opcode::Access,
-    Opcode::Create,
-];
 
 /// The fixed-size arguments after the header (too few bytes: undecodable).
 fn args<T: ByteValued + Default>(request: &[u8]) -> Result<T, Undecodable> {
@@ -124,17 +98,31 @@ fn two_names<'r>(
     Ok((first, cstr(rest)?))
 }
 
-/// Serves one request whose opcode [`handles`] said is served here; returns its
-/// reply's length (0: it owes none).
+/// Serves one request whose row in the table (`fuse_ops.rs`) says volfsd decodes
+/// it; returns its reply's length (0: it owes none). A WRITE's data is `write_data`
+/// (None: it follows the WriteIn in `request`).
 pub fn serve<R: Reply>(
     fs: &VolFs,
     header: &InHeader,
-    request: &[u8],
+    request: &mut [u8],
+    write_data: Option<&mut dyn WriteData>,
     reply: &mut R,
 ) -> Result<usize, Undecodable> {
     let unique = header.unique;
-    let forget =
-        header.opcode == Opcode::Forget as u32 || header.opcode == Opcode::BatchForget as u32;
+    let op = header.opcode;
+    if matches!(op, opcode::READ | opcode::READDIR | opcode::READDIRPLUS) {
+        let size = request
+            .get(IN_HEADER..IN_HEADER + size_of::<ReadIn>())
+            .and_then(ReadIn::from_slice)
+            .map(|r| r.size);
+        if size.is_some_and(|s| s > MAX_PAYLOAD) {
+            return written(error(reply, unique, libc::EINVAL));
+        }
+    }
+    if op == opcode::WRITE {
+        return written(write(fs, header, request, write_data, reply));
+    }
+    let forget = op == opcode::FORGET || op == opcode::BATCH_FORGET;
     if header.len > MAX_MESSAGE {
         if forget {
             return Err(Undecodable("a forget longer than a message".into()));
@@ -148,21 +136,20 @@ pub fn serve<R: Reply>(
         Ok(()) => written(ok(reply, unique, &[])),
         Err(e) => written(error(reply, unique, errno_of(&e))),
     };
-    let op = header.opcode;
     match op {
-        _ if op == Opcode::Lookup as u32 => {
+        opcode::LOOKUP => {
             let name = name(header, request, 0)?;
             match fs.lookup(&ctx, node, name) {
                 Ok(entry) => written(ok(reply, unique, EntryOut::from(entry).as_slice())),
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ if op == Opcode::Forget as u32 => {
+        opcode::FORGET => {
             let ForgetIn { nlookup } = args(request)?;
             fs.forget(&ctx, node, nlookup);
             Ok(0)
         }
-        _ if op == Opcode::BatchForget as u32 => {
+        opcode::BATCH_FORGET => {
             let BatchForgetIn { count, .. } = args(request)?;
             let fixed = IN_HEADER + size_of::<BatchForgetIn>();
             let max = (MAX_MESSAGE as usize - fixed) / size_of::<ForgetOne>();
@@ -184,12 +171,12 @@ pub fn serve<R: Reply>(
             fs.batch_forget(&ctx, forgets);
             Ok(0)
         }
-        _ if op == Opcode::Getattr as u32 => {
+        opcode::GETATTR => {
             let GetattrIn { flags, fh, .. } = args(request)?;
             let handle = (flags & GETATTR_FH != 0).then_some(fh);
             attr(reply, unique, fs.getattr(&ctx, node, handle))
         }
-        _ if op == Opcode::Setattr as u32 => {
+        opcode::SETATTR => {
             let setattr: SetattrIn = args(request)?;
             let handle = (setattr.valid & FATTR_FH != 0).then_some(setattr.fh);
             let valid = SetattrValid::from_bits_truncate(setattr.valid);
@@ -199,7 +186,7 @@ pub fn serve<R: Reply>(
                 fs.setattr(&ctx, node, setattr.into(), handle, valid),
             )
         }
-        _ if op == Opcode::Mkdir as u32 => {
+        opcode::MKDIR => {
             let MkdirIn { mode, umask } = args(request)?;
             let name = name(header, request, size_of::<MkdirIn>())?;
             match fs.mkdir(&ctx, node, name, mode, umask) {
@@ -207,27 +194,27 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ if op == Opcode::Unlink as u32 => {
+        opcode::UNLINK => {
             let name = name(header, request, 0)?;
             empty(reply, fs.unlink(&ctx, node, name))
         }
-        _ if op == Opcode::Rmdir as u32 => {
+        opcode::RMDIR => {
             let name = name(header, request, 0)?;
             empty(reply, fs.rmdir(&ctx, node, name))
         }
-        _ if op == Opcode::Rename as u32 => {
+        opcode::RENAME => {
             let RenameIn { newdir } = args(request)?;
             let (old, new) = two_names(header, request, size_of::<RenameIn>())?;
             empty(reply, fs.rename(&ctx, node, old, newdir, new, 0))
         }
-        _ if op == Opcode::Rename2 as u32 => {
+        opcode::RENAME2 => {
             let Rename2In { newdir, flags, .. } = args(request)?;
             let flags =
                 flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE | libc::RENAME_WHITEOUT);
             let (old, new) = two_names(header, request, size_of::<Rename2In>())?;
             empty(reply, fs.rename(&ctx, node, old, newdir, new, flags))
         }
-        _ if op == Opcode::Open as u32 => {
+        opcode::OPEN => {
             let OpenIn { flags, fuse_flags } = args(request)?;
             match fs.open(&ctx, node, flags, fuse_flags) {
                 Ok((handle, opts, passthrough)) => {
@@ -241,7 +228,7 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ if op == Opcode::Read as u32 => {
+        opcode::READ => {
             let r: ReadIn = args(request)?;
             let owner = (r.read_flags & READ_LOCKOWNER != 0).then_some(r.lock_owner);
             reply.clear_body();
@@ -251,11 +238,11 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ if op == Opcode::Statfs as u32 => match fs.statfs(&ctx, node) {
+        opcode::STATFS => match fs.statfs(&ctx, node) {
             Ok(st) => written(ok(reply, unique, Kstatfs::from(st).as_slice())),
             Err(e) => written(error(reply, unique, errno_of(&e))),
         },
-        _ if op == Opcode::Release as u32 => {
+        opcode::RELEASE => {
             let r: ReleaseIn = args(request)?;
             let flush = r.release_flags & RELEASE_FLUSH != 0;
             let flock_release = r.release_flags & RELEASE_FLOCK_UNLOCK != 0;
@@ -265,17 +252,17 @@ pub fn serve<R: Reply>(
                 fs.release(&ctx, node, r.flags, r.fh, flush, flock_release, owner),
             )
         }
-        _ if op == Opcode::Fsync as u32 => {
+        opcode::FSYNC => {
             let FsyncIn {
                 fh, fsync_flags, ..
             } = args(request)?;
             empty(reply, fs.fsync(&ctx, node, fsync_flags & 1 != 0, fh))
         }
-        _ if op == Opcode::Flush as u32 => {
+        opcode::FLUSH => {
             let FlushIn { fh, lock_owner, .. } = args(request)?;
             empty(reply, fs.flush(&ctx, node, fh, lock_owner))
         }
-        _ if op == Opcode::Opendir as u32 => {
+        opcode::OPENDIR => {
             let OpenIn { flags, .. } = args(request)?;
             match fs.opendir(&ctx, node, flags) {
                 Ok((handle, opts)) => {
@@ -289,33 +276,25 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ if op == Opcode::Readdir as u32 || op == Opcode::Readdirplus as u32 => {
+        opcode::READDIR | opcode::READDIRPLUS => {
             let r: ReadIn = args(request)?;
-            readdir(
-                fs,
-                &ctx,
-                node,
-                &r,
-                op == Opcode::Readdirplus as u32,
-                reply,
-                unique,
-            )
+            readdir(fs, &ctx, node, &r, op == opcode::READDIRPLUS, reply, unique)
         }
-        _ if op == Opcode::Releasedir as u32 => {
+        opcode::RELEASEDIR => {
             let ReleaseIn { fh, flags, .. } = args(request)?;
             empty(reply, fs.releasedir(&ctx, node, flags, fh))
         }
-        _ if op == Opcode::Fsyncdir as u32 => {
+        opcode::FSYNCDIR => {
             let FsyncIn {
                 fh, fsync_flags, ..
             } = args(request)?;
             empty(reply, fs.fsyncdir(&ctx, node, fsync_flags & 1 != 0, fh))
         }
-        _ if op == Opcode::Access as u32 => {
+        opcode::ACCESS => {
             let AccessIn { mask, .. } = args(request)?;
             empty(reply, fs.access(&ctx, node, mask))
         }
-        _ if op == Opcode::Create as u32 => {
+        opcode::CREATE => {
             let create: CreateIn = args(request)?;
             let name = name(header, request, size_of::<CreateIn>())?;
             match fs.create(&ctx, node, name, create) {
@@ -342,7 +321,63 @@ pub fn serve<R: Reply>(
                 Err(e) => written(error(reply, unique, errno_of(&e))),
             }
         }
-        _ => Err(Undecodable(format!("opcode {op} is not served here"))),
+        opcode::SETLKW | opcode::COPY_FILE_RANGE | opcode::SYNCFS | opcode::TMPFILE => {
+            written(extra_ops::serve(fs, header, request, reply))
+        }
+        _ => Err(Undecodable(format!("opcode {op} has no handler here"))),
+    }
+}
+
+/// WRITE: its data read in place from the guest's buffers (`write_data`), or from the
+/// local copy after its WriteIn.
+fn write<R: Reply>(
+    fs: &VolFs,
+    header: &InHeader,
+    request: &mut [u8],
+    write_data: Option<&mut dyn WriteData>,
+    reply: &mut R,
+) -> std::io::Result<usize> {
+    let Some(args) = request
+        .get(IN_HEADER..WRITE_PREFIX)
+        .and_then(WriteIn::from_slice)
+        .copied()
+    else {
+        return error(reply, header.unique, libc::EINVAL);
+    };
+    let mut local;
+    let data: &mut dyn WriteData = match write_data {
+        Some(d) => d,
+        None => {
+            local = LocalData::new(&mut request[WRITE_PREFIX..]);
+            &mut local
+        }
+    };
+    if args.size > MAX_PAYLOAD || args.size as usize > data.remaining() {
+        return error(reply, header.unique, libc::EINVAL);
+    }
+    let owner = (args.fuse_flags & WRITE_LOCKOWNER != 0).then_some(args.lock_owner);
+    let delayed = args.fuse_flags & WRITE_CACHE != 0;
+    let ctx = Context::from(header);
+    match fs.write(
+        &ctx,
+        header.nodeid,
+        args.fh,
+        data,
+        args.size,
+        args.offset,
+        owner,
+        delayed,
+        args.flags,
+        args.fuse_flags,
+    ) {
+        Ok(n) => {
+            let out = WriteOut {
+                size: n as u32,
+                padding: 0,
+            };
+            ok(reply, header.unique, out.as_slice())
+        }
+        Err(e) => error(reply, header.unique, errno_of(&e)),
     }
 }
 
@@ -452,6 +487,7 @@ fn written(r: std::io::Result<usize>) -> Result<usize, Undecodable> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fuse_backend_rs::abi::fuse_abi::Opcode;
 
     fn request(opcode: Opcode, len: u32, rest: &[u8]) -> Vec<u8> {
         let mut r = InHeader {
@@ -502,14 +538,5 @@ mod tests {
         assert!(args::<GetattrIn>(&r).is_err());
         let r = request(Opcode::Getattr, 56, &[0; 16]);
         assert!(args::<GetattrIn>(&r).is_ok());
-    }
-
-    #[test]
-    fn every_opcode_listed_is_served() {
-        for op in OPCODES {
-            assert!(handles(op as u32));
-        }
-        assert!(!handles(Opcode::Getxattr as u32));
-        assert!(!handles(Opcode::Write as u32), "WRITE is the server's own");
     }
 }

@@ -8,29 +8,14 @@
 use std::io;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, Opcode, OpenOut, WriteOut,
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, OpenOut, WriteOut,
 };
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 use vm_memory::ByteValued;
 
 use super::buffers::{self, Reply};
 use super::ops::{CopyRange, ExtraOps};
-
-/// Opcodes fuse-backend-rs 0.14's `Opcode` enum lacks.
-pub const OPCODE_SYNCFS: u32 = 50;
-pub const OPCODE_TMPFILE: u32 = 51;
-const OPCODE_COPY_FILE_RANGE: u32 = Opcode::CopyFileRange as u32;
-/// fuse-backend-rs 0.14 decodes SETLKW but calls the non-blocking `setlk`, so a
-/// guest's `fcntl(F_SETLKW)` would get EAGAIN instead of waiting: decoded here.
-const OPCODE_SETLKW: u32 = Opcode::Setlkw as u32;
-
-/// Whether `opcode` is served here rather than by fuse-backend-rs's server.
-pub fn handles(opcode: u32) -> bool {
-    matches!(
-        opcode,
-        OPCODE_COPY_FILE_RANGE | OPCODE_SYNCFS | OPCODE_TMPFILE | OPCODE_SETLKW
-    )
-}
+use crate::fuse_ops::opcode;
 
 /// The fixed-size arguments after the header of `request`, its local copy.
 fn args<T: ByteValued + Default>(request: &[u8]) -> io::Result<T> {
@@ -43,9 +28,11 @@ fn args<T: ByteValued + Default>(request: &[u8]) -> io::Result<T> {
     Ok(value)
 }
 
-/// Serves one request (`request`: its local copy, header included). Returns the
-/// reply length.
-pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, R: Reply>(
+/// Serves one of the four (`request`: its local copy, header included), for
+/// `dispatch.rs`. Returns the reply length. (fuse-backend-rs 0.14 answers SYNCFS,
+/// TMPFILE and COPY_FILE_RANGE ENOSYS, and serves SETLKW with the non-blocking
+/// `setlk`: the guest's `fcntl(F_SETLKW)` would get EAGAIN instead of waiting.)
+pub fn serve<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, R: Reply>(
     fs: &F,
     header: &InHeader,
     request: &[u8],
@@ -53,7 +40,7 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, R: Reply>(
 ) -> io::Result<usize> {
     let ctx = Context::from(header);
     let result: io::Result<Vec<u8>> = match header.opcode {
-        OPCODE_COPY_FILE_RANGE => args::<CopyFileRangeIn>(request)
+        opcode::COPY_FILE_RANGE => args::<CopyFileRangeIn>(request)
             .and_then(|a| {
                 fs.copy_file_range(
                     &ctx,
@@ -77,9 +64,9 @@ pub fn dispatch<F: ExtraOps + FileSystem<Inode = u64, Handle = u64>, R: Reply>(
                 .as_slice()
                 .to_vec()
             }),
-        OPCODE_SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
-        OPCODE_SETLKW => setlkw(fs, header, request).map(|_| Vec::new()),
-        OPCODE_TMPFILE => args::<CreateIn>(request)
+        opcode::SYNCFS => fs.syncfs(&ctx, header.nodeid).map(|_| Vec::new()),
+        opcode::SETLKW => setlkw(fs, header, request).map(|_| Vec::new()),
+        opcode::TMPFILE => args::<CreateIn>(request)
             .and_then(|args| fs.tmpfile(&ctx, header.nodeid, args))
             .map(|(entry, fh, opts)| {
                 let mut out = EntryOut::from(entry).as_slice().to_vec();

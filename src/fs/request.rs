@@ -12,7 +12,7 @@
 use std::mem::size_of;
 use std::sync::Arc;
 
-use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode, ReadIn, WriteIn};
+use fuse_backend_rs::abi::fuse_abi::{InHeader, ReadIn, WriteIn};
 use fuse_backend_rs::transport::Writer;
 use log::debug;
 use vm_memory::bitmap::BitmapSlice;
@@ -21,6 +21,7 @@ use vm_memory::ByteValued;
 use super::buffers::{self, Reply, WriteData};
 use super::server::{parse_header, FsServer, RequestError, MAX_PAYLOAD};
 use super::share::Share;
+use crate::fuse_ops::{self, opcode, Rerun};
 use crate::qos::Cost;
 
 /// What a transport must know of a request before it serves it.
@@ -38,7 +39,7 @@ pub struct Admission {
 /// place; any other request whole, up to the largest a guest may send.
 pub fn copy_limit(first: &[u8]) -> usize {
     match parse_header(first) {
-        Some(h) if h.opcode == Opcode::Write as u32 => WRITE_PREFIX,
+        Some(h) if h.opcode == opcode::WRITE => WRITE_PREFIX,
         _ => MAX_REQUEST,
     }
 }
@@ -55,26 +56,18 @@ pub fn is_request(bytes: &[u8]) -> bool {
 /// Whether a request may wait for any time (SETLKW), as [`Admission::may_wait`]
 /// says, for a request whose volume was looked at already.
 pub fn may_wait(request: &[u8]) -> bool {
-    parse_header(request).is_some_and(|h| h.opcode == Opcode::Setlkw as u32)
+    parse_header(request)
+        .and_then(|h| fuse_ops::row(h.opcode))
+        .is_some_and(|r| r.admission == fuse_ops::Admission::MayWait)
 }
 
 /// Whether a WRITE's data follows its prefix in the chain (then the transport gives
 /// [`FsServer::serve`] a reader over it, from [`WRITE_PREFIX`] on).
 pub fn has_write_data(request: &[u8]) -> bool {
-    parse_header(request).is_some_and(|h| h.opcode == Opcode::Write as u32)
+    parse_header(request).is_some_and(|h| h.opcode == opcode::WRITE)
 }
 
 pub use super::server::{MAX_REQUEST, WRITE_PREFIX};
-
-/// Opcodes never throttled: FORGET, BATCH_FORGET and INTERRUPT free resources or
-/// cancel a wait, INIT and DESTROY belong to the session.
-const NEVER_THROTTLED: [Opcode; 5] = [
-    Opcode::Forget,
-    Opcode::BatchForget,
-    Opcode::Interrupt,
-    Opcode::Init,
-    Opcode::Destroy,
-];
 
 impl FsServer {
     /// The one question a transport asks of a request (its local copy): whether it
@@ -99,7 +92,10 @@ impl FsServer {
     }
 
     fn limited_volume(&self, header: &InHeader, request: &[u8]) -> Option<(Arc<Share>, Cost)> {
-        if NEVER_THROTTLED.iter().any(|op| *op as u32 == header.opcode) {
+        // An opcode without a row is answered ENOSYS: it costs what any request does.
+        if fuse_ops::row(header.opcode)
+            .is_some_and(|r| r.admission == fuse_ops::Admission::NeverThrottled)
+        {
             return None;
         }
         // A request about a virtual directory is for no volume.
@@ -108,9 +104,9 @@ impl FsServer {
             return None;
         }
         let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
-        let bytes = if header.opcode == Opcode::Read as u32 {
+        let bytes = if header.opcode == opcode::READ {
             ReadIn::from_slice(args.get(..size_of::<ReadIn>()).unwrap_or(&[])).map(|r| r.size)
-        } else if header.opcode == Opcode::Write as u32 {
+        } else if header.opcode == opcode::WRITE {
             WriteIn::from_slice(args.get(..size_of::<WriteIn>()).unwrap_or(&[])).map(|w| w.size)
         } else {
             None
@@ -146,7 +142,7 @@ impl FsServer {
                 why,
             }) => {
                 debug!("opcode {opcode} unique {unique}: {why}");
-                if !expects_reply(opcode) {
+                if !fuse_ops::expects_reply(opcode) {
                     return 0;
                 }
                 // A completion with no bytes would read as a zeroed header, i.e.
@@ -234,86 +230,36 @@ impl FsServer {
     /// Decides [`AfterCrash`] for a request's local copy. An appending WRITE is told
     /// by its handle's host flags and by the flags the guest sent with it.
     pub fn after_crash(&self, request: &[u8]) -> AfterCrash {
-        use crate::fs::extra_ops::OPCODE_SYNCFS;
         let Some(h) = parse_header(request) else {
             return AfterCrash::Fail;
         };
+        let Some(row) = fuse_ops::row(h.opcode) else {
+            return AfterCrash::Fail;
+        };
+        if !row.reply {
+            return AfterCrash::Drop;
+        }
         let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
-        let op = |o: Opcode| o as u32;
-        match h.opcode {
-            o if o == op(Opcode::Forget)
-                || o == op(Opcode::BatchForget)
-                || o == op(Opcode::Interrupt) =>
-            {
-                AfterCrash::Drop
-            }
-            o if o == op(Opcode::Write) => {
-                let Some(w) = WriteIn::from_slice(args.get(..size_of::<WriteIn>()).unwrap_or(&[]))
-                else {
-                    return AfterCrash::Fail;
-                };
-                let appends = w.flags as i32 & libc::O_APPEND != 0
-                    || self.volumes.passthrough().appends(w.fh, h.nodeid);
-                if appends {
-                    AfterCrash::Fail
-                } else {
-                    AfterCrash::Rerun
-                }
-            }
-            o if o == op(Opcode::Open) => {
-                // OpenIn: flags, open_flags.
-                let flags = args
-                    .get(..4)
-                    .map_or(libc::O_TRUNC, |b| i32::from_le_bytes(b.try_into().unwrap()));
-                if flags & libc::O_TRUNC != 0 {
-                    AfterCrash::Fail
-                } else {
-                    AfterCrash::Rerun
-                }
-            }
-            o if [
-                Opcode::Lookup,
-                Opcode::Getattr,
-                Opcode::Readlink,
-                Opcode::Read,
-                Opcode::Statfs,
-                Opcode::Release,
-                Opcode::Fsync,
-                Opcode::Getxattr,
-                Opcode::Listxattr,
-                Opcode::Flush,
-                Opcode::Init,
-                Opcode::Opendir,
-                Opcode::Readdir,
-                Opcode::Releasedir,
-                Opcode::Fsyncdir,
-                Opcode::Getlk,
-                Opcode::Setlk,
-                Opcode::Setlkw,
-                Opcode::Access,
-                Opcode::Bmap,
-                Opcode::Destroy,
-                Opcode::Poll,
-                Opcode::Readdirplus,
-                Opcode::Lseek,
-            ]
-            .iter()
-            .any(|&k| o == op(k))
-                || o == OPCODE_SYNCFS =>
-            {
-                AfterCrash::Rerun
-            }
-            // CREATE, MKDIR, MKNOD, SYMLINK, LINK, UNLINK, RMDIR, RENAME(2), SETATTR,
-            // SETXATTR, REMOVEXATTR, FALLOCATE, COPY_FILE_RANGE, TMPFILE, IOCTL, and
-            // whatever else: they may have been applied.
-            _ => AfterCrash::Fail,
+        let rerun = match (row.rerun, h.opcode) {
+            (Rerun::Yes, _) => true,
+            (Rerun::No, _) => false,
+            (Rerun::ByArgs, opcode::WRITE) => WriteIn::from_slice(
+                args.get(..size_of::<WriteIn>()).unwrap_or(&[]),
+            )
+            .is_some_and(|w| {
+                w.flags as i32 & libc::O_APPEND == 0
+                    && !self.volumes.passthrough().appends(w.fh, h.nodeid)
+            }),
+            // OpenIn: flags first.
+            (Rerun::ByArgs, opcode::OPEN) => args
+                .get(..4)
+                .is_some_and(|b| i32::from_le_bytes(b.try_into().unwrap()) & libc::O_TRUNC == 0),
+            (Rerun::ByArgs, _) => false,
+        };
+        if rerun {
+            AfterCrash::Rerun
+        } else {
+            AfterCrash::Fail
         }
     }
-}
-
-/// FORGET, BATCH_FORGET and INTERRUPT get no reply.
-fn expects_reply(opcode: u32) -> bool {
-    opcode != Opcode::Forget as u32
-        && opcode != Opcode::BatchForget as u32
-        && opcode != Opcode::Interrupt as u32
 }

@@ -8,34 +8,29 @@
 //! request while it is served changes nothing. Only a WRITE's data stays in guest
 //! memory: it goes from there straight into the file.
 //!
-//! Routing:
-//! - INIT, DESTROY: session bookkeeping here (a second INIT or a DESTROY starts a new
-//!   session); INIT is answered by [`init`], DESTROY here;
-//! - WRITE: decoded here, with the data read in place;
-//! - IOCTL: ENOTTY here, without decoding its sizes;
-//! - the frequent requests (lookups, attributes, opens, reads, creates, removals,
-//!   forgets): [`dispatch`], replies written straight into their buffers;
-//! - COPY_FILE_RANGE, SYNCFS, TMPFILE, SETLKW: [`extra_ops`];
-//! - everything else: fuse-backend-rs's `Server`, through a writer of its own.
+//! Routing follows each operation's row of the table (`fuse_ops.rs`): INIT and
+//! DESTROY are the session's bookkeeping, here (a second INIT or a DESTROY starts a
+//! new session); IOCTL is refused without decoding its sizes; what volfsd decodes
+//! goes to [`dispatch`], replies written straight into their buffers (a WRITE's
+//! data read in place); the rest to fuse-backend-rs's `Server`, through a writer of
+//! its own.
 
 use std::io::{self, Read};
 use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fuse_backend_rs::abi::fuse_abi::{
-    InHeader, Opcode, ReadIn, WriteIn, WriteOut, WRITE_CACHE, WRITE_LOCKOWNER,
-};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
 use fuse_backend_rs::api::server::{Server, MAX_BUFFER_SIZE};
 use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
-use super::buffers::{self, LocalData, LocalReply, Reply, WriteData};
+use super::buffers::{self, LocalReply, Reply, WriteData};
 use super::stack::{Stack, VolFs};
 use super::volumes::Volumes;
 use super::{dispatch, extra_ops, init};
+use crate::fuse_ops::{self, opcode, Decoder};
 
 /// The largest request accepted, WRITE data aside: a FUSE message of at most
 /// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
@@ -186,73 +181,64 @@ impl FsServer {
             why,
         };
         let answered = |r: io::Result<usize>| r.map_err(|e| failed(e.to_string()));
-        if header.opcode == Opcode::Init as u32 {
-            // Marked before the reply goes out: the kernel sends its next requests as
-            // soon as it reads the reply, possibly to another worker thread.
-            let was = self.initialized.swap(true, Ordering::AcqRel);
-            if was {
-                // A rebooted guest (or a hostile one) starts over on the same
-                // connection: nothing of the old session may survive into the new.
-                self.volumes.reset_session();
-            }
-            let body = init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]);
-            let answer = match &body {
-                Ok((body, _)) => buffers::ok(reply, header.unique, body),
-                Err(errno) => buffers::error(reply, header.unique, *errno),
-            };
-            if !was && (body.is_err() || answer.is_err()) {
-                self.initialized.store(false, Ordering::Release);
-            }
-            if let Ok((_, session)) = &body {
-                self.set_session(*session);
-            }
-            return answered(answer);
+        if header.opcode == opcode::INIT {
+            return answered(self.init(&header, request, reply));
         }
         if !self.initialized.load(Ordering::Acquire) {
             return answered(buffers::error(reply, header.unique, libc::EIO));
         }
-        match header.opcode {
-            op if op == Opcode::Destroy as u32 => {
-                // Answered here: fuse-backend-rs writes the reply but reports no
-                // length, so the guest would never see it.
-                self.initialized.store(false, Ordering::Release);
-                self.set_session(None);
-                self.volumes.reset_session();
-                return answered(buffers::ok(reply, header.unique, &[]));
+        // The operation's row decides who decodes it (an opcode without one: the
+        // library's server, which answers ENOSYS).
+        match fuse_ops::row(header.opcode).map(|r| r.decoder) {
+            Some(Decoder::Session) => answered(self.destroy(&header, reply)),
+            Some(Decoder::Refused(errno)) => answered(buffers::error(reply, header.unique, errno)),
+            Some(Decoder::Volfsd) => dispatch::serve(&self.fs, &header, request, write_data, reply)
+                .map_err(|e| failed(e.0)),
+            Some(Decoder::Library) | None => {
+                let writer = server_writer().ok_or_else(|| failed("no reply buffers".into()))?;
+                self.server
+                    .handle_message(local_reader(request), writer, None, None)
+                    .map_err(|e| failed(e.to_string()))
             }
-            // The daemon serves no ioctl; its sizes are never looked at.
-            op if op == Opcode::Ioctl as u32 => {
-                return answered(buffers::error(reply, header.unique, libc::ENOTTY))
-            }
-            op if op == Opcode::Read as u32
-                || op == Opcode::Readdir as u32
-                || op == Opcode::Readdirplus as u32 =>
-            {
-                let size = ReadIn::from_slice(
-                    request
-                        .get(size_of::<InHeader>()..size_of::<InHeader>() + size_of::<ReadIn>())
-                        .unwrap_or(&[]),
-                )
-                .map(|r| r.size);
-                if size.is_some_and(|s| s > MAX_PAYLOAD) {
-                    return answered(buffers::error(reply, header.unique, libc::EINVAL));
-                }
-            }
-            op if op == Opcode::Write as u32 => {
-                return answered(self.write(&header, request, write_data, reply));
-            }
-            _ => {}
         }
-        if dispatch::handles(header.opcode) {
-            dispatch::serve(&self.fs, &header, request, reply).map_err(|e| failed(e.0))
-        } else if extra_ops::handles(header.opcode) {
-            answered(extra_ops::dispatch(&*self.fs, &header, request, reply))
-        } else {
-            let writer = server_writer().ok_or_else(|| failed("no reply buffers".into()))?;
-            self.server
-                .handle_message(local_reader(request), writer, None, None)
-                .map_err(|e| failed(e.to_string()))
+    }
+
+    /// INIT: a new session, answered by `init.rs`. A second one on the same
+    /// connection (a rebooted guest, or a hostile one) starts over: nothing of the old
+    /// session survives into the new.
+    fn init<R: Reply>(
+        &self,
+        header: &InHeader,
+        request: &[u8],
+        reply: &mut R,
+    ) -> io::Result<usize> {
+        // Marked before the reply goes out: the kernel sends its next requests as soon
+        // as it reads the reply, possibly to another worker thread.
+        let was = self.initialized.swap(true, Ordering::AcqRel);
+        if was {
+            self.volumes.reset_session();
         }
+        let body = init::reply_body(&*self.fs, &request[size_of::<InHeader>()..]);
+        let answer = match &body {
+            Ok((body, _)) => buffers::ok(reply, header.unique, body),
+            Err(errno) => buffers::error(reply, header.unique, *errno),
+        };
+        if !was && (body.is_err() || answer.is_err()) {
+            self.initialized.store(false, Ordering::Release);
+        }
+        if let Ok((_, session)) = &body {
+            self.set_session(*session);
+        }
+        answer
+    }
+
+    /// DESTROY ends the session as a second INIT does. Answered here: fuse-backend-rs
+    /// writes the reply but reports no length, so the guest would never see it.
+    fn destroy<R: Reply>(&self, header: &InHeader, reply: &mut R) -> io::Result<usize> {
+        self.initialized.store(false, Ordering::Release);
+        self.set_session(None);
+        self.volumes.reset_session();
+        buffers::ok(reply, header.unique, &[])
     }
 
     /// Serves a SETLKW (`header` is its header, `request` its local copy) up to its
@@ -266,58 +252,6 @@ impl FsServer {
         match extra_ops::setlkw(&*self.fs, header, request) {
             Ok(()) => 0,
             Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
-        }
-    }
-
-    fn write<R: Reply>(
-        &self,
-        header: &InHeader,
-        request: &mut [u8],
-        write_data: Option<&mut dyn WriteData>,
-        reply: &mut R,
-    ) -> io::Result<usize> {
-        let Some(args) = request
-            .get(size_of::<InHeader>()..WRITE_PREFIX)
-            .and_then(WriteIn::from_slice)
-            .copied()
-        else {
-            return buffers::error(reply, header.unique, libc::EINVAL);
-        };
-        let mut local;
-        let data: &mut dyn WriteData = match write_data {
-            Some(d) => d,
-            None => {
-                local = LocalData::new(&mut request[WRITE_PREFIX..]);
-                &mut local
-            }
-        };
-        if args.size > MAX_PAYLOAD || args.size as usize > data.remaining() {
-            return buffers::error(reply, header.unique, libc::EINVAL);
-        }
-        let owner = (args.fuse_flags & WRITE_LOCKOWNER != 0).then_some(args.lock_owner);
-        let delayed = args.fuse_flags & WRITE_CACHE != 0;
-        let ctx = Context::from(header);
-        let result = self.fs.write(
-            &ctx,
-            header.nodeid,
-            args.fh,
-            data,
-            args.size,
-            args.offset,
-            owner,
-            delayed,
-            args.flags,
-            args.fuse_flags,
-        );
-        match result {
-            Ok(n) => {
-                let out = WriteOut {
-                    size: n as u32,
-                    padding: 0,
-                };
-                buffers::ok(reply, header.unique, out.as_slice())
-            }
-            Err(e) => buffers::error(reply, header.unique, e.raw_os_error().unwrap_or(libc::EIO)),
         }
     }
 }

@@ -144,40 +144,9 @@ pub fn serve_as_worker(worker: usize) {
     SHARD.with(|s| s.set(worker.min(SHARED)));
 }
 
-/// Declares [`Op`] with its variants, [`Op::ALL`] in declaration order, and
-/// [`Op::name`] (the variant's own name): one list, not three.
-macro_rules! ops {
-    ($($op:ident),* $(,)?) => {
-        /// The FUSE operations counted per volume, named as the `op` label shows them.
-        /// Variant names are the `FileSystem` method names, so that the read-only
-        /// guard, generated from the one list of operations (`fs/ops.rs`), names each
-        /// operation by its method.
-        #[allow(non_camel_case_types)]
-        #[derive(Clone, Copy, Debug, Eq, PartialEq)]
-        #[repr(usize)]
-        pub enum Op {
-            $($op),*
-        }
-
-        impl Op {
-            pub const ALL: [Op; [$(Op::$op),*].len()] = [$(Op::$op),*];
-
-            /// The `op` label.
-            pub fn name(self) -> &'static str {
-                match self {
-                    $(Op::$op => stringify!($op)),*
-                }
-            }
-        }
-    };
-}
-
-ops! {
-    lookup, getattr, setattr, readlink, symlink, mknod, mkdir, unlink, rmdir, rename,
-    link, open, create, read, write, flush, fsync, fallocate, release, statfs, setxattr,
-    getxattr, listxattr, removexattr, opendir, readdir, readdirplus, fsyncdir,
-    releasedir, access, lseek, getlk, setlk, setlkw, tmpfile, copy_file_range, syncfs,
-}
+/// The operations counted per volume: one per row of the operations' table that
+/// names a metric (`fuse_ops.rs`).
+pub use crate::fuse_ops::Op;
 
 /// The errno classes errors are counted by: the ones a guest meets in normal use by
 /// name, the rest as `other`.

@@ -232,23 +232,6 @@ fn trap_mode_names_the_call_and_the_thread_and_exits_1() {
 
 #[test]
 fn docs_table_is_current() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOC);
-    let doc = std::fs::read_to_string(&path).unwrap_or_default();
     let table = super::docs_table::markdown_table();
-    let current = doc
-        .split_once(BEGIN)
-        .and_then(|(_, rest)| rest.split_once(END))
-        .map(|(t, _)| t);
-    if current == Some(table.as_str()) {
-        return;
-    }
-    if std::env::var_os("VOLFSD_UPDATE_SECCOMP_DOC").is_some() {
-        let (head, rest) = doc
-            .split_once(BEGIN)
-            .expect("docs/SECCOMP.md has the begin marker");
-        let (_, tail) = rest.split_once(END).expect("and the end marker");
-        std::fs::write(&path, format!("{head}{BEGIN}{table}{END}{tail}")).unwrap();
-        return;
-    }
-    panic!("{DOC} is out of date with the allow-lists: rerun with VOLFSD_UPDATE_SECCOMP_DOC=1");
+    crate::generated_docs::keep_current(DOC, BEGIN, END, &table);
 }
