@@ -16,6 +16,7 @@ pub mod later;
 pub mod memory;
 pub mod poll;
 pub mod queue;
+pub mod queues;
 pub mod request;
 pub mod ring;
 pub mod split_ring;
@@ -24,7 +25,7 @@ pub mod state_transfer;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -39,12 +40,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::fs::{FsServer, Stack};
 use dirty_log::LogBitmap;
-use later::{Later, Parked, WaitRoom, WakeTimers};
+use later::Parked;
 pub use memory::{GuestMem, GuestMmap, Vring};
 use queue::QueueRef;
+use queues::{DeviceQueue, Queues, HIPRIO_QUEUE};
 pub use ring::QueueCounters;
+use ring::QueueStart;
 pub use ring::MAX_QUEUE_SIZE;
-use ring::{QueueHealth, QueueStart, RingRef};
 use state_transfer::{StateConfig, StateTransfer};
 
 /// How often a worker looks whether the rings a loaded state's unanswered requests
@@ -54,14 +56,12 @@ const INCOMING_POLL: Duration = Duration::from_millis(20);
 /// The most request queues: vhost-user-backend gives each worker a 64-bit queue
 /// mask, and the hiprio queue takes one bit.
 pub const MAX_REQUEST_QUEUES: usize = 63;
-/// The hiprio queue's index.
-const HIPRIO_QUEUE: usize = 0;
 
 /// Live counters of the device, readable from any thread.
 #[derive(Default)]
 pub struct DeviceStats {
     /// Per queue (index = queue index): requests served and being served.
-    pub queues: Vec<QueueCounters>,
+    pub queues: Vec<Arc<QueueCounters>>,
     /// Whether a frontend is connected (set on memory table, cleared on exit).
     pub connected: AtomicBool,
     /// Queues the frontend has started (kicked at least once).
@@ -74,17 +74,12 @@ pub struct FsBackend {
     event_idx: AtomicBool,
     num_request_queues: usize,
     stats: Arc<DeviceStats>,
-    started: Vec<AtomicBool>,
-    /// Per queue; shared with the lock waits handed to threads of their own.
-    health: Vec<Arc<QueueHealth>>,
-    /// Per queue: its throttled requests (the hiprio queue's stays empty).
-    rooms: Arc<Vec<Mutex<WaitRoom>>>,
+    /// Each queue, by index (`queues.rs`); shared with the state thread (a saved
+    /// state's throttled requests) and the volumes (their limits changing wakes the
+    /// workers).
+    queues: Arc<Queues>,
     /// Lock waits in progress, and requests a loaded state handed over unanswered.
     parked: Arc<Parked>,
-    /// The request queues' wake timers (worker `t` serves request queue `t + 1`).
-    /// The volumes fire them when a volume's limit changes or it is detached, so
-    /// its waiting requests are looked at anew.
-    timers: Arc<WakeTimers>,
     /// Device starts (SET_FEATURES) so far, and the start in which a new driver last
     /// reset the session: one reset per start, whichever queue sees it first.
     starts: AtomicU64,
@@ -96,13 +91,6 @@ pub struct FsBackend {
     exit_events: Vec<EventFd>,
     /// The features of the last SET_FEATURES ([`NO_FEATURES`] before the first).
     features: AtomicU64,
-    /// Per queue: its requests taken and not answered, under a keeper.
-    inflight: Vec<inflight::InFlight>,
-    /// Each queue's adaptive polling (`--poll-us`).
-    pollers: Vec<poll::Poller>,
-    /// Per queue: a serving process killed under this session left requests on it
-    /// unanswered, answered (or failed) when its ring runs here (`later/recovered.rs`).
-    recovering: Vec<AtomicBool>,
 }
 
 /// No SET_FEATURES yet: never a real set, since vhost-user-backend refuses features
@@ -114,28 +102,23 @@ impl FsBackend {
     /// `poll`: each queue's polling window after its ring ran dry (`poll.rs`; zero:
     /// none).
     pub fn new(stack: &Stack, num_request_queues: usize, poll: Duration) -> io::Result<Self> {
-        let total = num_request_queues + 1;
+        let queues = Arc::new(Queues::new(num_request_queues, poll)?);
         let stats = DeviceStats {
-            queues: (0..total).map(|_| QueueCounters::default()).collect(),
+            queues: queues.iter().map(|q| q.counters.clone()).collect(),
             ..Default::default()
         };
-        // One per worker thread: worker t serves request queue t + 1.
-        let timers = Arc::new(WakeTimers::new(num_request_queues)?);
-        let on_change = timers.clone();
+        let on_change = queues.clone();
         stack
             .volumes
-            .on_limits_changed(Box::new(move || on_change.wake_all()));
+            .on_limits_changed(Box::new(move || on_change.wake_all(Duration::ZERO)));
         Ok(FsBackend {
             server: Arc::new(FsServer::new(stack)),
             mem: RwLock::new(None),
             event_idx: AtomicBool::new(false),
             num_request_queues,
             stats: Arc::new(stats),
-            started: (0..total).map(|_| AtomicBool::new(false)).collect(),
-            health: (0..total).map(|_| Arc::default()).collect(),
-            rooms: Arc::new((0..total).map(|_| Mutex::default()).collect()),
+            queues,
             parked: Arc::default(),
-            timers,
             starts: AtomicU64::new(0),
             reset_in_start: AtomicU64::new(0),
             state: StateTransfer::default(),
@@ -143,9 +126,6 @@ impl FsBackend {
                 .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
                 .collect::<io::Result<_>>()?,
             features: AtomicU64::new(NO_FEATURES),
-            inflight: (0..total).map(inflight::InFlight::of).collect(),
-            pollers: (0..total).map(|_| poll::Poller::new(poll)).collect(),
-            recovering: (0..total).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -157,8 +137,8 @@ impl FsBackend {
         half: crate::recovery::region::Half,
     ) -> Result<(), state_transfer::TransferError> {
         let loaded = self.state.recover(half);
-        for (r, q) in self.recovering.iter().zip(&self.inflight) {
-            r.store(q.is_kept(), Ordering::Release);
+        for q in self.queues.iter() {
+            q.set_recovering(q.inflight.is_kept());
         }
         loaded
     }
@@ -186,7 +166,9 @@ impl FsBackend {
             let at = used_ring.checked_add(4 + 8 * u64::from(i % size.max(1)))?;
             guest.read_obj::<u32>(GuestAddress(at)).ok()
         };
-        let left = self.inflight[index].unanswered(table, size, used_idx.0, used_id);
+        let left = self.queues[index]
+            .inflight
+            .unanswered(table, size, used_idx.0, used_id);
         state.get_queue_mut().set_next_avail(left.next_avail);
         if !left.heads.is_empty() {
             info!(
@@ -223,8 +205,9 @@ impl FsBackend {
         &self,
         handlers: &[Arc<VringEpollHandler<Arc<FsBackend>>>],
     ) -> io::Result<()> {
+        // Worker t serves request queue t + 1 (and worker 0 the hiprio queue too).
         for (t, handler) in handlers.iter().enumerate() {
-            if let Some(timer) = self.timers.get(t) {
+            if let Some(timer) = self.queues.get(t + 1).and_then(DeviceQueue::timer) {
                 handler.register_listener(
                     timer.as_raw_fd(),
                     EventSet::IN,
@@ -238,13 +221,10 @@ impl FsBackend {
     /// Drops every throttled request unanswered, and every lock wait's answer still
     /// to come: the session's rings are gone.
     fn drop_waiting(&self) {
-        for room in self.rooms.iter() {
-            room.lock().unwrap().clear();
+        for q in self.queues.iter() {
+            q.drop_waiting();
         }
         self.parked.forget_incoming();
-        for health in &self.health {
-            health.ring_gone();
-        }
     }
 
     /// Worker `thread`'s wake timer fired: serve the waiting requests of its request
@@ -253,7 +233,8 @@ impl FsBackend {
         let index = thread + 1;
         // Thread 0's vrings are the hiprio queue and request queue 1.
         let local = if thread == 0 { 1 } else { 0 };
-        let (Some(timer), Some(vring)) = (self.timers.get(thread), vrings.get(local)) else {
+        let timer = self.queues.get(index).and_then(DeviceQueue::timer);
+        let (Some(timer), Some(vring)) = (timer, vrings.get(local)) else {
             return;
         };
         timer.consume();
@@ -312,33 +293,12 @@ impl FsBackend {
     /// A loaded state handed over unanswered requests: each worker looks for its
     /// ring on its timer until the frontend runs it.
     fn poll_for_incoming(&self) {
-        for timer in self.timers.iter() {
-            timer.arm(INCOMING_POLL);
-        }
+        self.queues.wake_all(INCOMING_POLL);
     }
 
     fn queue_ref<'a>(&'a self, index: usize, vring: &'a Vring) -> QueueRef<'a> {
-        let throttled = index != HIPRIO_QUEUE;
-        QueueRef {
-            ring: RingRef {
-                vring,
-                index,
-                event_idx: self.event_idx.load(Ordering::Relaxed),
-                counters: &self.stats.queues[index],
-                health: &self.health[index],
-                inflight: self.inflight[index],
-                poller: &self.pollers[index],
-            },
-            later: Later {
-                room: throttled.then(|| &self.rooms[index]),
-                timer: if throttled {
-                    self.timers.get(index - 1)
-                } else {
-                    None
-                },
-                parked: &self.parked,
-            },
-        }
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
+        self.queues[index].queue_ref(vring, event_idx, &self.parked)
     }
 
     pub fn stats(&self) -> Arc<DeviceStats> {
@@ -351,9 +311,8 @@ impl FsBackend {
         *self.mem.write().unwrap() = None;
         self.stats.connected.store(false, Ordering::Relaxed);
         self.event_idx.store(false, Ordering::Relaxed);
-        for (started, health) in self.started.iter().zip(&self.health) {
-            started.store(false, Ordering::Relaxed);
-            health.reset();
+        for q in self.queues.iter() {
+            q.connection_ended();
         }
         self.stats.active_queues.store(0, Ordering::Relaxed);
         self.drop_waiting();
@@ -364,8 +323,8 @@ impl FsBackend {
     /// role.
     pub fn start_state_thread(self: &Arc<Self>, cfg: StateConfig) -> io::Result<()> {
         let collect = {
-            let (parked, rooms) = (self.parked.clone(), self.rooms.clone());
-            Box::new(move || parked.collect(&rooms))
+            let (parked, queues) = (self.parked.clone(), self.queues.clone());
+            Box::new(move || parked.collect(queues.rooms()))
         };
         let deliver = {
             let me = Arc::downgrade(self);
@@ -488,8 +447,8 @@ impl VhostUserBackend for FsBackend {
         debug!("device reset by the frontend: the guest session ends");
         self.drop_waiting();
         self.server.start_over();
-        for q in &self.inflight {
-            q.clear();
+        for q in self.queues.iter() {
+            q.inflight.clear();
         }
     }
 
@@ -577,7 +536,7 @@ impl VhostUserBackend for FsBackend {
             warn!("thread {thread_id}: no vring for event {device_event}");
             return Ok(());
         };
-        if !self.started[index].swap(true, Ordering::Relaxed) {
+        if self.queues[index].start() {
             self.stats.active_queues.fetch_add(1, Ordering::Relaxed);
             debug!("queue {index} started");
         }
@@ -592,12 +551,10 @@ impl VhostUserBackend for FsBackend {
         // A queue set up anew from index 0 is a new driver (a reboot): the old
         // session's node ids, handles and locks go, once per device start. A resume
         // after a pause keeps its ring position, so it keeps its session.
-        if self.health[index].check_restart(&state) == QueueStart::NewDriver {
+        if self.queues[index].health.check_restart(&state) == QueueStart::NewDriver {
             // Its throttled requests belong to the old ring, and so do the ones a
             // killed process left.
-            self.rooms[index].lock().unwrap().clear();
-            self.inflight[index].clear();
-            self.recovering[index].store(false, Ordering::Release);
+            self.queues[index].new_driver();
             let start = self.starts.load(Ordering::Acquire);
             if self.reset_in_start.swap(start, Ordering::AcqRel) != start {
                 debug!("queue {index}: a new driver started the device");
@@ -612,7 +569,7 @@ impl VhostUserBackend for FsBackend {
         // Errors here are the guest's or the frontend's; they never stop the worker.
         let queue = self.queue_ref(index, vring);
         let runs = virtio_queue::QueueT::ready(state.get_queue()) && state.is_enabled();
-        if runs && self.recovering[index].swap(false, Ordering::AcqRel) {
+        if runs && self.queues[index].take_recovering() {
             self.recover_queue(index, &queue, &mut state, &mem);
         }
         if self.parked.has_incoming() {

@@ -39,7 +39,7 @@ pub use lines::WaitRoom;
 pub use lock_waits::lock_waiters;
 pub use parked::{chain_at, Parked};
 pub use recovered::answer_recovered;
-pub use timer::{WakeTimer, WakeTimers};
+pub use timer::WakeTimer;
 
 /// What waits on one queue, beside its ring.
 #[derive(Clone, Copy)]

@@ -61,13 +61,16 @@ impl Parked {
 
     /// What is unanswered now, for the device state: lock waits and the throttled
     /// requests of `rooms` (indexed by queue).
-    pub fn collect(&self, rooms: &[Mutex<WaitRoom>]) -> Vec<ParkedRequest> {
+    pub fn collect<'a>(
+        &self,
+        rooms: impl Iterator<Item = (u16, &'a Mutex<WaitRoom>)>,
+    ) -> Vec<ParkedRequest> {
         let mut all: Vec<ParkedRequest> =
             self.lock_waits.lock().unwrap().values().cloned().collect();
-        for (queue, room) in rooms.iter().enumerate() {
+        for (queue, room) in rooms {
             for (head, request) in room.lock().unwrap().unanswered() {
                 all.push(ParkedRequest {
-                    queue: queue as u16,
+                    queue,
                     head,
                     request,
                 });

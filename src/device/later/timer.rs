@@ -70,36 +70,6 @@ impl AsRawFd for WakeTimer {
     }
 }
 
-/// The wake timers of the request queues' workers (worker `t` serves request queue
-/// `t + 1`), shared with the control API, which fires them when a limit changes or a
-/// volume is detached.
-#[derive(Default)]
-pub struct WakeTimers(Vec<WakeTimer>);
-
-impl WakeTimers {
-    pub fn new(workers: usize) -> io::Result<Self> {
-        (0..workers)
-            .map(|_| WakeTimer::new())
-            .collect::<io::Result<Vec<_>>>()
-            .map(WakeTimers)
-    }
-
-    pub fn get(&self, worker: usize) -> Option<&WakeTimer> {
-        self.0.get(worker)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &WakeTimer> {
-        self.0.iter()
-    }
-
-    /// Every worker looks at its waiting requests now.
-    pub fn wake_all(&self) {
-        for t in &self.0 {
-            t.arm(Duration::ZERO);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
