@@ -24,9 +24,11 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, VolatileMemory, VolatileSlice};
 
 use super::memory::GuestMmap;
-use super::ring::Broken;
 use crate::fs::buffers::{Reply, WriteData, HEADER};
 use crate::fs::request::{copy_limit, HEADER_LEN, MAX_REQUEST};
+
+/// A ring rule the frontend broke: why, for the one log line that stops the queue.
+pub(crate) struct Broken(pub String);
 
 /// Descriptors each way kept without an allocation: a FUSE request's header and
 /// arguments, its name, a page or two of data.

@@ -28,6 +28,10 @@ pub type GuestMem = GuestMemoryAtomic<GuestMmap>;
 /// A queue's vring as vhost-user-backend keeps it, over [`GuestMem`].
 pub type Vring = VringRwLock<GuestMem>;
 
+/// A queue's vring, locked: taken with `vring.get_mut()` and held while the ring and
+/// the buffers of its chains are written.
+pub type Locked<'a> = std::sync::RwLockWriteGuard<'a, vhost_user_backend::VringState<GuestMem>>;
+
 /// A vring over 4 MiB of guest memory, queue of 256 at 0x1000/0x2000 (tests).
 #[cfg(test)]
 pub(crate) fn test_vring() -> Vring {

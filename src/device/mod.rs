@@ -149,7 +149,7 @@ impl FsBackend {
         &self,
         index: usize,
         queue: &QueueRef,
-        state: &mut ring::Locked,
+        state: &mut memory::Locked,
         mem: &GuestMem,
     ) {
         use virtio_queue::QueueT;
@@ -261,7 +261,7 @@ impl FsBackend {
     /// Answers the requests a loaded device state handed over for queue `index`, once
     /// the frontend runs the ring (the destination of a migration sets it up after
     /// the load). Returns false while the ring does not run yet.
-    fn answer_incoming(&self, index: usize, queue: &QueueRef, state: &mut ring::Locked) -> bool {
+    fn answer_incoming(&self, index: usize, queue: &QueueRef, state: &mut memory::Locked) -> bool {
         use virtio_queue::QueueT;
         if !state.get_queue().ready() || !state.is_enabled() {
             return false;

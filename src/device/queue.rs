@@ -35,11 +35,13 @@ use vhost_user_backend::VringState;
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::GuestAddressSpace;
 
+use super::guest_buffers::Broken;
 use super::guest_buffers::{read_chain, DescTable};
 use super::later::{complete, release_waiting, Later, Taken, Wake};
 use super::memory::GuestMem;
+use super::memory::Locked;
 use super::request::with_buffer;
-use super::ring::{queue_err, Broken, Completions, Locked, Mem, RingRef};
+use super::ring::{queue_err, Completions, Mem, RingRef};
 use super::split_ring::SplitRing;
 use crate::fs::FsServer;
 

@@ -8,9 +8,9 @@ use std::ops::Deref;
 use fuse_backend_rs::transport::VirtioFsWriter;
 use virtio_queue::DescriptorChain;
 
+use super::guest_buffers::Broken;
 use super::guest_buffers::{chain_buffers, read_chain, ChainBuffers, GuestData, GuestReply};
 use super::memory::GuestMmap;
-use super::ring::Broken;
 use crate::fs::buffers::WriteData;
 use crate::fs::request::{has_write_data, WRITE_PREFIX};
 use crate::fs::FsServer;

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLockWriteGuard};
+use std::sync::{Arc, Mutex};
 
 use log::warn;
 use vhost_user_backend::VringState;
@@ -26,12 +26,7 @@ pub const MAX_QUEUE_SIZE: usize = 1024;
 /// Guest memory as a popped chain holds it.
 pub(crate) type Mem = GuestMemoryLoadGuard<GuestMmap>;
 
-/// A queue's vring, locked: taken with `vring.get_mut()` and held while the ring and
-/// the buffers of its chains are written.
-pub type Locked<'a> = RwLockWriteGuard<'a, VringState<GuestMem>>;
-
-/// A ring rule the frontend broke: why, for the one log line that stops the queue.
-pub(crate) struct Broken(pub String);
+use super::memory::Locked;
 
 /// One queue's counters, read by the control API.
 #[derive(Debug)]

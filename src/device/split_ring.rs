@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use super::guest_buffers::GuestSlice;
 use super::memory::GuestMmap;
-use super::ring::Locked;
+use super::memory::Locked;
 
 /// The avail ring's header (flags, idx) and element size; the used ring's.
 const AVAIL_HEADER: usize = 4;

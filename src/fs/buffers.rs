@@ -12,8 +12,9 @@
 use std::io::{self, Write};
 use std::mem::size_of;
 
-use fuse_backend_rs::abi::fuse_abi::OutHeader;
+use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, WriteIn};
 use fuse_backend_rs::api::filesystem::{ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use fuse_backend_rs::common::file_buf::FileVolatileSlice;
 use fuse_backend_rs::common::file_traits::FileReadWriteVolatile;
 use fuse_backend_rs::encode_io_error_kind;
@@ -22,6 +23,14 @@ use vm_memory::{bitmap::BitmapSlice, ByteValued};
 
 /// The bytes of a reply's header.
 pub const HEADER: usize = size_of::<OutHeader>();
+
+/// The largest request accepted, WRITE data aside: a FUSE message of at most
+/// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
+pub const MAX_REQUEST: usize = MAX_BUFFER_SIZE as usize + 0x1000;
+/// The largest READ, READDIR or WRITE payload: the MAX_PAGES the guest negotiates.
+pub const MAX_PAYLOAD: u32 = MAX_BUFFER_SIZE;
+/// Bytes of a WRITE request kept in local memory: its header and WriteIn.
+pub const WRITE_PREFIX: usize = size_of::<InHeader>() + size_of::<WriteIn>();
 
 /// Where one reply is written. Its body goes through `io::Write` and
 /// `ZeroCopyWriter::write_from` (each all or nothing: a body that does not fit is an

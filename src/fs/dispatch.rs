@@ -26,9 +26,10 @@ use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem, Zer
 use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use vm_memory::ByteValued;
 
-use super::buffers::{errno_of, error, finish, ok, LocalData, Reply, WriteData, HEADER};
+use super::buffers::{
+    errno_of, error, finish, ok, LocalData, Reply, WriteData, HEADER, MAX_PAYLOAD, WRITE_PREFIX,
+};
 use super::extra_ops;
-use super::server::{MAX_PAYLOAD, WRITE_PREFIX};
 use super::stack::VolFs;
 use crate::fuse_ops::opcode;
 

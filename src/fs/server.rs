@@ -20,8 +20,8 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
-use fuse_backend_rs::api::server::{Server, MAX_BUFFER_SIZE};
+use fuse_backend_rs::abi::fuse_abi::InHeader;
+use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{FuseBuf, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
@@ -32,13 +32,7 @@ use super::volumes::Volumes;
 use super::{dispatch, extra_ops, init};
 use crate::fuse_ops::{self, opcode, Decoder};
 
-/// The largest request accepted, WRITE data aside: a FUSE message of at most
-/// MAX_BUFFER_SIZE (1 MiB) plus its header page, as fuse-backend-rs bounds it.
-pub const MAX_REQUEST: usize = MAX_BUFFER_SIZE as usize + 0x1000;
-/// The largest READ, READDIR or WRITE payload: the MAX_PAGES the guest negotiates.
-pub const MAX_PAYLOAD: u32 = MAX_BUFFER_SIZE;
-/// Bytes of a WRITE request kept in local memory: its header and WriteIn.
-pub const WRITE_PREFIX: usize = size_of::<InHeader>() + size_of::<WriteIn>();
+pub use super::buffers::{MAX_PAYLOAD, MAX_REQUEST, WRITE_PREFIX};
 
 pub struct FsServer {
     server: Server<Arc<VolFs>>,

@@ -28,10 +28,12 @@ use std::time::Instant;
 use log::{debug, warn};
 use virtio_queue::DescriptorChain;
 
+use super::guest_buffers::Broken;
 use super::guest_buffers::ChainBuffers;
 use super::memory::GuestMem;
+use super::memory::Locked;
 use super::request;
-use super::ring::{Answer, Broken, Completions, Locked, Mem, RingId, RingRef};
+use super::ring::{Answer, Completions, Mem, RingId, RingRef};
 use crate::fs::FsServer;
 use crate::state::format::ParkedRequest;
 

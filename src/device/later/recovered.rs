@@ -13,9 +13,11 @@ use log::{info, warn};
 
 use super::lock_waits::late_reply;
 use super::{chain_at, Later};
+use crate::device::guest_buffers::Broken;
 use crate::device::memory::GuestMem;
+use crate::device::memory::Locked;
 use crate::device::request::{copy_request, with_buffer};
-use crate::device::ring::{Broken, Completions, Locked, RingRef};
+use crate::device::ring::{Completions, RingRef};
 use crate::fs::request::{AfterCrash, LateReply};
 use crate::fs::FsServer;
 
