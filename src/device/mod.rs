@@ -11,6 +11,7 @@
 
 pub mod dirty_log;
 pub mod guest_buffers;
+pub mod guest_io;
 pub mod inflight;
 pub mod later;
 pub mod memory;

@@ -9,7 +9,8 @@ use fuse_backend_rs::transport::VirtioFsWriter;
 use virtio_queue::DescriptorChain;
 
 use super::guest_buffers::Broken;
-use super::guest_buffers::{chain_buffers, read_chain, ChainBuffers, GuestData, GuestReply};
+use super::guest_buffers::{chain_buffers, read_chain, ChainBuffers};
+use super::guest_io::{GuestData, GuestReply};
 use super::memory::GuestMmap;
 use crate::fs::buffers::WriteData;
 use crate::fs::request::{has_write_data, WRITE_PREFIX};

@@ -10,7 +10,8 @@ use vhost_user_backend::VringT;
 use virtio_queue::{DescriptorChain, QueueT};
 
 use super::{Parked, Taken, PAUSED_POLL};
-use crate::device::guest_buffers::{chain_buffers, GuestReply};
+use crate::device::guest_buffers::chain_buffers;
+use crate::device::guest_io::GuestReply;
 use crate::device::inflight::InFlight;
 use crate::device::memory::Vring;
 use crate::device::ring::{notify, Answer, Mem, QueueHealth, RingId, RingRef};
