@@ -9,14 +9,14 @@ use clap::Parser;
 use crate::config::{self, ParseError};
 use crate::control::client::{self, CtlArgs};
 use crate::daemon;
-use crate::sandbox::namespaces::SUPERVISOR_ARG;
+use crate::sandbox::supervisor::SUPERVISOR_ARG;
 
 /// Runs what the command line asks; its exit code.
 pub fn main() -> ExitCode {
     // The namespace sandbox's supervisor, executed afresh: before anything else, so
     // that it touches as little memory as it can.
     if std::env::args_os().nth(1).as_deref() == Some(SUPERVISOR_ARG.as_ref()) {
-        crate::sandbox::namespaces::supervisor_main(std::env::args_os());
+        crate::sandbox::supervisor::supervisor_main(std::env::args_os());
     }
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("ctl") {

@@ -307,7 +307,7 @@ fn serve(
     // for each one after it.
     let mut daemons = DaemonFactory::start(backend.clone(), config.keep_serving)?;
     // Nothing is served before the namespace mode's supervisor is confined too.
-    sandbox::namespaces::await_supervisor()?;
+    sandbox::supervisor::await_supervisor()?;
     // Set-up is over: what it touched and will not touch again goes back.
     memory::give_back_setup_memory();
     // The main thread, and the vhost-user thread `start` creates, from here on.

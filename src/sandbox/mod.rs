@@ -25,6 +25,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod rlimits;
 pub mod seccomp;
+pub mod supervisor;
 pub mod threads;
 
 use std::path::{Path, PathBuf};
