@@ -176,3 +176,49 @@ impl std::ops::Index<usize> for Queues {
         &self.0[index]
     }
 }
+
+/// Worker thread masks: thread 0 serves the hiprio queue and request queue 1;
+/// thread i serves request queue i+1.
+pub fn queue_masks(num_request_queues: usize) -> Vec<u64> {
+    let mut map = vec![(1u64 << HIPRIO_QUEUE) | (1 << 1)];
+    map.extend((2..=num_request_queues).map(|q| 1u64 << q));
+    map
+}
+
+/// The device queue index of the `event`-th queue of worker `thread`.
+/// Runs on every queue kick, so it computes the layout of [`queue_masks`] instead
+/// of building it.
+pub fn global_queue_index(num_request_queues: usize, thread: usize, event: u16) -> Option<usize> {
+    let event = event as usize;
+    match thread {
+        0 if event <= 1 => Some(event),
+        t if t >= 1 && t < num_request_queues && event == 0 => Some(t + 1),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_map_to_device_queues() {
+        assert_eq!(queue_masks(1), vec![0b11]);
+        assert_eq!(queue_masks(3), vec![0b11, 0b100, 0b1000]);
+        assert_eq!(global_queue_index(3, 0, 0), Some(0));
+        assert_eq!(global_queue_index(3, 0, 1), Some(1));
+        assert_eq!(global_queue_index(3, 1, 0), Some(2));
+        assert_eq!(global_queue_index(3, 2, 0), Some(3));
+        assert_eq!(global_queue_index(3, 2, 1), None);
+        assert_eq!(global_queue_index(3, 3, 0), None);
+        // The computed mapping agrees with the masks given to vhost-user-backend.
+        for n in 1..=8 {
+            for (t, mask) in queue_masks(n).iter().enumerate() {
+                let from_mask: Vec<usize> = (0..64).filter(|b| mask & (1u64 << b) != 0).collect();
+                let computed: Vec<usize> =
+                    (0..4).filter_map(|e| global_queue_index(n, t, e)).collect();
+                assert_eq!(from_mask, computed, "{n} queues, thread {t}");
+            }
+        }
+    }
+}
