@@ -1,5 +1,5 @@
-//! Docs that cannot drift: every path into the daemon's source that README.md or a
-//! document in docs/ names exists, README.md's layout block names every module, and
+//! Docs that cannot drift: every path into the daemon's source that README.md, a
+//! document in docs/ or a comment in Cargo.toml names exists, README.md's layout block names every module, and
 //! the generated docs/BENCHMARKS.md shows every kept run.
 //!
 //! A `src/...` path counts as the daemon's when its first component is (or, as
@@ -18,8 +18,10 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// README.md, every document in docs/, and Cargo.toml (its comments say why each
+/// dependency is there, and where it is used).
 fn documents() -> Vec<PathBuf> {
-    let mut docs = vec![repo().join("README.md")];
+    let mut docs = vec![repo().join("README.md"), repo().join("Cargo.toml")];
     for entry in fs::read_dir(repo().join("docs")).expect("docs/") {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "md") {
