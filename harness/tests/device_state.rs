@@ -86,6 +86,31 @@ fn hold_things(c: &mut FuseClient, host: &Path) -> Held {
     }
 }
 
+/// The guest lets go of the POSIX lock and the flock `hold_things` took, and the
+/// host sees both free.
+fn let_go(g: &mut FuseClient, held: &Held, host: &Path) {
+    g.call(&lock_request(
+        Opcode::Setlk,
+        held.file,
+        held.fh,
+        7,
+        libc::F_UNLCK,
+        false,
+    ))
+    .unwrap();
+    g.call(&lock_request(
+        Opcode::Setlk,
+        held.file,
+        held.flock_fh,
+        8,
+        libc::F_UNLCK,
+        true,
+    ))
+    .unwrap();
+    assert!(!host_sees_lock(&host.join("d/f")));
+    assert!(!host_sees_flock(&host.join("d/f")));
+}
+
 #[test]
 fn a_saved_session_carries_on_in_a_new_daemon_with_its_ids_handles_and_locks() {
     if is_virtiofsd() {
@@ -167,26 +192,7 @@ fn a_saved_session_carries_on_in_a_new_daemon_with_its_ids_handles_and_locks() {
     let new = g.lookup(held.dir, "new").unwrap().nodeid;
     assert!(new >= state.next_node_id, "{new} vs {}", state.next_node_id);
     // The guest lets go of its locks as usual.
-    g.call(&lock_request(
-        Opcode::Setlk,
-        held.file,
-        held.fh,
-        7,
-        libc::F_UNLCK,
-        false,
-    ))
-    .unwrap();
-    g.call(&lock_request(
-        Opcode::Setlk,
-        held.file,
-        held.flock_fh,
-        8,
-        libc::F_UNLCK,
-        true,
-    ))
-    .unwrap();
-    assert!(!host_sees_lock(&host.join("d/f")));
-    assert!(!host_sees_flock(&host.join("d/f")));
+    let_go(&mut g, &held, &host);
 }
 
 fn c_getattr_ino(c: &mut FuseClient, node: u64) -> u64 {
@@ -563,25 +569,7 @@ fn on_the_same_host_the_locks_are_handed_over_and_held_throughout() {
             dst.log()
         );
         // Its own unlock still works on the handed-over files.
-        g.call(&lock_request(
-            Opcode::Setlk,
-            held.file,
-            held.fh,
-            7,
-            libc::F_UNLCK,
-            false,
-        ))
-        .unwrap();
-        g.call(&lock_request(
-            Opcode::Setlk,
-            held.file,
-            held.flock_fh,
-            8,
-            libc::F_UNLCK,
-            true,
-        ))
-        .unwrap();
-        assert!(!host_sees_lock(&host.join("d/f")) && !host_sees_flock(&host.join("d/f")));
+        let_go(&mut g, &held, &host);
     });
 }
 
