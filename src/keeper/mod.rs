@@ -29,6 +29,11 @@ use std::io;
 
 use vhost::vhost_user::message::FrontendReq;
 
+use crate::recovery::region::RegionError;
+use crash::Ending;
+use session::Unrecorded;
+use upgrade::Refusal;
+
 /// What went wrong in the keeper, with what it was doing.
 #[derive(Debug)]
 pub enum Error {
@@ -53,10 +58,29 @@ pub enum Error {
     Refused { request: FrontendReq, code: u64 },
     /// The new backend does not offer feature bits the session negotiated.
     Missing { what: &'static str, bits: u64 },
-    /// The recorded session cannot be replayed, and why.
-    Unreplayable(String),
+    /// The recorded session cannot be replayed: the message it could not follow.
+    Unreplayable(Unrecorded),
     /// No binary to start a new serving process from (not found at start).
     NoBinary,
+    /// A NUL byte in what a new serving process would be exec'd with.
+    Nul { what: &'static str },
+    /// An upgrade asked for while no frontend is connected.
+    NoFrontend,
+    /// `ctl upgrade --binary PATH`: a binary the keeper does not run, and why.
+    Binary(Refusal),
+    /// The session region: a step on it failed.
+    Region {
+        step: &'static str,
+        source: RegionError,
+    },
+    /// A new serving process could not be started (or connected to).
+    Start(Box<Error>),
+    /// A new serving process the keeper gave up on: why, and how it ended if it
+    /// ended by itself (it exited at once, it refused the state).
+    GaveUp {
+        why: Box<Error>,
+        ending: Option<Ending>,
+    },
 }
 
 impl Error {
@@ -95,6 +119,16 @@ impl fmt::Display for Error {
             }
             Error::Unreplayable(why) => write!(f, "the session cannot be replayed: {why}"),
             Error::NoBinary => write!(f, "the daemon's binary was not found when it started"),
+            Error::Nul { what } => write!(f, "a NUL in {what}"),
+            Error::NoFrontend => write!(f, "no frontend is connected (nothing to hand over)"),
+            Error::Binary(why) => write!(f, "{why}"),
+            Error::Region { step, source } => write!(f, "{step}: {source}"),
+            Error::Start(e) => write!(f, "starting the new serving process: {e}"),
+            Error::GaveUp { why, ending: None } => write!(f, "{why}"),
+            Error::GaveUp {
+                why,
+                ending: Some(how),
+            } => write!(f, "{why} (the new serving process {how})"),
         }
     }
 }

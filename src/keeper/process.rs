@@ -62,7 +62,10 @@ pub struct Keep<'a> {
 pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Error> {
     // The session region outlives every serving process: the keeper makes it, the
     // first serving process shares it through the fork (recovery/region.rs).
-    let region = Region::create().map_err(|e| Error::io("the session region", io_error(e)))?;
+    let region = Region::create().map_err(|source| Error::Region {
+        step: "at the keeper's start",
+        source,
+    })?;
     let private = Private::bind()?;
     let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
     // Blocked before the fork so that none is lost; the child restores its mask.
@@ -192,10 +195,6 @@ struct Keeper<'a> {
 /// How long the keeper waits for SIGCHLD after the serving process closed its end
 /// of a frontend's session: one that closed it without dying ended the session.
 const DEATH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn io_error(e: impl std::fmt::Display) -> std::io::Error {
-    std::io::Error::other(e.to_string())
-}
 
 impl Keeper<'_> {
     fn run(mut self, mut sigfd: SignalFd, private: Private) -> ! {
@@ -396,7 +395,7 @@ impl Keeper<'_> {
         let with_session = relay.is_some();
         let replaced = match relay.as_mut() {
             Some(r) => self.recover(r, died_at).map(Some),
-            None => self.replace().map(|()| None).map_err(|e| e.to_string()),
+            None => self.replace().map(|()| None),
         };
         let tally = format!(
             "crash {}, {} in a row",
@@ -433,13 +432,16 @@ impl Keeper<'_> {
         connect: bool,
         command: Option<&Command>,
         source: Option<&OwnedFd>,
-    ) -> Result<Spawned, String> {
-        let command = command
-            .or(self.command.as_ref())
-            .ok_or_else(|| Error::NoBinary.to_string())?;
-        self.region.clear_half(journal).map_err(|e| e.to_string())?;
-        let private = Private::bind().map_err(|e| e.to_string())?;
-        let (channel, theirs) = channel::pair().map_err(|e| format!("socketpair: {e}"))?;
+    ) -> Result<Spawned, Error> {
+        let command = command.or(self.command.as_ref()).ok_or(Error::NoBinary)?;
+        self.region
+            .clear_half(journal)
+            .map_err(|source| Error::Region {
+                step: "clearing the new serving process's journal half",
+                source,
+            })?;
+        let private = Private::bind()?;
+        let (channel, theirs) = channel::pair().map_err(|e| Error::io("socketpair", e))?;
         let inherited = upgrade::Inherited {
             listener: private.listener.as_raw_fd(),
             control: self.keep.control,
@@ -463,7 +465,7 @@ impl Keeper<'_> {
         drop((private.listener, theirs));
         let (pid, stream) = started.map_err(|e| {
             Private::remove(&private.path);
-            format!("starting the new serving process: {e}")
+            Error::Start(Box::new(e))
         })?;
         Ok(Spawned {
             pid,
@@ -490,7 +492,7 @@ impl Keeper<'_> {
     }
 
     /// Starts a new serving process, with no session, in place of a dead one.
-    fn replace(&mut self) -> Result<(), String> {
+    fn replace(&mut self) -> Result<(), Error> {
         let half = self.region.header().current();
         let new = self.spawn(half, None, false, None, None)?;
         self.adopt(new);
@@ -507,9 +509,9 @@ impl Keeper<'_> {
         &mut self,
         relay: &mut Relay,
         died_at: std::time::Instant,
-    ) -> Result<std::time::Duration, String> {
-        if let Some(why) = &relay.session().unreplayable {
-            return Err(format!("the session cannot be replayed: {why}"));
+    ) -> Result<std::time::Duration, Error> {
+        if let Some(why) = relay.session().unreplayable {
+            return Err(Error::Unreplayable(why));
         }
         let from = self.region.header().current();
         let mut new = self.spawn(from.other(), Some(from), true, None, None)?;
@@ -523,7 +525,10 @@ impl Keeper<'_> {
             let pid = new.pid;
             Private::remove(&new.private);
             drop((new, stream));
-            return Err(format!("{e}{}", ended(pid)));
+            return Err(Error::GaveUp {
+                why: Box::new(e),
+                ending: ended(pid),
+            });
         }
         replay::nudge(relay.session());
         drop(relay.switch(stream));
@@ -575,13 +580,16 @@ impl Keeper<'_> {
     /// Adopts the region `fd` if it holds a session: a new serving process loads the
     /// session from its journal, is set up as the frontend has set this one up so
     /// far, and serves in place of the fresh one. Ok(false): no session in it.
-    fn resume_region(&mut self, relay: &mut Relay, fd: OwnedFd) -> Result<bool, String> {
-        let region = Region::open(fd).map_err(|e| e.to_string())?;
+    fn resume_region(&mut self, relay: &mut Relay, fd: OwnedFd) -> Result<bool, Error> {
+        let region = Region::open(fd).map_err(|source| Error::Region {
+            step: "mapping it",
+            source,
+        })?;
         if !region.header().in_session() {
             return Ok(false);
         }
-        if let Some(why) = &relay.session().unreplayable {
-            return Err(format!("the session cannot be replayed: {why}"));
+        if let Some(why) = relay.session().unreplayable {
+            return Err(Error::Unreplayable(why));
         }
         let ours = std::mem::replace(&mut self.region, region);
         // The volumes stay this daemon's own (its command line, and what its control
@@ -601,7 +609,10 @@ impl Keeper<'_> {
                         let pid = new.pid;
                         Private::remove(&new.private);
                         drop((new, stream));
-                        Err(format!("{e}{}", ended(pid)))
+                        Err(Error::GaveUp {
+                            why: Box::new(e),
+                            ending: ended(pid),
+                        })
                     }
                 }
             });
@@ -641,13 +652,13 @@ impl Keeper<'_> {
 
     /// SIGHUP or the channel: a new serving process takes over (upgrade.rs), or
     /// the old one serves on and the error says why. [`Keeper::finish`] completes it.
-    fn upgrade(&self, relay: Option<&mut Relay>, binary: Option<&Path>) -> Result<Pending, String> {
+    fn upgrade(&self, relay: Option<&mut Relay>, binary: Option<&Path>) -> Result<Pending, Error> {
         let Some(relay) = relay else {
-            return Err("no frontend is connected (nothing to hand over)".into());
+            return Err(Error::NoFrontend);
         };
         let command = match (binary, &self.command) {
-            (Some(b), Some(c)) => Some(c.with_binary(b)?),
-            (Some(_), None) => return Err(Error::NoBinary.to_string()),
+            (Some(b), Some(c)) => Some(c.with_binary(b).map_err(Error::Binary)?),
+            (Some(_), None) => return Err(Error::NoBinary),
             (None, _) => None,
         };
         let half = self.region.header().current().other();
@@ -669,7 +680,10 @@ impl Keeper<'_> {
                 let pid = new.pid;
                 Private::remove(&new.private);
                 drop(new);
-                Err(format!("{e}{}", ended(pid)))
+                Err(Error::GaveUp {
+                    why: Box::new(e),
+                    ending: ended(pid),
+                })
             }
         }
     }
@@ -677,7 +691,7 @@ impl Keeper<'_> {
     /// Logs an upgrade's outcome and, when it succeeded, lets the old process go:
     /// its frontend gone, it exits (with --keep-serving it would wait for the next
     /// one: told to go).
-    fn finish(&mut self, outcome: Result<Pending, String>) {
+    fn finish(&mut self, outcome: Result<Pending, Error>) {
         let counters = &self.region.header().counters;
         let done = match outcome {
             Ok(done) => done,
@@ -725,10 +739,7 @@ impl Keeper<'_> {
                     .filter(|b| !b.is_empty())
                     .map(Path::new);
                 let outcome = self.upgrade(relay, binary);
-                channel::answer(
-                    &ch,
-                    &outcome.as_ref().map(|p| p.pause).map_err(Clone::clone),
-                );
+                channel::answer(&ch, outcome.as_ref().map(|p| p.pause));
                 self.channel = Some(ch);
                 self.finish(outcome);
             }
@@ -814,27 +825,24 @@ fn pidfd_of(pid: Pid) -> std::io::Result<OwnedFd> {
     Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) })
 }
 
-/// Ends a new serving process an upgrade gave up on, and says how it ended if it
-/// ended by itself (it exited at once, it refused the state).
-fn ended(pid: Pid) -> String {
+/// Ends a new serving process the keeper gave up on, and says how it ended if it
+/// ended by itself (it exited at once, it refused the state) within 200 ms; one
+/// still running then is killed (None).
+fn ended(pid: Pid) -> Option<Ending> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
     loop {
         match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => {
-                return format!(" (the new serving process exited with status {code})")
-            }
-            Ok(WaitStatus::Signaled(_, sig, _)) => {
-                return format!(" (the new serving process was killed by {sig})")
-            }
+            Ok(WaitStatus::Exited(_, code)) => return Some(Ending::Exited(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Some(Ending::Killed(sig)),
             Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10))
             }
             Ok(WaitStatus::StillAlive) => {
                 let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
-                return String::new();
+                return None;
             }
-            _ => return String::new(),
+            _ => return None,
         }
     }
 }
