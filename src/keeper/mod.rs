@@ -7,18 +7,29 @@
 //! - `session.rs`: what the frontend set up, recorded as it is relayed;
 //! - `replay.rs`: that setup replayed into a new serving process;
 //! - `relay.rs`: the relay between the two streams;
-//! - `process.rs`: where the keeper runs (the serving process's parent);
-//! - `upgrade.rs`: a new serving process takes over (SIGHUP to the keeper);
+//! - `process.rs`: where the keeper runs: the fork (the serving process's parent);
+//! - `event_loop.rs`: the keeper's loop: signals, the channel, the relay;
+//! - `serving.rs`: the serving processes it starts, adopts and reaps;
+//! - `takeover.rs`: a new serving process takes over: after a crash, for an
+//!   upgrade, from a session region the frontend handed back;
+//! - `upgrade.rs`: an upgrade's hand-over, the device state moved as in a
+//!   migration (SIGHUP to the keeper), and the binary it runs;
 //! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`);
-//! - `crash.rs`: a serving process that crashed: replaced, or a crash loop.
+//! - `crash.rs`: a serving process that crashed: replaced, or a crash loop;
+//! - `inflight.rs`: the session region handed to the frontend and back
+//!   (`INFLIGHT_SHMFD`);
+//! - `testing.rs`, `replay_tests.rs`, `relay_tests.rs`: tests and their helpers.
 
 pub mod channel;
 pub mod crash;
+mod event_loop;
 pub mod inflight;
 pub mod process;
 pub mod relay;
 pub mod replay;
+mod serving;
 pub mod session;
+mod takeover;
 #[cfg(test)]
 mod testing;
 pub mod upgrade;
