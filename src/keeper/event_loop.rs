@@ -301,3 +301,44 @@ fn poll(fds: &[RawFd], timeout: Option<std::time::Duration>) -> Result<Vec<bool>
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn poll_says_which_fds_are_readable_or_hung_up() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (c, d) = UnixStream::pair().unwrap();
+        let fds = [a.as_raw_fd(), c.as_raw_fd()];
+        // Nothing yet: the timeout passes.
+        let t0 = Instant::now();
+        let ready = poll(&fds, Some(Duration::from_millis(20))).unwrap();
+        assert_eq!(ready, vec![false, false]);
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        // Readable.
+        (&d).write_all(b"x").unwrap();
+        assert_eq!(poll(&fds, None).unwrap(), vec![false, true]);
+        // Hung up counts too (the peer closed: the relay's end of a dead process).
+        drop(b);
+        assert_eq!(poll(&fds, Some(Duration::ZERO)).unwrap(), vec![true, true]);
+    }
+
+    #[test]
+    fn poll_reports_an_fd_that_is_not_open_rather_than_waiting_on_it() {
+        // POLLNVAL: set in revents, so the caller sees it at once.
+        let ready = poll(&[-1, 1_000_000], Some(Duration::from_millis(10))).unwrap();
+        assert_eq!(ready, vec![false, true]);
+    }
+
+    #[test]
+    fn a_long_timeout_is_capped_not_wrapped() {
+        let (a, b) = UnixStream::pair().unwrap();
+        (&b).write_all(b"x").unwrap();
+        let ready = poll(&[a.as_raw_fd()], Some(Duration::from_secs(u64::MAX))).unwrap();
+        assert_eq!(ready, vec![true]);
+    }
+}

@@ -145,3 +145,69 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    // The words users see: `ctl upgrade`'s reply and the keeper's log lines, which
+    // harness/tests/upgradable.rs, crash_recovery.rs and docs/UPGRADE.md quote.
+    #[test]
+    fn what_each_error_says() {
+        let io = || io::Error::from_raw_os_error(libc::ENOENT);
+        let cases: Vec<(Error, &str)> =
+            vec![
+            (Error::NoFrontend, "no frontend is connected (nothing to hand over)"),
+            (
+                Error::NoBinary,
+                "the daemon's binary was not found when it started",
+            ),
+            (
+                Error::Nul {
+                    what: "an argument",
+                },
+                "a NUL in an argument",
+            ),
+            (
+                Error::Unreplayable(Unrecorded::NotRecorded(FrontendReq::POSTCOPY_ADVISE)),
+                "the session cannot be replayed: POSTCOPY_ADVISE is not recorded",
+            ),
+            (
+                Error::Start(Box::new(Error::io("fork", io()))),
+                "starting the new serving process: fork: No such file or directory (os error 2)",
+            ),
+            (
+                Error::GaveUp {
+                    why: Box::new(Error::Closed {
+                        during: FrontendReq::GET_FEATURES,
+                    }),
+                    ending: Some(Ending::Killed(Signal::SIGSEGV)),
+                },
+                "the backend closed the connection at GET_FEATURES \
+                 (the new serving process was killed by SIGSEGV)",
+            ),
+            (
+                Error::GaveUp {
+                    why: Box::new(Error::Timeout),
+                    ending: None,
+                },
+                "no answer in time",
+            ),
+            (
+                Error::Region {
+                    step: "mapping it",
+                    source: RegionError::Layout("4096 bytes, 8192 expected".into()),
+                },
+                "mapping it: session region: 4096 bytes, 8192 expected",
+            ),
+            (
+                Error::Binary(Refusal::NotExecutable("/opt/v2/volfsd".into())),
+                "--binary /opt/v2/volfsd: not an executable regular file",
+            ),
+        ];
+        for (e, says) in cases {
+            assert_eq!(e.to_string(), says, "{e:?}");
+        }
+    }
+}

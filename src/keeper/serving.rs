@@ -201,3 +201,182 @@ fn ended(pid: Pid) -> Option<Ending> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+
+    use nix::errno::Errno;
+
+    use super::*;
+    use crate::keeper::testing::keeper;
+
+    /// A child, reaped by its pid (what `ended` and `reap` do), not by `Child::wait`.
+    #[allow(clippy::zombie_processes)]
+    fn child(program: &str, args: &[&str]) -> Pid {
+        let c = std::process::Command::new(program)
+            .args(args)
+            .spawn()
+            .unwrap();
+        Pid::from_raw(c.id() as i32)
+    }
+
+    /// True once `pid` is no longer this process's child (reaped).
+    fn reaped(pid: Pid) -> bool {
+        waitpid(pid, Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD)
+    }
+
+    #[test]
+    fn the_private_socket_is_in_a_directory_of_its_own_that_remove_takes_away() {
+        let p = Private::bind().unwrap();
+        let dir = p.path.parent().unwrap().to_path_buf();
+        assert!(dir.starts_with(std::env::temp_dir()), "{}", dir.display());
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // The keeper connects; the serving process accepts.
+        let _keeper = UnixStream::connect(&p.path).unwrap();
+        p.listener.accept().unwrap();
+        let other = Private::bind().unwrap();
+        assert_ne!(other.path, p.path);
+        Private::remove(&p.path);
+        assert!(!dir.exists());
+        assert!(other.path.exists(), "another one stays");
+        Private::remove(&other.path);
+        // Removing it twice is harmless.
+        Private::remove(&p.path);
+    }
+
+    #[test]
+    fn ended_says_how_a_child_ended() {
+        let pid = child("sh", &["-c", "exit 3"]);
+        assert_eq!(ended(pid), Some(Ending::Exited(3)));
+        assert!(reaped(pid));
+        let pid = child("sleep", &["30"]);
+        nix::sys::signal::kill(pid, Signal::SIGTERM).unwrap();
+        assert_eq!(ended(pid), Some(Ending::Killed(Signal::SIGTERM)));
+        // Not a child (any more): nothing to say.
+        assert_eq!(ended(pid), None);
+    }
+
+    #[test]
+    fn ended_kills_a_child_still_running_after_200_ms() {
+        let pid = child("sleep", &["30"]);
+        let t0 = Instant::now();
+        assert_eq!(ended(pid), None);
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(reaped(pid));
+    }
+
+    #[test]
+    fn reap_waits_for_a_killed_child() {
+        let pid = child("sleep", &["30"]);
+        nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
+        reap(pid);
+        assert!(reaped(pid));
+        // One already reaped: returns at once.
+        let t0 = Instant::now();
+        reap(pid);
+        assert!(t0.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_pidfd_of_a_child_is_readable_once_it_ended() {
+        let pid = child("sleep", &["30"]);
+        let fd = pidfd_of(pid).unwrap();
+        // SAFETY: fcntl on an fd we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        let readable = |ms| {
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, ms) == 1 }
+        };
+        assert!(!readable(0));
+        nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
+        assert!(readable(5000));
+        reap(pid);
+        // Gone: no pidfd.
+        let e = pidfd_of(pid).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
+    }
+
+    #[test]
+    fn without_a_binary_nothing_is_started() {
+        let k = keeper(None);
+        let private = k.keeper.private.clone();
+        let e = k
+            .keeper
+            .spawn(Half::B, None, true, None, None)
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::NoBinary), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "the daemon's binary was not found when it started"
+        );
+        assert!(private.exists(), "the serving process's socket stays");
+    }
+
+    #[test]
+    fn a_new_serving_process_is_started_adopted_and_given_up_on() {
+        let mut k = keeper(Some("exit 3"));
+        let first = k.keeper.child;
+        let old_private = k.keeper.private.clone();
+        assert_eq!(k.keeper.region.header().current(), Half::A);
+        // Started and connected (its private socket accepts before it runs).
+        let mut new = k.keeper.spawn(Half::B, None, true, None, None).unwrap();
+        k.children.push(new.pid);
+        assert!(new.private.exists());
+        let stream = new.stream.take().expect("connected");
+        let e = new.give_up(stream, Error::Timeout);
+        assert!(
+            matches!(
+                e,
+                Error::GaveUp {
+                    ending: Some(Ending::Exited(3)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "no answer in time (the new serving process exited with status 3)"
+        );
+        // Nothing changed for the serving process.
+        assert_eq!(k.keeper.child, first);
+        assert!(old_private.exists());
+        assert_eq!(k.keeper.region.header().current(), Half::A);
+        // One adopted: its half is the journal of record, its socket the keeper's.
+        let new = k.keeper.spawn(Half::B, None, false, None, None).unwrap();
+        assert!(new.stream.is_none());
+        let (pid, private) = (new.pid, new.private.clone());
+        k.keeper.adopt(new);
+        assert_eq!(k.keeper.child, pid);
+        assert_eq!(k.keeper.private, private);
+        assert_eq!(k.keeper.region.header().current(), Half::B);
+        assert!(!old_private.exists(), "the old one's socket is removed");
+        assert!(k.keeper.channel.is_some());
+    }
+
+    #[test]
+    fn a_dead_serving_process_is_replaced_on_the_same_half() {
+        let mut k = keeper(Some("exit 0"));
+        let first = k.keeper.child;
+        k.keeper.served = true;
+        k.keeper.replace().unwrap();
+        assert_ne!(k.keeper.child, first);
+        assert!(!k.keeper.served);
+        assert_eq!(k.keeper.region.header().current(), Half::A);
+        reap(k.keeper.child);
+    }
+}

@@ -303,3 +303,152 @@ pub(super) struct Pending {
     /// The binary named for it (`ctl upgrade --binary`): the daemon's from now on.
     pub(super) command: Option<Command>,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use super::*;
+    use crate::keeper::testing::{keeper, relay};
+    use crate::keeper::upgrade::Refusal;
+
+    #[test]
+    fn an_upgrade_with_no_frontend_is_refused_and_counted() {
+        let mut k = keeper(Some("exit 0"));
+        let before = k.keeper.child;
+        let e = k.keeper.upgrade(None, None).err().unwrap();
+        assert!(matches!(e, Error::NoFrontend));
+        assert_eq!(
+            e.to_string(),
+            "no frontend is connected (nothing to hand over)"
+        );
+        k.keeper.finish(Err(e));
+        let c = &k.keeper.region.header().counters;
+        assert_eq!(c.upgrades_failed.load(Ordering::Relaxed), 1);
+        assert_eq!(c.upgrades.load(Ordering::Relaxed), 0);
+        assert_eq!(k.keeper.child, before, "the old process serves on");
+    }
+
+    #[test]
+    fn an_upgrade_to_a_binary_not_run_starts_nothing() {
+        let mut k = keeper(Some("exit 0"));
+        let (mut r, _vmm, _serving) = relay();
+        let e = k
+            .keeper
+            .upgrade(Some(&mut r), Some(Path::new("v2/volfsd")))
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::Binary(Refusal::Relative(_))), "{e:?}");
+        assert_eq!(e.to_string(), "--binary v2/volfsd: not an absolute path");
+        k.keeper.command = None;
+        let e = k
+            .keeper
+            .upgrade(Some(&mut r), Some(Path::new("/usr/bin/volfsd")))
+            .err()
+            .unwrap();
+        assert!(matches!(e, Error::NoBinary), "{e:?}");
+    }
+
+    #[test]
+    fn a_new_process_that_exits_at_once_fails_the_upgrade_with_its_status() {
+        let k = keeper(Some("exit 3"));
+        let before = k.keeper.child;
+        let (mut r, _vmm, _serving) = relay();
+        let e = k.keeper.upgrade(Some(&mut r), None).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::GaveUp {
+                    ending: Some(Ending::Exited(3)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // The words `ctl upgrade` and the log show (harness/tests/upgradable.rs).
+        assert!(
+            e.to_string()
+                .ends_with(" (the new serving process exited with status 3)"),
+            "{e}"
+        );
+        assert_eq!(k.keeper.child, before);
+        assert_eq!(
+            k.keeper.region.header().current(),
+            crate::recovery::region::Half::A
+        );
+    }
+
+    #[test]
+    fn a_crash_not_taken_over_says_why_and_changes_nothing() {
+        let mut k = keeper(Some("exit 3"));
+        let before = k.keeper.child;
+        let (mut r, _vmm, _serving) = relay();
+        let e = k
+            .keeper
+            .recover(&mut r, std::time::Instant::now())
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::GaveUp {
+                    ending: Some(Ending::Exited(3)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(k.keeper.child, before);
+        let c = &k.keeper.region.header().counters;
+        assert_eq!(c.recoveries.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_region_handed_back_is_served_on_only_if_it_holds_a_session() {
+        let mut k = keeper(Some("exit 3"));
+        let (mut r, _vmm, _serving) = relay();
+        // Not a region: a memfd not sealed.
+        let memfd = nix::sys::memfd::memfd_create(
+            c"not-a-region",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .unwrap();
+        let e = k.keeper.resume_region(&mut r, memfd).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::Region {
+                    step: "mapping it",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with("mapping it: session region: "),
+            "{e}"
+        );
+        // A region with no session in it: the fresh session stays.
+        let empty = Region::create().unwrap();
+        let fd = empty.fd().as_fd().try_clone_to_owned().unwrap();
+        assert!(!k.keeper.resume_region(&mut r, fd).unwrap());
+        // One in session, whose new serving process exits at once: the keeper's
+        // own region is kept.
+        let ours = k.keeper.region.fd().as_raw_fd();
+        let held = Region::create().unwrap();
+        held.header().set_in_session(true);
+        let fd = held.fd().as_fd().try_clone_to_owned().unwrap();
+        let e = k.keeper.resume_region(&mut r, fd).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                Error::GaveUp {
+                    ending: Some(Ending::Exited(3)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(k.keeper.region.fd().as_raw_fd(), ours);
+    }
+}
