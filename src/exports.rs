@@ -40,6 +40,7 @@ pub mod device {
     }
 
     pub mod request {
+        pub use crate::device::guest_buffers::Broken;
         pub use crate::device::request::serve_popped;
     }
 

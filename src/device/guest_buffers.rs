@@ -21,7 +21,16 @@ use super::memory::GuestMmap;
 use crate::fs::request::{copy_limit, HEADER_LEN, MAX_REQUEST};
 
 /// A ring rule the frontend broke: why, for the one log line that stops the queue.
-pub(crate) struct Broken(pub String);
+#[derive(Debug)]
+pub struct Broken(pub String);
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Broken {}
 
 /// Descriptors each way kept without an allocation: a FUSE request's header and
 /// arguments, its name, a page or two of data.

@@ -88,16 +88,15 @@ fn serve_in<M: Deref<Target = GuestMmap> + Clone>(
 
 /// Serves a chain popped from a ring as a queue worker does (its request copied
 /// and its buffers found in one walk, then served), for the harness's benches and
-/// comparison tests. Returns the reply's length, or why the chain is broken.
+/// comparison tests. Returns the reply's length, or the ring rule the chain broke.
 pub fn serve_popped<M: Deref<Target = GuestMmap> + Clone>(
     server: &FsServer,
     chain: &DescriptorChain<M>,
-) -> Result<u32, String> {
+) -> Result<u32, Broken> {
     with_buffer(|buf| {
         let bufs = read_chain(chain.memory(), chain.clone(), buf)?;
         serve(server, chain, buf, Some(bufs))
     })
-    .map_err(|Broken(why)| why)
 }
 
 #[cfg(test)]

@@ -77,11 +77,12 @@ pub fn tell_volumes(json: &str) {
     }
 }
 
-/// The keeper answers an upgrade request; after an "ok", waits (a little) for "done".
-pub fn answer(keeper: &UnixStream, outcome: &Result<Duration, String>) {
+/// The keeper answers an upgrade request (the guest's pause, or why it failed: on
+/// one line); after an "ok", waits (a little) for "done".
+pub fn answer(keeper: &UnixStream, outcome: Result<Duration, &super::Error>) {
     let line = match outcome {
         Ok(pause) => format!("ok {}\n", pause.as_millis()),
-        Err(why) => format!("failed {}\n", why.replace('\n', " ")),
+        Err(why) => format!("failed {}\n", why.to_string().replace('\n', " ")),
     };
     if (&*keeper).write_all(line.as_bytes()).is_err() || outcome.is_err() {
         return;
@@ -179,7 +180,14 @@ mod tests {
         let (k, s) = UnixStream::pair().unwrap();
         let keeper = std::thread::spawn(move || {
             assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
-            answer(&k, &Err("the new binary exited\nwith 3".into()));
+            let why = crate::keeper::Error::GaveUp {
+                why: Box::new(crate::keeper::Error::io(
+                    "loading the state",
+                    io::Error::other("refused\nit"),
+                )),
+                ending: Some(crate::keeper::crash::Ending::Exited(3)),
+            };
+            answer(&k, Err(&why));
             // An "ok": no "done" until the control API wrote its reply.
             assert_eq!(read_request(&k).as_deref(), Some("upgrade"));
             (&k).write_all(b"ok 42\n").unwrap();
@@ -191,7 +199,10 @@ mod tests {
         });
         serve_with(s.into());
         match ask_upgrade(None) {
-            Err(AskError::Failed(why)) => assert_eq!(why, "the new binary exited with 3"),
+            Err(AskError::Failed(why)) => assert_eq!(
+                why,
+                "loading the state: refused it (the new serving process exited with status 3)"
+            ),
             other => panic!("{other:?}"),
         }
         assert_eq!(ask_upgrade(None).unwrap(), Duration::from_millis(42));

@@ -5,8 +5,8 @@
 //! this process's session) is recovered: a new serving process is started in its
 //! place; a crash under a frontend's session is recovered by a new process that
 //! takes over the same rings and the guest's session from the session region
-//! (`process.rs`, `recovery/`). A crash loop is not: [`CRASH_LOOP`] crashes within
-//! [`CRASH_WINDOW`] end the daemon.
+//! (`takeover.rs`, `recovery/`). A crash loop is not: [`CRASH_LOOP`] crashes in a
+//! row, each within [`QUICK`] of its process's start, end the daemon.
 
 use std::fmt;
 use std::time::{Duration, Instant};

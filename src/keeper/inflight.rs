@@ -9,7 +9,7 @@
 //! there as they change. So when the whole daemon died (the keeper killed, the
 //! node's launcher restarting it), the region the frontend hands back lets the new
 //! daemon's keeper serve the guest's session on, as after the crash of a serving
-//! process (`process.rs`). Its own region is recognised by its inode and changes
+//! process (`takeover.rs`). Its own region is recognised by its inode and changes
 //! nothing; a region that is not one of this layout is ignored (logged).
 //!
 //! Neither the feature nor the messages reach the serving process:

@@ -77,8 +77,8 @@ impl Step {
 /// The handshake, the memory and each vring up to its address; `bases` (from the old
 /// process) override the recorded bases.
 pub fn setup(session: &Session, bases: &BTreeMap<u32, u32>) -> Result<Vec<Step>, Error> {
-    if let Some(why) = &session.unreplayable {
-        return Err(Error::Unreplayable(why.clone()));
+    if let Some(why) = session.unreplayable {
+        return Err(Error::Unreplayable(why));
     }
     let reply_ack = VhostUserProtocolFeatures::REPLY_ACK.bits();
     let protocol = session.protocol_features.unwrap_or(0) | reply_ack;

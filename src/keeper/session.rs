@@ -14,6 +14,32 @@ use vhost::vhost_user::message::FrontendReq;
 
 use super::wire::Message;
 
+/// A message the record cannot follow: the session is then unreplayable (a new
+/// serving process could not be set up as the frontend set this one up).
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum Unrecorded {
+    /// A request vhost-user does not define.
+    Unknown(u32),
+    /// A request whose payload or fds are not as the protocol says: which part.
+    Malformed {
+        request: FrontendReq,
+        what: &'static str,
+    },
+    /// A request that changes the backend's state in a way the record does not
+    /// keep.
+    NotRecorded(FrontendReq),
+}
+
+impl std::fmt::Display for Unrecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unrecorded::Unknown(request) => write!(f, "unknown request {request}"),
+            Unrecorded::Malformed { request, what } => write!(f, "{request:?}: {what}"),
+            Unrecorded::NotRecorded(request) => write!(f, "{request:?} is not recorded"),
+        }
+    }
+}
+
 /// `SET_VRING_KICK`/`CALL`/`ERR`: the vring's index in bits 0–7; bit 8 says no fd
 /// comes with it (a polled ring).
 pub const VRING_IDX_MASK: u64 = 0xff;
@@ -102,8 +128,9 @@ pub struct Session {
     pub backend_req_fd: Option<OwnedFd>,
     /// The last `SET_CONFIG`'s payload.
     pub config: Option<Vec<u8>>,
-    /// Why the session cannot be replayed, if it cannot.
-    pub unreplayable: Option<String>,
+    /// Why the session cannot be replayed, if it cannot: the first message the
+    /// record could not follow.
+    pub unreplayable: Option<Unrecorded>,
 }
 
 impl Session {
@@ -130,11 +157,11 @@ impl Session {
         }
     }
 
-    fn apply(&mut self, msg: Message) -> Result<(), String> {
+    fn apply(&mut self, msg: Message) -> Result<(), Unrecorded> {
         let Ok(req) = FrontendReq::try_from(msg.header.request) else {
-            return Err(format!("unknown request {}", msg.header.request));
+            return Err(Unrecorded::Unknown(msg.header.request));
         };
-        let bad = |what: &str| format!("{req:?}: {what}");
+        let bad = |what: &'static str| Unrecorded::Malformed { request: req, what };
         match req {
             FrontendReq::SET_OWNER => self.owner = true,
             FrontendReq::RESET_OWNER => *self = Session::default(),
@@ -229,7 +256,7 @@ impl Session {
             | FrontendReq::GET_STATUS
             | FrontendReq::SET_DEVICE_STATE_FD
             | FrontendReq::CHECK_DEVICE_STATE => {}
-            other => return Err(format!("{other:?} is not recorded")),
+            other => return Err(Unrecorded::NotRecorded(other)),
         }
         Ok(())
     }
@@ -387,20 +414,45 @@ mod tests {
         let mut table = 1u64.to_le_bytes().to_vec();
         table.extend(region(0));
         s.record(with_fds(FrontendReq::SET_MEM_TABLE, table, vec![]));
-        assert!(s.unreplayable.as_deref().unwrap().contains("SET_MEM_TABLE"));
+        let why = s.unreplayable.unwrap();
+        assert_eq!(
+            why,
+            Unrecorded::Malformed {
+                request: FrontendReq::SET_MEM_TABLE,
+                what: "regions and fds do not match"
+            }
+        );
+        assert_eq!(
+            why.to_string(),
+            "SET_MEM_TABLE: regions and fds do not match"
+        );
         let mut s = Session::new();
         s.record(Message::new(0xffff, vec![]));
-        assert!(s
-            .unreplayable
-            .as_deref()
-            .unwrap()
-            .contains("unknown request"));
+        assert_eq!(s.unreplayable, Some(Unrecorded::Unknown(0xffff)));
+        assert_eq!(s.unreplayable.unwrap().to_string(), "unknown request 65535");
         let mut s = Session::new();
         s.record(with_fds(
             FrontendReq::SET_VRING_KICK,
             0u64.to_le_bytes().to_vec(),
             vec![],
         ));
-        assert!(s.unreplayable.is_some(), "a kick without its fd");
+        assert_eq!(
+            s.unreplayable,
+            Some(Unrecorded::Malformed {
+                request: FrontendReq::SET_VRING_KICK,
+                what: "one fd"
+            }),
+            "a kick without its fd"
+        );
+        // The first one stays: a later message the record cannot follow does not
+        // replace it.
+        s.record(Message::new(0xffff, vec![]));
+        assert!(matches!(s.unreplayable, Some(Unrecorded::Malformed { .. })));
+        let mut s = Session::new();
+        s.record(with_fds(FrontendReq::POSTCOPY_ADVISE, vec![], vec![]));
+        assert_eq!(
+            s.unreplayable.unwrap().to_string(),
+            "POSTCOPY_ADVISE is not recorded"
+        );
     }
 }

@@ -1,14 +1,26 @@
-//! Test helpers of the keeper: a scripted vhost-user backend on a socketpair, and
-//! eventfds to pass around.
+//! Test helpers of the keeper: a scripted vhost-user backend on a socketpair,
+//! eventfds to pass around, and a keeper with no frontend whose new serving
+//! processes are shell scripts.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 use vhost::vhost_user::message::FrontendReq;
+use vhost::vhost_user::Listener;
 
+use super::crash::Crashes;
+use super::event_loop::Keeper;
+use super::process::Keep;
+use super::serving::Private;
 use super::session::Session;
+use super::upgrade::Command;
 use super::wire::Message;
+use crate::recovery::region::Region;
 
 use super::wire::{self, Header, REPLY};
 
@@ -122,4 +134,81 @@ pub fn recorded(protocol: u64) -> Session {
         ));
     }
     s
+}
+
+/// A keeper as `process::split` leaves it, before any frontend: its serving process
+/// a `sleep`, a fresh session region, and new serving processes started as
+/// `sh -c SCRIPT` (the keeper's hidden flags become the script's `$0`, `$1`...).
+/// Dropped: every child it had is killed and reaped, its files removed.
+pub struct Kept {
+    pub keeper: Keeper<'static>,
+    /// The serving processes it had, the first one included.
+    pub children: Vec<Pid>,
+    dir: PathBuf,
+}
+
+/// A [`Kept`] whose new serving processes run `script` (None: no binary).
+// Its `sleep` is reaped by its pid when the Kept is dropped, as the keeper reaps.
+#[allow(clippy::zombie_processes)]
+pub fn keeper(script: Option<&str>) -> Kept {
+    let template = std::env::temp_dir().join("volfsd-keeper-test.XXXXXX");
+    let dir = nix::unistd::mkdtemp(&template).unwrap();
+    let frontend = Listener::new(dir.join("fs.sock"), true).unwrap();
+    let private = Private::bind().unwrap();
+    let sleep = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let child = Pid::from_raw(sleep.id() as i32);
+    let keeper = Keeper {
+        child,
+        frontend,
+        private: private.path,
+        keep: Keep {
+            control: None,
+            close: &[],
+            sockets: &[],
+            keep_serving: false,
+        },
+        command: script.map(|s| Command {
+            binary: "/bin/sh".into(),
+            args: vec!["-c".into(), s.into()],
+        }),
+        channel: None,
+        volumes: None,
+        region: Region::create().unwrap(),
+        served: false,
+        crashes: Crashes::default(),
+        started: std::time::Instant::now(),
+        backend_gone: None,
+    };
+    Kept {
+        keeper,
+        children: vec![child],
+        dir,
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.children.push(self.keeper.child);
+        for &pid in &self.children {
+            // Killed only while still this process's child (a reaped pid may be
+            // someone else's by now).
+            if let Ok(WaitStatus::StillAlive) = waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+            }
+        }
+        Private::remove(&self.keeper.private);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A relay between two socketpairs, and the frontend's and the backend's far ends
+/// (kept open: the relay's peers).
+pub fn relay() -> (super::relay::Relay, UnixStream, UnixStream) {
+    let (frontend, vmm) = UnixStream::pair().unwrap();
+    let (backend, serving) = UnixStream::pair().unwrap();
+    (super::relay::Relay::new(frontend, backend), vmm, serving)
 }

@@ -19,10 +19,12 @@
 //! its session). The frontend's messages wait in its socket meanwhile.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::fmt;
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::unistd::{fork, ForkResult, Pid};
@@ -81,45 +83,22 @@ impl Command {
     /// the sandbox, so as sudo checks what it runs: an absolute path to a regular,
     /// executable file owned by root or the daemon's user, writable by no one else,
     /// in a directory alike.
-    pub fn with_binary(&self, binary: &std::path::Path) -> Result<Command, String> {
-        use std::os::unix::fs::MetadataExt;
+    pub fn with_binary(&self, binary: &Path) -> Result<Command, Refusal> {
         if !binary.is_absolute() {
-            return Err(format!(
-                "--binary {}: not an absolute path",
-                binary.display()
-            ));
+            return Err(Refusal::Relative(binary.to_path_buf()));
         }
-        let path = std::fs::canonicalize(binary)
-            .map_err(|e| format!("--binary {}: {e}", binary.display()))?;
+        let path = std::fs::canonicalize(binary).map_err(|source| Refusal::Unreadable {
+            path: binary.to_path_buf(),
+            source,
+        })?;
         // SAFETY: geteuid cannot fail.
         let own = unsafe { libc::geteuid() };
-        let safe = |p: &std::path::Path, what: &str| -> Result<std::fs::Metadata, String> {
-            let m = std::fs::metadata(p).map_err(|e| format!("--binary: {}: {e}", p.display()))?;
-            if m.uid() != 0 && m.uid() != own {
-                return Err(format!(
-                    "--binary: {what} {} is owned by uid {}, not root or the daemon's user",
-                    p.display(),
-                    m.uid()
-                ));
-            }
-            if m.mode() & 0o022 != 0 {
-                return Err(format!(
-                    "--binary: {what} {} is writable by its group or others (mode {:o})",
-                    p.display(),
-                    m.mode() & 0o7777
-                ));
-            }
-            Ok(m)
-        };
-        let m = safe(&path, "the binary")?;
+        let m = safe(&path, "the binary", own)?;
         if !m.is_file() || m.mode() & 0o111 == 0 {
-            return Err(format!(
-                "--binary {}: not an executable regular file",
-                path.display()
-            ));
+            return Err(Refusal::NotExecutable(path));
         }
         if let Some(dir) = path.parent() {
-            safe(dir, "its directory")?;
+            safe(dir, "its directory", own)?;
         }
         Ok(Command {
             binary: path,
@@ -127,6 +106,84 @@ impl Command {
         })
     }
 }
+
+/// `p` (`what`: the binary or its directory), if owned by root or `own` and
+/// writable by no one else.
+fn safe(p: &Path, what: &'static str, own: u32) -> Result<std::fs::Metadata, Refusal> {
+    let m = std::fs::metadata(p).map_err(|source| Refusal::Unreadable {
+        path: p.to_path_buf(),
+        source,
+    })?;
+    if m.uid() != 0 && m.uid() != own {
+        return Err(Refusal::Owner {
+            what,
+            path: p.to_path_buf(),
+            uid: m.uid(),
+        });
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(Refusal::Writable {
+            what,
+            path: p.to_path_buf(),
+            mode: m.mode() & 0o7777,
+        });
+    }
+    Ok(m)
+}
+
+/// Why the keeper does not run a binary named by `ctl upgrade --binary`.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Not an absolute path.
+    Relative(PathBuf),
+    /// The path (the binary, or its directory) cannot be resolved or looked at.
+    Unreadable { path: PathBuf, source: io::Error },
+    /// `what` (the binary or its directory) is owned by another user than root or
+    /// the daemon's.
+    Owner {
+        what: &'static str,
+        path: PathBuf,
+        uid: u32,
+    },
+    /// `what` is writable by its group or others.
+    Writable {
+        what: &'static str,
+        path: PathBuf,
+        mode: u32,
+    },
+    /// Not a regular file with an execute bit.
+    NotExecutable(PathBuf),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Relative(p) => write!(f, "--binary {}: not an absolute path", p.display()),
+            Refusal::Unreadable { path, source } => {
+                write!(f, "--binary {}: {source}", path.display())
+            }
+            Refusal::Owner { what, path, uid } => write!(
+                f,
+                "--binary: {what} {} is owned by uid {uid}, not root or the daemon's user",
+                path.display()
+            ),
+            Refusal::Writable { what, path, mode } => write!(
+                f,
+                "--binary: {what} {} is writable by its group or others (mode {mode:o})",
+                path.display()
+            ),
+            Refusal::NotExecutable(p) => {
+                write!(
+                    f,
+                    "--binary {}: not an executable regular file",
+                    p.display()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
 
 /// A successful upgrade: the old process's connection (closing it ends that
 /// process) and how long the guest's requests waited.
@@ -137,8 +194,7 @@ pub struct Upgraded {
 
 /// Runs steps 2–6 with the new process connected on `new`, once it answers.
 pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error, UnixStream)> {
-    let session_ok = relay.session().unreplayable.clone();
-    if let Some(why) = session_ok {
+    if let Some(why) = relay.session().unreplayable {
         return Err((Error::Unreplayable(why), new));
     }
     // The new process's start-up (exec, sandbox) outside the guest's pause.
@@ -282,15 +338,21 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
     if let Some(volumes) = &inherited.volumes {
         args.push(format!("{VOLUMES_FLAG}={volumes}").into());
     }
-    let binary = std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes())
-        .map_err(|_| Error::Unreplayable("a NUL in the binary's path".into()))?;
+    let binary =
+        std::ffi::CString::new(cmd.binary.as_os_str().as_encoded_bytes()).map_err(|_| {
+            Error::Nul {
+                what: "the binary's path",
+            }
+        })?;
     let argv: Vec<std::ffi::CString> = std::iter::once(Ok(binary.clone()))
         .chain(
             args.iter()
                 .map(|a| std::ffi::CString::new(a.as_encoded_bytes())),
         )
         .collect::<Result<_, _>>()
-        .map_err(|_| Error::Unreplayable("a NUL in an argument".into()))?;
+        .map_err(|_| Error::Nul {
+            what: "an argument",
+        })?;
     // SAFETY: the keeper is single-threaded; the child only calls async-signal-safe
     // functions (fcntl, prctl, sigprocmask, execv, _exit) before it execs.
     match unsafe { fork() }.map_err(|e| Error::io("fork", e.into()))? {
@@ -310,5 +372,137 @@ pub fn start(cmd: &Command, inherited: &Inherited) -> Result<Pid, Error> {
             unsafe { libc::_exit(127) }
         }
         ForkResult::Parent { child } => Ok(child),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A new 0755 directory holding an executable `volfsd` (mode 0755).
+    fn binary_dir() -> PathBuf {
+        let dir = nix::unistd::mkdtemp(&std::env::temp_dir().join("volfsd-binary.XXXXXX")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let binary = dir.join("volfsd");
+        std::fs::write(&binary, b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    fn mode(p: &Path, m: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+
+    fn current() -> Command {
+        Command {
+            binary: "/usr/bin/volfsd".into(),
+            args: vec!["--socket-path".into(), "/run/vm1/fs.sock".into()],
+        }
+    }
+
+    #[test]
+    fn a_safe_binary_keeps_the_arguments() {
+        let dir = binary_dir();
+        let c = current().with_binary(&dir.join("volfsd")).unwrap();
+        assert_eq!(c.binary, dir.join("volfsd").canonicalize().unwrap());
+        assert_eq!(c.args, current().args);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unsafe_binary_is_refused_with_the_reason() {
+        let dir = binary_dir();
+        let binary = dir.join("volfsd");
+        let refused = |p: &Path| current().with_binary(p).unwrap_err();
+
+        let why = refused(Path::new("v2/volfsd"));
+        assert!(matches!(why, Refusal::Relative(_)), "{why:?}");
+        assert_eq!(why.to_string(), "--binary v2/volfsd: not an absolute path");
+
+        let why = refused(&dir.join("missing"));
+        assert!(matches!(why, Refusal::Unreadable { .. }), "{why:?}");
+        assert!(why.to_string().starts_with("--binary /"), "{why}");
+
+        mode(&binary, 0o777);
+        let why = refused(&binary);
+        assert_eq!(
+            why.to_string(),
+            format!(
+                "--binary: the binary {} is writable by its group or others (mode 777)",
+                binary.display()
+            )
+        );
+        mode(&binary, 0o644);
+        let why = refused(&binary);
+        assert!(matches!(why, Refusal::NotExecutable(_)), "{why:?}");
+        assert!(why
+            .to_string()
+            .ends_with(": not an executable regular file"));
+        mode(&binary, 0o755);
+
+        mode(&dir, 0o775);
+        let why = refused(&binary);
+        assert!(
+            matches!(
+                why,
+                Refusal::Writable {
+                    what: "its directory",
+                    mode: 0o775,
+                    ..
+                }
+            ),
+            "{why:?}"
+        );
+        assert!(why.to_string().contains("its directory"), "{why}");
+        mode(&dir, 0o755);
+
+        // Another user's binary (only root can give it away).
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&binary, Some(4321), None).unwrap();
+            let why = refused(&binary);
+            assert_eq!(
+                why.to_string(),
+                format!(
+                    "--binary: the binary {} is owned by uid 4321, not root or the daemon's user",
+                    binary.display()
+                )
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_nul_in_what_would_be_execd_is_refused_before_the_fork() {
+        let inherited = Inherited {
+            listener: -1,
+            control: None,
+            channel: -1,
+            region: -1,
+            journal: Half::A,
+            recover: None,
+            volumes: None,
+            source: None,
+        };
+        let mut cmd = current();
+        cmd.args.push("a\0b".into());
+        let e = start(&cmd, &inherited).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Nul {
+                    what: "an argument"
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "a NUL in an argument");
+        cmd.binary = "/usr/bin/vol\0fsd".into();
+        assert!(matches!(
+            start(&cmd, &inherited),
+            Err(Error::Nul {
+                what: "the binary's path"
+            })
+        ));
     }
 }
