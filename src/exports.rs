@@ -83,17 +83,18 @@ pub mod logging {
 
 /// The session region a keeper shares with its serving processes and a frontend
 /// keeps across a restart (tests write a hostile one; a fuzz target reads them).
-pub mod recovery {
+pub mod region {
     pub use crate::device::inflight::unanswered_in;
-    pub use crate::recovery::region::{Half, Region, AREAS, MAX_QUEUES, QUEUE_SIZE};
+    pub use crate::fs::journal::Journal;
+    pub use crate::region::{Half, Region, AREAS, MAX_QUEUES, QUEUE_SIZE};
 
-    /// This process records the guest's session into `region`'s journal half `half`
-    /// from now on, as a serving process under a keeper does (the fuzz seeds are
-    /// regions a real stack wrote). Once per process.
-    pub fn record_into(region: Region, half: Half) -> &'static Region {
-        let region = crate::recovery::set_region(region);
-        crate::fs::journal::start(region, half);
-        region
+    /// The journal half `half` of `region`, for a stack to record the guest's session
+    /// into as a serving process under a keeper does (`PassthroughConfig::journal`;
+    /// the fuzz seeds are regions a real stack wrote). Both live until the process
+    /// exits.
+    pub fn record_into(region: Region, half: Half) -> (&'static Region, &'static Journal) {
+        let region: &'static Region = Box::leak(Box::new(region));
+        (region, Box::leak(Box::new(Journal::new(region, half))))
     }
 }
 

@@ -19,7 +19,7 @@ mod keeper;
 mod logging;
 mod metrics;
 mod qos;
-mod recovery;
+mod region;
 mod sandbox;
 mod state;
 

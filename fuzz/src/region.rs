@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig};
-use volfsd::exports::recovery::{unanswered_in, Half, Region, AREAS, MAX_QUEUES, QUEUE_SIZE};
+use volfsd::exports::region::{Journal, unanswered_in, Half, Region, AREAS, MAX_QUEUES, QUEUE_SIZE};
 
 use crate::common::{check_fds, open_fds, tree_checksum, Watchdog};
 use crate::state::{check_no_fd_into, guest_view, lookup_id, scratch_tree, send};
@@ -149,14 +149,14 @@ pub fn run_region(data: &[u8]) {
     );
 }
 
-/// A guest's session on the scratch tree, recorded into the journal of the process's
-/// region (`make_seeds` set it up): INIT, `rw`, `rw/d`, `rw/d/e`, `rw/f` opened for
-/// writing with a lock, `ro/f`. `then` runs while the session lives.
-pub fn with_recorded_session<T>(then: impl FnOnce() -> T) -> T {
+/// A guest's session on the scratch tree, recorded into `journal` (`make_seeds`
+/// set it up): INIT, `rw`, `rw/d`, `rw/d/e`, `rw/f` opened for writing with a lock,
+/// `ro/f`. `then` runs while the session lives.
+pub fn with_recorded_session<T>(journal: &'static Journal, then: impl FnOnce() -> T) -> T {
     let mut guard = scratch_tree().lock().unwrap_or_else(|e| e.into_inner());
     let st = &mut *guard;
     let root = st.scratch.path().to_path_buf();
-    let server = crate::state::build(&root, &st.specs);
+    let server = crate::state::build_recording(&root, &st.specs, Some(journal));
     let init = crate::fuse::request(
         crate::fuse::op::INIT as u32,
         0,

@@ -31,6 +31,7 @@ use std::sync::{Mutex, OnceLock};
 use fuse_backend_rs::transport::{FuseDevWriter, Writer};
 use volfsd::exports::fs::passthrough::state::HandedFiles;
 use volfsd::exports::fs::{self, CacheMode, FsServer, PassthroughConfig, ShareSpec};
+use volfsd::exports::region::Journal;
 use volfsd::exports::state::format::{self, GuestView};
 use volfsd::exports::state::{LoadOptions, OnError};
 
@@ -103,11 +104,24 @@ pub fn guest_view() -> GuestView {
 
 /// A fresh stack on the scratch tree, as the daemon builds it.
 pub fn build(root: &Path, specs: &[ShareSpec]) -> FsServer {
+    build_recording(root, specs, None)
+}
+
+/// The same, recording the guest's session into `journal`, as a serving process
+/// under a keeper does.
+pub fn build_recording(
+    root: &Path,
+    specs: &[ShareSpec],
+    journal: Option<&'static Journal>,
+) -> FsServer {
     let stack = fs::build(
         root,
         Some(specs),
         false,
-        PassthroughConfig::new(CacheMode::None, true),
+        PassthroughConfig {
+            journal,
+            ..PassthroughConfig::new(CacheMode::None, true)
+        },
     )
     .expect("building the file system stack (needs root for open_tree)");
     FsServer::new(&stack)

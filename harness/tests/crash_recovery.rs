@@ -1,5 +1,5 @@
 //! `--upgradable`: a serving process killed under a frontend's session is taken over
-//! by a new one, on the same rings, with the guest's session (src/recovery/,
+//! by a new one, on the same rings, with the guest's session (src/region/,
 //! src/fs/journal/, src/device/inflight.rs): the frontend sees no disconnect, the
 //! guest's node ids and open handles answer on, and the requests the dead process
 //! had taken and not answered are run again when idempotent, else answered EIO.

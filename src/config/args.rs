@@ -382,7 +382,7 @@ pub struct Args {
     #[arg(long, hide = true)]
     pub keeper_channel_fd: Option<i32>,
 
-    /// With it: the session region's fd (src/recovery/region.rs).
+    /// With it: the session region's fd (src/region/).
     #[arg(long, hide = true)]
     pub keeper_region_fd: Option<i32>,
 

@@ -94,9 +94,9 @@ pub struct Config {
 pub struct KeeperRegion {
     pub fd: i32,
     /// The half it records into.
-    pub journal: crate::recovery::region::Half,
+    pub journal: crate::region::Half,
     /// After a crash under a guest's session: the half to serve the guest on from.
-    pub recover: Option<crate::recovery::region::Half>,
+    pub recover: Option<crate::region::Half>,
 }
 
 impl Config {
@@ -310,13 +310,11 @@ impl Args {
             keeper_channel_fd: self.keeper_channel_fd,
             keeper_region: self.keeper_region_fd.map(|fd| KeeperRegion {
                 fd,
-                journal: crate::recovery::region::Half::from_index(
-                    self.keeper_journal.unwrap_or(0),
-                )
-                .unwrap_or(crate::recovery::region::Half::A),
+                journal: crate::region::Half::from_index(self.keeper_journal.unwrap_or(0))
+                    .unwrap_or(crate::region::Half::A),
                 recover: self
                     .keeper_recover
-                    .and_then(crate::recovery::region::Half::from_index),
+                    .and_then(crate::region::Half::from_index),
             }),
             keeper_volumes: self.keeper_volumes,
             keeper_source_pidfd: self.keeper_source_pidfd,

@@ -23,6 +23,7 @@ use crate::fs::{resolve_share_path_in, AttachError, ShareInfo, ShareSpec, Volume
 use crate::metrics::exposition::{self, Snapshot, VolumeSnapshot};
 use crate::metrics::process::ProcessFiles;
 use crate::qos::RateLimit;
+use crate::region::Region;
 
 /// `PUT /volumes/{name}` body. Unknown fields are refused.
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,8 @@ pub struct Api {
     device: Arc<DeviceStats>,
     /// The serving process's /proc files, for its gauges in `/metrics`.
     process: Option<ProcessFiles>,
+    /// The session region under a keeper: the keeper's counters in `/metrics`.
+    region: Option<&'static Region>,
     /// The daemon's own uid (read at start: the control threads' seccomp filter
     /// has no geteuid).
     own_uid: u32,
@@ -196,6 +199,7 @@ impl Api {
             local_root,
             device,
             process: None,
+            region: None,
             // SAFETY: geteuid cannot fail.
             own_uid: unsafe { libc::geteuid() },
         }
@@ -204,6 +208,12 @@ impl Api {
     /// With the process gauges (RssAnon, CPU, start time) in `/metrics`.
     pub fn with_process_files(mut self, files: ProcessFiles) -> Self {
         self.process = Some(files);
+        self
+    }
+
+    /// With the keeper's counters in `/metrics`, read from its session region.
+    pub fn with_keeper_region(mut self, region: &'static Region) -> Self {
+        self.region = Some(region);
         self
     }
 
@@ -307,7 +317,9 @@ impl Api {
             lock_waits: crate::device::later::lock_waiters(),
             fds: self.volumes.fd_budget(),
             process: self.process.as_ref().map(ProcessFiles::read),
-            keeper: crate::metrics::exposition::KeeperStats::read(),
+            keeper: self
+                .region
+                .map(crate::metrics::exposition::KeeperStats::read),
         };
         Reply {
             status: 200,

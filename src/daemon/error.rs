@@ -18,8 +18,8 @@ pub enum DaemonError {
     Control(ControlError),
     /// `--upgradable`: the keeper could not be started.
     Keeper(crate::keeper::Error),
-    /// The session region the keeper passed (`recovery/region.rs`).
-    Region(crate::recovery::region::RegionError),
+    /// The session region the keeper passed (`src/region/`).
+    Region(crate::region::RegionError),
     /// The guest's session a killed serving process recorded could not be loaded.
     Recover(crate::device::state_transfer::TransferError),
     /// A host call on the vhost-user socket failed. `socket`: `--socket-path P`,

@@ -4,6 +4,7 @@
 
 mod error;
 mod memory;
+mod recording;
 
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
@@ -24,6 +25,7 @@ use crate::device::{FsBackend, GuestMmap};
 use crate::fs::PassthroughConfig;
 use crate::sandbox::{self, SandboxMode, ThreadRole};
 use crate::state::handoff::Handoff;
+use recording::Recording;
 
 pub use error::DaemonError;
 
@@ -72,13 +74,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
     // socket exists, a launcher may expect both.
     // Started by the keeper: the session region it shares with it, and the journal
     // half to record into (the first serving process got both through the fork).
-    if let Some(k) = config.keeper_region {
-        // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(k.fd) };
-        let region = crate::recovery::region::Region::open(fd).map_err(DaemonError::Region)?;
-        let region = crate::recovery::set_region(region);
-        crate::fs::journal::start(region, k.journal);
-    }
+    let mut recording = match &config.keeper_region {
+        Some(k) => Some(Recording::inherited(k)?),
+        None => None,
+    };
     if let Some(fd) = config.keeper_channel_fd {
         // SAFETY: the keeper passed this fd for exactly this use; owned once, here.
         crate::keeper::channel::serve_with(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
@@ -120,10 +119,10 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
             sockets: &socket_paths,
             keep_serving: config.keep_serving,
         };
-        let (serving, channel) =
-            crate::keeper::process::split(listener, keep).map_err(DaemonError::Keeper)?;
-        crate::keeper::channel::serve_with(channel);
-        Ok((serving, files))
+        let child = crate::keeper::process::split(listener, keep).map_err(DaemonError::Keeper)?;
+        crate::keeper::channel::serve_with(child.channel);
+        recording = Some(Recording::forked(child.region));
+        Ok((child.listener, files))
     });
     let (listener, socket_files) = match bound {
         Ok((listener, files)) => (listener, Arc::new(files)),
@@ -141,6 +140,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         &serving_paths,
         socket_files.clone(),
         term,
+        recording,
     );
     if result.is_err() {
         for f in socket_files.iter() {
@@ -159,6 +159,7 @@ fn serve(
     socket_paths: &[PathBuf],
     socket_files: Arc<Vec<SocketFile>>,
     term: SigSet,
+    recording: Option<Recording>,
 ) -> Result<(), DaemonError> {
     // The sockets a migration's source and destination on this host hand the guest's
     // locks over with: made before the sandbox's network namespace, in the host's.
@@ -235,6 +236,7 @@ fn serve(
             uids: config.uids.clone(),
             gids: config.gids.clone(),
             metrics: config.metrics,
+            journal: recording.map(|r| r.journal),
             ..PassthroughConfig::new(config.cache, config.xattr)
         },
     )
@@ -259,8 +261,13 @@ fn serve(
     })?;
 
     let backend = Arc::new(
-        FsBackend::new(&stack, config.num_request_queues, config.poll)
-            .map_err(|e| DaemonError::host("creating the queue workers' wake timers", e))?,
+        FsBackend::new(
+            &stack,
+            config.num_request_queues,
+            config.poll,
+            recording.map(|r| r.region),
+        )
+        .map_err(|e| DaemonError::host("creating the queue workers' wake timers", e))?,
     );
     let stats = backend.stats();
 
@@ -275,6 +282,9 @@ fn serve(
         );
         if let Some(files) = process_files {
             api = api.with_process_files(files);
+        }
+        if let Some(r) = recording {
+            api = api.with_keeper_region(r.region);
         }
         // Started by the keeper after an upgrade or a crash: the volumes the previous
         // process had, before the guest's session is loaded.

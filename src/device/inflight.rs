@@ -1,5 +1,5 @@
 //! The requests a ring gave the daemon that it has not answered yet, kept in the
-//! session region under a keeper (`recovery/region.rs`), so that a serving process
+//! session region under a keeper (`src/region/`), so that a serving process
 //! started after this one was killed answers them: none is lost, and none is
 //! applied twice (`fs/request.rs` decides which run again).
 //!
@@ -17,7 +17,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::recovery::region::{QueueArea, QUEUE_SIZE};
+use crate::region::{QueueArea, Region, QUEUE_SIZE};
 
 /// One queue's requests in flight (None: no session region).
 #[derive(Clone, Copy, Default)]
@@ -33,9 +33,9 @@ pub struct Unanswered {
 }
 
 impl InFlight {
-    /// Queue `index`'s, in this process's session region.
-    pub fn of(index: usize) -> InFlight {
-        InFlight(crate::recovery::region().and_then(|r| r.queue(index)))
+    /// Queue `index`'s, in this process's session region (None: no keeper).
+    pub fn of(region: Option<&'static Region>, index: usize) -> InFlight {
+        InFlight(region.and_then(|r| r.queue(index)))
     }
 
     #[cfg(test)]
@@ -149,7 +149,7 @@ pub fn unanswered_in(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recovery::region::Region;
+    use crate::region::Region;
 
     fn area() -> InFlight {
         let region: &'static Region = Box::leak(Box::new(Region::create().unwrap()));

@@ -40,6 +40,7 @@ use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::fs::{FsServer, Stack};
+use crate::region::{Half, Region};
 use dirty_log::LogBitmap;
 use later::Parked;
 pub use memory::{GuestMem, GuestMmap, Vring};
@@ -92,6 +93,9 @@ pub struct FsBackend {
     exit_events: Vec<EventFd>,
     /// The features of the last SET_FEATURES ([`NO_FEATURES`] before the first).
     features: AtomicU64,
+    /// The session region under a keeper: the requests in flight, the keeper's
+    /// counters, and the journal a takeover loads (src/daemon/recording.rs).
+    region: Option<&'static Region>,
 }
 
 /// No SET_FEATURES yet: never a real set, since vhost-user-backend refuses features
@@ -101,9 +105,14 @@ const NO_FEATURES: u64 = u64::MAX;
 impl FsBackend {
     /// Fails only when the wake timers cannot be made (out of fds).
     /// `poll`: each queue's polling window after its ring ran dry (`poll.rs`; zero:
-    /// none).
-    pub fn new(stack: &Stack, num_request_queues: usize, poll: Duration) -> io::Result<Self> {
-        let queues = Arc::new(Queues::new(num_request_queues, poll)?);
+    /// none). `region`: the session region under a keeper.
+    pub fn new(
+        stack: &Stack,
+        num_request_queues: usize,
+        poll: Duration,
+        region: Option<&'static Region>,
+    ) -> io::Result<Self> {
+        let queues = Arc::new(Queues::new(num_request_queues, poll, region)?);
         let stats = DeviceStats {
             queues: queues.iter().map(|q| q.counters.clone()).collect(),
             ..Default::default()
@@ -127,17 +136,20 @@ impl FsBackend {
                 .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
                 .collect::<io::Result<_>>()?,
             features: AtomicU64::new(NO_FEATURES),
+            region,
         })
     }
 
     /// This process takes over from one killed under a guest's session: the
     /// session it recorded in journal `half` is loaded (on the state thread), and
     /// each queue's requests left unanswered are answered once its ring runs here.
-    pub fn recover(
-        &self,
-        half: crate::recovery::region::Half,
-    ) -> Result<(), state_transfer::TransferError> {
-        let loaded = self.state.recover(half);
+    pub fn recover(&self, half: Half) -> Result<(), state_transfer::TransferError> {
+        let Some(region) = self.region else {
+            return Err(state_transfer::TransferError::Load(
+                crate::state::LoadError::Io("no session region: no keeper".into()),
+            ));
+        };
+        let loaded = self.state.recover(region, half);
         for q in self.queues.iter() {
             q.set_recovering(q.inflight.is_kept());
         }
@@ -176,7 +188,7 @@ impl FsBackend {
                 "queue {index}: {} requests the killed serving process had taken are answered here",
                 left.heads.len()
             );
-            if let Err(e) = later::answer_recovered(
+            match later::answer_recovered(
                 &self.server,
                 mem,
                 &queue.ring,
@@ -184,7 +196,16 @@ impl FsBackend {
                 state,
                 &left.heads,
             ) {
-                warn!("queue {index}: {e}");
+                Ok(answered) => {
+                    if let Some(region) = self.region {
+                        let c = &region.header().counters;
+                        c.requests_rerun
+                            .fetch_add(answered.rerun, Ordering::Relaxed);
+                        c.requests_failed
+                            .fetch_add(answered.failed, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => warn!("queue {index}: {e}"),
             }
         }
         // The killed process may have returned completions and died before their

@@ -14,6 +14,7 @@ use super::later::{Later, Parked, WaitRoom, WakeTimer};
 use super::poll::Poller;
 use super::ring::{QueueCounters, QueueHealth, RingRef};
 use super::{queue::QueueRef, Vring};
+use crate::region::Region;
 
 /// The hiprio queue's index: it is never throttled, and its worker is request
 /// queue 1's.
@@ -40,7 +41,7 @@ pub struct DeviceQueue {
 }
 
 impl DeviceQueue {
-    fn new(index: usize, poll: Duration) -> io::Result<Self> {
+    fn new(index: usize, poll: Duration, region: Option<&'static Region>) -> io::Result<Self> {
         let throttling = if index == HIPRIO_QUEUE {
             None
         } else {
@@ -52,7 +53,7 @@ impl DeviceQueue {
             counters: Arc::default(),
             health: Arc::default(),
             throttling,
-            inflight: InFlight::of(index),
+            inflight: InFlight::of(region, index),
             poller: Poller::new(poll),
             recovering: AtomicBool::new(false),
         })
@@ -137,11 +138,16 @@ impl DeviceQueue {
 pub struct Queues(Vec<DeviceQueue>);
 
 impl Queues {
-    /// The hiprio queue and `request_queues` request queues; fails only when a wake
-    /// timer cannot be made (out of fds).
-    pub fn new(request_queues: usize, poll: Duration) -> io::Result<Self> {
+    /// The hiprio queue and `request_queues` request queues, each recording its
+    /// requests in flight in `region` under a keeper; fails only when a wake timer
+    /// cannot be made (out of fds).
+    pub fn new(
+        request_queues: usize,
+        poll: Duration,
+        region: Option<&'static Region>,
+    ) -> io::Result<Self> {
         (0..=request_queues)
-            .map(|i| DeviceQueue::new(i, poll))
+            .map(|i| DeviceQueue::new(i, poll, region))
             .collect::<io::Result<_>>()
             .map(Queues)
     }

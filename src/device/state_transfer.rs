@@ -24,6 +24,7 @@ use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferState
 
 use crate::fs::passthrough::state::HandedFiles;
 use crate::fs::FsServer;
+use crate::region::{Half, Region};
 use crate::state::format::{self, GuestView};
 use crate::state::handoff::{Entry, Handoff};
 use crate::state::{LoadError, LoadOptions, SaveOptions};
@@ -43,7 +44,7 @@ enum Job {
     Save(File),
     Load(File),
     /// Serve on the session a killed serving process recorded in a journal half.
-    Recover(crate::recovery::region::Half),
+    Recover(&'static Region, Half),
 }
 
 /// Why a save or a load failed; CHECK_DEVICE_STATE answers it to the VMM as an
@@ -121,7 +122,7 @@ impl StateTransfer {
                     let result = match job {
                         Job::Save(file) => save(&server, &cfg, &device, file),
                         Job::Load(file) => load(&server, &cfg, &device, file),
-                        Job::Recover(half) => recover(&server, &cfg, half),
+                        Job::Recover(region, half) => recover(&server, &cfg, region, half),
                     };
                     if let Err(e) = &result {
                         // The VMM learns only that it failed: the why is here.
@@ -180,13 +181,13 @@ impl StateTransfer {
 
     /// Serves on the guest's session that a serving process killed under it recorded
     /// in journal `half`, on the state thread (confined for loading states); waits.
-    pub fn recover(&self, half: crate::recovery::region::Half) -> Result<(), TransferError> {
+    pub fn recover(&self, region: &'static Region, half: Half) -> Result<(), TransferError> {
         let gone = || TransferError::Load(LoadError::Io("the state thread is gone".into()));
         let (done_tx, done_rx) = mpsc::channel();
         {
             let jobs = self.jobs.lock().unwrap();
             let jobs = jobs.as_ref().ok_or_else(gone)?;
-            jobs.send((Job::Recover(half), done_tx))
+            jobs.send((Job::Recover(region, half), done_tx))
                 .map_err(|_| gone())?;
         }
         done_rx.recv().map_err(|_| gone())?
@@ -313,11 +314,10 @@ fn load(
 fn recover(
     server: &FsServer,
     cfg: &StateConfig,
-    half: crate::recovery::region::Half,
+    region: &Region,
+    half: Half,
 ) -> Result<(), TransferError> {
     let start = Instant::now();
-    let region = crate::recovery::region()
-        .ok_or_else(|| LoadError::Io("no session region: no keeper".into()))?;
     let claimed = region.volumes();
     let (report, dropped) =
         server.recover_session(region.half(half), &cfg.view, claimed.as_deref())?;

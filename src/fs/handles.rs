@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::id_map::IdMap;
 use super::inodes::InodeData;
-use super::journal::{self, Record, Slot};
+use super::journal::{Journal, Record, Recorded};
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
@@ -28,16 +28,8 @@ pub struct HandleData {
     /// The flock the guest holds through this handle: 0 none, else `F_RDLCK` + 1 or
     /// `F_WRLCK` + 1 (kept for the device state: the kernel tells no one).
     pub flock: AtomicU8,
-    /// Its journal record ([`Slot::NONE`]: none), freed with the handle.
-    journal: u32,
-}
-
-impl Drop for HandleData {
-    fn drop(&mut self) {
-        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
-            j.free(slot);
-        }
-    }
+    /// Its journal record, freed with the handle.
+    record: Option<Recorded>,
 }
 
 impl HandleData {
@@ -53,27 +45,26 @@ impl HandleData {
     pub fn set_flock(&self, kind: i32) {
         let v = if kind == libc::F_UNLCK { 0 } else { kind + 1 };
         self.flock.store(v as u8, Ordering::Relaxed);
-        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
-            j.set_flock(slot, kind);
+        if let Some(r) = &self.record {
+            r.journal().set_flock(r.slot(), kind);
         }
     }
 }
 
 impl HandleData {
-    /// A handle `id` of `inode` over `file`, recorded in the journal if there is one.
-    fn new(id: u64, inode: Arc<InodeData>, file: File) -> Self {
-        let journal = journal::get().map_or(Slot::NONE, |j| {
+    /// A handle `id` of `inode` over `file`, recorded in `journal` if there is one.
+    fn new(id: u64, inode: Arc<InodeData>, file: File, journal: Option<&'static Journal>) -> Self {
+        let record = journal.and_then(|j| {
             // SAFETY: F_GETFL on an fd we own. Only with a journal: a system call
             // the open path does not make otherwise.
             let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
             j.next_ids(None, Some(id + 1));
-            j.write(&Record::Handle {
+            j.record(&Record::Handle {
                 id,
                 node: inode.nodeid,
                 flags: flags.max(0),
                 flock: None,
             })
-            .map_or(Slot::NONE, Slot::raw)
         });
         HandleData {
             inode,
@@ -81,7 +72,7 @@ impl HandleData {
             dir_lock: Mutex::new(()),
             dir_offset: AtomicU64::new(0),
             flock: AtomicU8::new(0),
-            journal,
+            record,
         }
     }
 }
@@ -92,16 +83,23 @@ pub struct HandleStore {
     session: Arc<Session>,
     budget: Arc<FdBudget>,
     max_handles: usize,
+    journal: Option<&'static Journal>,
 }
 
 impl HandleStore {
-    pub fn new(session: Arc<Session>, budget: Arc<FdBudget>, max_handles: usize) -> Self {
+    pub fn new(
+        session: Arc<Session>,
+        budget: Arc<FdBudget>,
+        max_handles: usize,
+        journal: Option<&'static Journal>,
+    ) -> Self {
         HandleStore {
             map: RwLock::new(IdMap::default()),
             next_id: AtomicU64::new(1),
             session,
             budget,
             max_handles,
+            journal,
         }
     }
 
@@ -114,7 +112,7 @@ impl HandleStore {
         }
         reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        map.insert(id, Arc::new(HandleData::new(id, inode, file)));
+        map.insert(id, Arc::new(HandleData::new(id, inode, file, self.journal)));
         Ok(id)
     }
 
@@ -135,7 +133,7 @@ impl HandleStore {
             return Err(errno(libc::ESTALE));
         }
         reserve(&inode.share.usage.handles, self.max_handles, &self.budget)?;
-        let data = Arc::new(HandleData::new(id, inode, file));
+        let data = Arc::new(HandleData::new(id, inode, file, self.journal));
         map.insert(id, data.clone());
         Ok(data)
     }
@@ -156,7 +154,7 @@ impl HandleStore {
     /// Moves the id counter to at least `next` (ids restored from a device state).
     pub fn advance_next_id(&self, next: u64) {
         self.next_id.fetch_max(next, Ordering::Relaxed);
-        if let Some(j) = journal::get() {
+        if let Some(j) = self.journal {
             j.next_ids(None, Some(next));
         }
     }
@@ -241,7 +239,7 @@ mod tests {
     fn setup(max_handles: usize) -> (InodeStore, HandleStore, Arc<InodeData>) {
         let session = Arc::new(Session::default());
         let budget = Arc::new(FdBudget::new(1000));
-        let store = InodeStore::new(2, session.clone(), budget.clone(), 100);
+        let store = InodeStore::new(2, session.clone(), budget.clone(), 100, None);
         let share = Arc::new(Share::for_test("s", false));
         let key = InodeKey {
             dev: 1,
@@ -251,7 +249,11 @@ mod tests {
         let inode = store
             .insert_fixed(1, File::open("/").unwrap(), key, libc::S_IFDIR, share)
             .unwrap();
-        (store, HandleStore::new(session, budget, max_handles), inode)
+        (
+            store,
+            HandleStore::new(session, budget, max_handles, None),
+            inode,
+        )
     }
 
     #[test]

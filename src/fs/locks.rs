@@ -22,7 +22,7 @@ use fuse_backend_rs::api::filesystem::FileLock;
 
 use super::handles::HandleData;
 use super::inodes::InodeData;
-use super::journal::{self, Record, Slot};
+use super::journal::{Journal, Record, Recorded};
 use super::lock_ranges::{HeldRange, LockRanges};
 use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
@@ -102,21 +102,20 @@ struct LockFile {
     /// The lock file's access mode (`O_RDONLY`, `O_WRONLY`, `O_RDWR`).
     access: i32,
     ranges: LockRanges,
-    /// Its journal record, written anew when its ranges change ([`Slot::NONE`]: none
-    /// recorded, no range held).
-    journal: u32,
+    /// Its journal record, written anew when its ranges change (None: none recorded,
+    /// no range held), freed with the lock file.
+    record: Option<Recorded>,
 }
 
 impl LockFile {
-    /// Records the ranges held now in the journal, if there is one: a new record
-    /// before the old one is freed, so that a crash in between leaves one of them.
-    fn record(&mut self, owner: u64) {
-        let Some(j) = journal::get() else {
+    /// Records the ranges held now in `journal`, if there is one: the new record is
+    /// written before the old one is freed, so that a crash in between leaves one.
+    fn record(&mut self, journal: Option<&'static Journal>, owner: u64) {
+        let Some(j) = journal else {
             return;
         };
-        let old = Slot::from_raw(self.journal);
-        self.journal = if self.ranges.is_empty() {
-            Slot::NONE
+        let new = if self.ranges.is_empty() {
+            None
         } else {
             let ranges = self
                 .ranges
@@ -124,25 +123,15 @@ impl LockFile {
                 .iter()
                 .map(|r| (r.start, r.end, r.kind))
                 .collect();
-            j.write(&Record::Lock {
+            j.record(&Record::Lock {
                 node: self.inode.nodeid,
                 owner,
                 access: self.access,
                 ranges,
             })
-            .map_or(Slot::NONE, Slot::raw)
         };
-        if let Some(old) = old {
-            j.free(old);
-        }
-    }
-}
-
-impl Drop for LockFile {
-    fn drop(&mut self) {
-        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
-            j.free(slot);
-        }
+        // The old record (if any) is freed as it is replaced.
+        self.record = new;
     }
 }
 
@@ -169,10 +158,17 @@ pub struct LockTable {
     session: Arc<Session>,
     budget: Arc<FdBudget>,
     max_lock_files: usize,
+    /// Where each lock file's ranges are recorded for a successor (a keeper's).
+    journal: Option<&'static Journal>,
 }
 
 impl LockTable {
-    pub fn new(session: Arc<Session>, budget: Arc<FdBudget>, max_lock_files: usize) -> Self {
+    pub fn new(
+        session: Arc<Session>,
+        budget: Arc<FdBudget>,
+        max_lock_files: usize,
+        journal: Option<&'static Journal>,
+    ) -> Self {
         install_wake_handler();
         LockTable {
             files: Mutex::new(HashMap::new()),
@@ -180,6 +176,7 @@ impl LockTable {
             session,
             budget,
             max_lock_files,
+            journal,
         }
     }
 
@@ -221,7 +218,7 @@ impl LockTable {
                 file: f.clone(),
                 access: fl & libc::O_ACCMODE,
                 ranges: LockRanges::default(),
-                journal: Slot::NONE,
+                record: None,
             },
         );
         Ok(f)
@@ -232,7 +229,7 @@ impl LockTable {
         let end = lock.end.min(LOCK_TO_EOF);
         if let Some(lf) = self.files.lock().unwrap().get_mut(&(nodeid, owner)) {
             lf.ranges.apply(lock.start, end, lock.lock_type as i32);
-            lf.record(owner);
+            lf.record(self.journal, owner);
         }
     }
 
@@ -285,9 +282,9 @@ impl LockTable {
             file: Arc::new(file),
             access,
             ranges: held,
-            journal: Slot::NONE,
+            record: None,
         };
-        lf.record(owner);
+        lf.record(self.journal, owner);
         files.insert(key, lf);
         Ok(())
     }

@@ -16,7 +16,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::journal::{self, Record, Slot};
+use super::journal::{Journal, Record, Recorded};
 use super::names::{valid_volume_name, VOLUME_NAME_RULE};
 use super::share::Share;
 use super::share_root::SharePath;
@@ -123,8 +123,10 @@ pub struct Registry {
     /// `--readonly`: every volume attached is read-only, whatever the request says.
     all_read_only: AtomicBool,
     table: RwLock<Table>,
-    /// The journal records of the virtual directories, written anew at each change.
-    recorded: Mutex<Vec<Slot>>,
+    /// Where the virtual directories are recorded for a successor (a keeper's).
+    journal: Option<&'static Journal>,
+    /// Their records, written anew at each change.
+    recorded: Mutex<Vec<Recorded>>,
 }
 
 impl Registry {
@@ -144,6 +146,7 @@ impl Registry {
             volume_layout: false,
             all_read_only: AtomicBool::new(false),
             table: RwLock::new(t),
+            journal: None,
             recorded: Mutex::default(),
         }
     }
@@ -163,8 +166,15 @@ impl Registry {
             volume_layout: true,
             all_read_only: AtomicBool::new(false),
             table: RwLock::new(t),
+            journal: None,
             recorded: Mutex::default(),
         }
+    }
+
+    /// Records the virtual directories in `journal` from now on (a keeper's).
+    pub fn with_journal(mut self, journal: Option<&'static Journal>) -> Self {
+        self.journal = journal;
+        self
     }
 
     /// Makes every later attach read-only (`--readonly`).
@@ -238,20 +248,19 @@ impl Registry {
     /// anew, with the table's lock held (a few per volume, changed only by the
     /// control plane).
     fn record_vdirs(&self, t: &Table) {
-        let Some(j) = journal::get() else {
+        let Some(j) = self.journal else {
             return;
         };
         let mut recorded = self.recorded.lock().unwrap();
-        for slot in recorded.drain(..) {
-            j.free(slot);
-        }
+        // The old records go (freed as they drop).
+        recorded.clear();
         for (&id, d) in t.vdirs.iter().filter(|(id, _)| **id != ROOT_ID) {
             let path = d.path.join("/");
             let record = Record::VirtualDir {
                 id,
                 path: path.as_bytes(),
             };
-            recorded.extend(j.write(&record));
+            recorded.extend(j.record(&record));
         }
     }
 

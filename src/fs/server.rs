@@ -91,7 +91,7 @@ impl FsServer {
     /// and recorded in the journal.
     pub(super) fn set_session(&self, session: Option<crate::state::format::FuseSession>) {
         *self.session.lock().unwrap() = session;
-        if let Some(j) = super::journal::get() {
+        if let Some(j) = self.volumes.passthrough().journal() {
             j.set_init(session);
         }
     }

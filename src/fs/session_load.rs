@@ -398,7 +398,7 @@ impl FsServer {
     /// this daemon does not serve as it says is named in a warning.
     pub fn recover_session(
         &self,
-        half: crate::recovery::region::HalfView<'_>,
+        half: crate::region::HalfView<'_>,
         view: &GuestView,
         claimed: Option<&str>,
     ) -> Result<(LoadReport, usize), LoadError> {

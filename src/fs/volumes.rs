@@ -312,7 +312,7 @@ impl Volumes {
         ));
         inner.attach_root(ROOT_ID, root, share.clone())?;
         Ok(Volumes {
-            registry: Arc::new(Registry::whole(share)),
+            registry: Arc::new(Registry::whole(share).with_journal(inner.journal())),
             inner,
             shared_dir: dir,
             limits_changed: RwLock::default(),
@@ -325,7 +325,7 @@ impl Volumes {
         shared_dir: &Path,
         read_only: bool,
     ) -> io::Result<Self> {
-        let registry = Registry::volumes();
+        let registry = Registry::volumes().with_journal(inner.journal());
         if read_only {
             registry.force_read_only();
         }

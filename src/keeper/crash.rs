@@ -5,7 +5,7 @@
 //! this process's session) is recovered: a new serving process is started in its
 //! place; a crash under a frontend's session is recovered by a new process that
 //! takes over the same rings and the guest's session from the session region
-//! (`takeover.rs`, `recovery/`). A crash loop is not: [`CRASH_LOOP`] crashes in a
+//! (`takeover.rs`, `src/region/`). A crash loop is not: [`CRASH_LOOP`] crashes in a
 //! row, each within [`QUICK`] of its process's start, end the daemon.
 
 use std::fmt;

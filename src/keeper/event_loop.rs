@@ -24,7 +24,7 @@ use super::process::Keep;
 use super::relay::{Flow, Relay};
 use super::serving::Private;
 use super::upgrade::Command;
-use crate::recovery::region::Region;
+use crate::region::Region;
 
 /// The keeper's state.
 pub(super) struct Keeper<'a> {

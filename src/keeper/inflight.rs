@@ -4,7 +4,7 @@
 //! backend's socket closes it reconnects to a backend started again on the same
 //! path and hands the region back (`SET_INFLIGHT_FD`) before it sets the rings up.
 //!
-//! The keeper answers both itself, with its session region (`recovery/region.rs`):
+//! The keeper answers both itself, with its session region (`src/region/`):
 //! the rings' requests in flight and the journal of what the guest holds, kept
 //! there as they change. So when the whole daemon died (the keeper killed, the
 //! node's launcher restarting it), the region the frontend hands back lets the new
@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 
 use super::wire::Message;
-use crate::recovery::region::REGION_LEN;
+use crate::region::REGION_LEN;
 
 const INFLIGHT_SHMFD: u64 = VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits();
 /// `VhostUserInflight`: mmap_size u64, mmap_offset u64, num_queues u16,

@@ -40,7 +40,7 @@ use std::io;
 
 use vhost::vhost_user::message::FrontendReq;
 
-use crate::recovery::region::RegionError;
+use crate::region::RegionError;
 use crash::Ending;
 use session::Unrecorded;
 use upgrade::Refusal;

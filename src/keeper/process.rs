@@ -24,7 +24,7 @@ use super::event_loop::Keeper;
 use super::serving::Private;
 use super::upgrade::Command;
 use super::Error;
-use crate::recovery::region::{Half, Region};
+use crate::region::Region;
 
 /// Signals the keeper passes on to the serving process.
 const FORWARDED: [Signal; 4] = [
@@ -46,12 +46,21 @@ pub struct Keep<'a> {
     pub keep_serving: bool,
 }
 
-/// Forks the keeper off. Returns in the child only, with the listener it serves
-/// on and its end of the keeper's channel; the keeper never returns. Call while the
-/// process has one thread.
-pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Error> {
+/// What the first serving process gets from the fork.
+pub struct Child {
+    /// The private listener it serves the keeper on.
+    pub listener: Listener,
+    /// Its end of the keeper's channel.
+    pub channel: OwnedFd,
+    /// The session region it shares with the keeper (it records into half A).
+    pub region: Region,
+}
+
+/// Forks the keeper off. Returns in the child only; the keeper never returns. Call
+/// while the process has one thread.
+pub fn split(frontend: Listener, keep: Keep) -> Result<Child, Error> {
     // The session region outlives every serving process: the keeper makes it, the
-    // first serving process shares it through the fork (recovery/region.rs).
+    // first serving process shares it through the fork (src/region/).
     let region = Region::create().map_err(|source| Error::Region {
         step: "at the keeper's start",
         source,
@@ -81,8 +90,6 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             }
             nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None)
                 .map_err(|e| Error::io("restoring the signal mask", e.into()))?;
-            let region = crate::recovery::set_region(region);
-            crate::fs::journal::start(region, Half::A);
             // Only the keeper accepts the frontend. Not dropped: the Listener would
             // remove the socket file.
             let fd = frontend.as_raw_fd();
@@ -90,7 +97,11 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<(Listener, OwnedFd), Erro
             // SAFETY: the fd was the listener's, forgotten above; closed once.
             unsafe { libc::close(fd) };
             drop(channel);
-            Ok((Listener::from(private.listener), theirs))
+            Ok(Child {
+                listener: Listener::from(private.listener),
+                channel: theirs,
+                region,
+            })
         }
         ForkResult::Parent { child } => {
             drop(theirs);

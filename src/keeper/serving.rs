@@ -19,7 +19,7 @@ use super::crash::Ending;
 use super::event_loop::Keeper;
 use super::upgrade::{self, Command};
 use super::Error;
-use crate::recovery::region::Half;
+use crate::region::Half;
 
 /// The private listening socket a serving process accepts the keeper on.
 pub(super) struct Private {

@@ -22,7 +22,7 @@ use super::replay;
 use super::serving::{pidfd_of, reap, Spawned};
 use super::upgrade::{self, Command, STEP_TIMEOUT};
 use super::Error;
-use crate::recovery::region::{PauseKind, Region};
+use crate::region::{PauseKind, Region};
 
 impl Keeper<'_> {
     /// The serving process ended: the keeper ends too, or starts a new one in its
@@ -372,10 +372,7 @@ mod tests {
             "{e}"
         );
         assert_eq!(k.keeper.child, before);
-        assert_eq!(
-            k.keeper.region.header().current(),
-            crate::recovery::region::Half::A
-        );
+        assert_eq!(k.keeper.region.header().current(), crate::region::Half::A);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::serving::Private;
 use super::session::Session;
 use super::upgrade::Command;
 use super::wire::Message;
-use crate::recovery::region::Region;
+use crate::region::Region;
 
 use super::wire::{self, Header, REPLY};
 

@@ -33,7 +33,7 @@ use vhost::vhost_user::message::FrontendReq;
 use super::relay::Relay;
 use super::replay::{self, Step};
 use super::Error;
-use crate::recovery::region::Half;
+use crate::region::Half;
 
 /// How long each message of the hand-over may take (the first waits for the new
 /// process to start and confine itself).
@@ -46,7 +46,7 @@ pub const LISTEN_FD_FLAG: &str = "--keeper-listen-fd";
 pub const CONTROL_FD_FLAG: &str = "--keeper-control-fd";
 /// And the fd of its end of the keeper's channel (`channel.rs`).
 pub const CHANNEL_FD_FLAG: &str = "--keeper-channel-fd";
-/// And the fd of the session region (`recovery/region.rs`).
+/// And the fd of the session region (`src/region/`).
 pub const REGION_FD_FLAG: &str = "--keeper-region-fd";
 /// And the journal half it records into (0 or 1; the keeper cleared it).
 pub const JOURNAL_FLAG: &str = "--keeper-journal";

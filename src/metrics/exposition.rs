@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::process::ProcessStats;
 use super::{Op, VolumeMetrics, DURATION_BUCKETS, ERRNO_CLASSES, OTHER_ERRNO};
+use crate::region::Region;
 
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -59,17 +60,17 @@ pub struct KeeperStats {
 }
 
 impl KeeperStats {
-    /// This process's keeper's counters, if it has one.
-    pub fn read() -> Option<KeeperStats> {
-        use crate::recovery::region::PauseKind;
-        let c = &crate::recovery::region()?.header().counters;
+    /// The keeper's counters in its session `region`.
+    pub fn read(region: &Region) -> KeeperStats {
+        use crate::region::PauseKind;
+        let c = &region.header().counters;
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let pauses = [PauseKind::Upgrade, PauseKind::Recovery].map(|k| {
             let p = c.pauses(k);
             let s = |a| load(a) as f64 / 1e6;
             (load(&p.count), s(&p.total_us), s(&p.max_us), s(&p.last_us))
         });
-        Some(KeeperStats {
+        KeeperStats {
             upgrades: load(&c.upgrades),
             upgrades_failed: load(&c.upgrades_failed),
             crashes: load(&c.crashes),
@@ -77,7 +78,7 @@ impl KeeperStats {
             requests_rerun: load(&c.requests_rerun),
             requests_failed: load(&c.requests_failed),
             pauses,
-        })
+        }
     }
 }
 
@@ -119,7 +120,7 @@ fn render_keeper(out: &mut String, k: &KeeperStats) {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {n}");
     }
-    use crate::recovery::region::PauseKind;
+    use crate::region::PauseKind;
     let kinds = [PauseKind::Upgrade.label(), PauseKind::Recovery.label()];
     family(
         out,

@@ -500,15 +500,15 @@ fn main() {
     // Session regions a real stack recorded its session into, as the keeper's
     // serving process does; one of them also lists volumes it was never given.
     // Last: from here on this process records into the region.
-    let region = volfsd::exports::recovery::record_into(
-        volfsd::exports::recovery::Region::create().unwrap(),
-        volfsd::exports::recovery::Half::A,
+    let (region, journal) = volfsd::exports::region::record_into(
+        volfsd::exports::region::Region::create().unwrap(),
+        volfsd::exports::region::Half::A,
     );
     region.header().set_in_session(true);
     region
         .set_volumes(r#"[{"name":"rw","volume":{"path":"rw","read_only":false}},{"name":"ro","volume":{"path":"ro","read_only":false}}]"#)
         .unwrap();
-    let (recorded, foreign) = volfsd_fuzz::region::with_recorded_session(|| {
+    let (recorded, foreign) = volfsd_fuzz::region::with_recorded_session(journal, || {
         let recorded = volfsd_fuzz::region::seed_writes(region);
         region
             .set_volumes(r#"[{"name":"hidden","volume":{"path":"hidden","read_only":false}}]"#)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
 use serde_json::json;
-use volfsd::exports::recovery::Region;
+use volfsd::exports::region::Region;
 use volfsd::exports::state::format::{self, Handoff, Location, SessionState};
 use volfsd_harness::fixtures::host::{host_lock, host_sees_lock, poll};
 use volfsd_harness::fixtures::requests::lock_request;

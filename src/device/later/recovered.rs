@@ -21,6 +21,15 @@ use crate::device::ring::{Completions, RingRef};
 use crate::fs::request::{AfterCrash, LateReply};
 use crate::fs::FsServer;
 
+/// How the requests a killed serving process left were answered.
+#[derive(Debug, Default)]
+pub struct Answered {
+    /// Ran again (idempotent).
+    pub rerun: u64,
+    /// Answered EIO (not idempotent).
+    pub failed: u64,
+}
+
 /// Answers the chains `heads` (in the order they were taken) on the ring `state`,
 /// which runs.
 pub fn answer_recovered(
@@ -30,7 +39,7 @@ pub fn answer_recovered(
     later: &Later,
     state: &mut Locked,
     heads: &[u16],
-) -> io::Result<()> {
+) -> io::Result<Answered> {
     let mut done = Completions::new(ring);
     crate::metrics::start_batch();
     let (mut rerun, mut failed) = (0u64, 0u64);
@@ -64,15 +73,11 @@ pub fn answer_recovered(
         });
         outcome?;
     }
-    if let Some(region) = crate::recovery::region() {
-        let c = &region.header().counters;
-        c.requests_rerun.fetch_add(rerun, Ordering::Relaxed);
-        c.requests_failed.fetch_add(failed, Ordering::Relaxed);
-    }
     info!(
         "queue {}: of the requests the killed serving process left, {rerun} ran again and \
          {failed} were answered EIO (not idempotent)",
         ring.index
     );
-    done.flush(state)
+    done.flush(state)?;
+    Ok(Answered { rerun, failed })
 }

@@ -7,293 +7,26 @@
 //! `session.rs`), and only within the per-volume limit and the fd budget.
 //!
 //! A guest may hold a million nodes, so a node is kept small: 72 bytes behind its
-//! `Arc`, and one pointer in each of the two indexes (by node id, by host inode),
-//! which hold the node itself rather than a copy of its key.
+//! `Arc` (`node.rs`), and one pointer in each of the two indexes (`maps.rs`). With a
+//! journal, each node the guest holds is recorded there too (`journaled.rs`).
 
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use hashbrown::hash_table::{Entry, HashTable};
-
-use super::file_handle::{raw_handle_of, InodeFd, InodeRef};
-use super::journal::{self, Handle, NodeRecord, Record, Slot};
+use super::file_handle::InodeRef;
+use super::journal::{Journal, Slot};
 use super::session::{reserve, reserve_without_fd, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::errno;
 
-/// What identifies a host inode: the same (dev, ino, mount) twice is the same node id.
-#[derive(Clone, Copy, Debug, Eq, Hash, PartialEq)]
-pub struct InodeKey {
-    pub dev: u64,
-    pub ino: u64,
-    pub mnt_id: u64,
-}
-
-impl InodeKey {
-    /// Spreads (dev, ino, mount) over the table: inode numbers are often sequential.
-    /// The host file system picks them, not the guest, so there is no flood to resist.
-    fn hash(&self) -> u64 {
-        let x = self.ino ^ self.dev.rotate_left(24) ^ self.mnt_id.rotate_left(48);
-        let h = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^ (h >> 29)
-    }
-}
-
-/// Node ids are counters the daemon allocates: one multiplication spreads them.
-fn id_hash(nodeid: u64) -> u64 {
-    nodeid.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-pub struct InodeData {
-    pub nodeid: u64,
-    /// The host inode: an `O_PATH | O_NOFOLLOW` fd, or a file handle.
-    inode: InodeRef,
-    dev: u64,
-    ino: u64,
-    /// The mount id statx gives (`STATX_MNT_ID`: the kernel's int mount id).
-    mnt_id: u32,
-    /// `S_IFMT` bits of the host inode.
-    file_type: u16,
-    /// Fixed nodes (share roots) are never dropped by FORGET.
-    fixed: bool,
-    pub share: Arc<Share>,
-    /// The session this node was handed out in.
-    pub epoch: u32,
-    /// Its journal record ([`Slot::NONE`]: none), freed with the node.
-    journal: u32,
-    /// Lookups the guest holds on this node id (FUSE's nlookup).
-    refcount: AtomicU64,
-}
-
-impl Drop for InodeData {
-    fn drop(&mut self) {
-        if let (Some(slot), Some(j)) = (Slot::from_raw(self.journal), journal::get()) {
-            j.free(slot);
-        }
-    }
-}
-
-/// Where a node was found: its parent's id and its name there (for the journal,
-/// which names a node by them after a crash, where no file handle finds it).
-#[derive(Clone, Copy)]
-pub struct FoundAt<'a> {
-    pub parent: u64,
-    pub name: &'a [u8],
-}
-
-impl FoundAt<'_> {
-    /// Nowhere known (a temporary file, a node a state names without a path).
-    pub const NOWHERE: FoundAt<'static> = FoundAt {
-        parent: 0,
-        name: b"",
-    };
-}
-
-/// Records a node about to be registered in the journal, if there is one; returns
-/// its slot for [`InodeData::new`]. `handle` is the node's file handle, made by the
-/// caller outside the table's lock.
-fn record_node(
-    nodeid: u64,
-    key: InodeKey,
-    file_type: u32,
-    share: &Share,
-    at: FoundAt,
-    handle: Option<&(libc::c_int, Vec<u8>)>,
-    lookups: u64,
-) -> u32 {
-    let Some(j) = journal::get() else {
-        return Slot::NONE;
-    };
-    let record = Record::Node(NodeRecord {
-        id: nodeid,
-        lookups,
-        parent: at.parent,
-        name: at.name,
-        volume: share.root(),
-        file_type,
-        dev: key.dev,
-        ino: key.ino,
-        mnt_id: key.mnt_id as u32,
-        handle: handle.map(|(t, b)| Handle {
-            handle_type: *t,
-            bytes: b.as_slice(),
-        }),
-    });
-    j.write(&record).map_or(Slot::NONE, Slot::raw)
-}
-
-/// Records a volume root in the journal: its id, its volume's name.
-fn record_root(nodeid: u64, share: &Share) -> u32 {
-    share.set_root(nodeid);
-    let Some(j) = journal::get() else {
-        return Slot::NONE;
-    };
-    j.write(&Record::Root {
-        id: nodeid,
-        name: share.name.as_bytes(),
-    })
-    .map_or(Slot::NONE, Slot::raw)
-}
-
-/// The file handle the journal keeps for a node: its own, or one made from its fd
-/// (one system call, only with a journal, outside the table's lock).
-fn journal_handle(inode: &InodeRef) -> Option<(libc::c_int, Vec<u8>)> {
-    journal::get()?;
-    match inode {
-        InodeRef::Fd(f) => raw_handle_of(f).ok(),
-        handle => handle.handle_bytes().map(|(t, b)| (t, b.to_vec())),
-    }
-}
-
-impl InodeData {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        nodeid: u64,
-        inode: InodeRef,
-        key: InodeKey,
-        file_type: u32,
-        share: Arc<Share>,
-        epoch: u32,
-        fixed: bool,
-        journal: u32,
-    ) -> Self {
-        InodeData {
-            nodeid,
-            inode,
-            dev: key.dev,
-            ino: key.ino,
-            // Legacy mount ids are ints; a wider one never comes from STATX_MNT_ID.
-            mnt_id: key.mnt_id as u32,
-            file_type: (file_type & libc::S_IFMT) as u16,
-            fixed,
-            share,
-            epoch,
-            journal,
-            refcount: AtomicU64::new(1),
-        }
-    }
-
-    /// Its journal record, if it has one.
-    fn slot(&self) -> Option<Slot> {
-        Slot::from_raw(self.journal)
-    }
-
-    pub fn key(&self) -> InodeKey {
-        InodeKey {
-            dev: self.dev,
-            ino: self.ino,
-            mnt_id: u64::from(self.mnt_id),
-        }
-    }
-
-    /// `S_IFMT` bits of the host inode.
-    pub fn file_type(&self) -> u32 {
-        u32::from(self.file_type)
-    }
-
-    pub fn is_dir(&self) -> bool {
-        self.file_type() == libc::S_IFDIR
-    }
-
-    /// Regular files and directories are the only inodes the daemon ever opens with
-    /// real access; everything else (FIFOs, sockets, device nodes) is reached only
-    /// through its `O_PATH` fd. The guest kernel serves FIFOs and devices itself.
-    pub fn is_openable(&self) -> bool {
-        matches!(self.file_type(), libc::S_IFREG | libc::S_IFDIR)
-    }
-
-    /// Share roots are the fixed nodes: they live as long as the share is attached.
-    pub fn is_share_root(&self) -> bool {
-        self.fixed
-    }
-
-    /// An `O_PATH` fd of the host inode, for one request: the node's own fd, or one
-    /// opened from its file handle (ESTALE once the inode is gone).
-    pub fn fd(&self) -> io::Result<InodeFd<'_>> {
-        match &self.inode {
-            InodeRef::Fd(f) => Ok(InodeFd::Borrowed(f)),
-            handle => self
-                .share
-                .mounts
-                .open(self.key().mnt_id, handle, libc::O_PATH)
-                .map(InodeFd::Owned),
-        }
-    }
-
-    pub fn inode_ref(&self) -> &InodeRef {
-        &self.inode
-    }
-
-    /// Lookups the guest holds on this node id.
-    pub fn lookups(&self) -> u64 {
-        self.refcount.load(Ordering::Acquire)
-    }
-}
-
-/// Gives back what a node took when it goes: its place under the volume's bound and,
-/// if it held an fd, its fd from the budget.
-fn release(data: &InodeData, budget: &FdBudget) {
-    if data.inode.holds_fd() {
-        unreserve(&data.share.usage.nodes, 1, budget);
-    } else {
-        data.share.usage.nodes.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[derive(Default)]
-struct Maps {
-    /// Every live node, by node id.
-    by_id: HashTable<Arc<InodeData>>,
-    /// The node each host inode currently has (a node whose inode died and whose
-    /// number was reused stays in `by_id` only, until the guest forgets it).
-    by_key: HashTable<Arc<InodeData>>,
-}
-
-impl Maps {
-    fn get(&self, nodeid: u64) -> Option<&Arc<InodeData>> {
-        self.by_id.find(id_hash(nodeid), |d| d.nodeid == nodeid)
-    }
-
-    fn get_key(&self, key: &InodeKey) -> Option<&Arc<InodeData>> {
-        self.by_key.find(key.hash(), |d| d.key() == *key)
-    }
-
-    fn insert(&mut self, data: Arc<InodeData>) {
-        let key = data.key();
-        match self
-            .by_key
-            .entry(key.hash(), |d| d.key() == key, |d| d.key().hash())
-        {
-            Entry::Occupied(mut e) => *e.get_mut() = data.clone(),
-            Entry::Vacant(e) => {
-                e.insert(data.clone());
-            }
-        }
-        self.by_id
-            .insert_unique(id_hash(data.nodeid), data, |d| id_hash(d.nodeid));
-    }
-
-    /// Removes node `nodeid` from both indexes.
-    fn remove(&mut self, nodeid: u64) -> Option<Arc<InodeData>> {
-        let gone = match self
-            .by_id
-            .find_entry(id_hash(nodeid), |d| d.nodeid == nodeid)
-        {
-            Ok(e) => e.remove().0,
-            Err(_) => return None,
-        };
-        let key = gone.key();
-        if let Ok(e) = self
-            .by_key
-            .find_entry(key.hash(), |d| d.key() == key && d.nodeid == nodeid)
-        {
-            e.remove();
-        }
-        Some(gone)
-    }
-}
+mod journaled;
+mod maps;
+mod node;
+use journaled::{journal_handle, record_root, NewNode};
+use maps::Maps;
+pub use node::{FoundAt, InodeData, InodeKey};
 
 pub struct InodeStore {
     maps: RwLock<Maps>,
@@ -301,6 +34,8 @@ pub struct InodeStore {
     session: Arc<Session>,
     budget: Arc<FdBudget>,
     max_nodes: usize,
+    /// Where what the guest holds is recorded for a successor (a keeper's).
+    journal: Option<&'static Journal>,
 }
 
 impl InodeStore {
@@ -311,6 +46,7 @@ impl InodeStore {
         session: Arc<Session>,
         budget: Arc<FdBudget>,
         max_nodes: usize,
+        journal: Option<&'static Journal>,
     ) -> Self {
         InodeStore {
             maps: RwLock::new(Maps::default()),
@@ -318,6 +54,25 @@ impl InodeStore {
             session,
             budget,
             max_nodes,
+            journal,
+        }
+    }
+
+    /// A node left the table: its room in the limits, and its journal record.
+    fn release(&self, data: &InodeData) {
+        if data.inode.holds_fd() {
+            unreserve(&data.share.usage.nodes, 1, &self.budget);
+        } else {
+            data.share.usage.nodes.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.free_record(data);
+    }
+
+    /// Frees `data`'s journal record (the node left the table, or a new record of it
+    /// takes its place).
+    fn free_record(&self, data: &InodeData) {
+        if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
+            j.free(slot);
         }
     }
 
@@ -363,7 +118,7 @@ impl InodeStore {
         }
         reserve(&share.usage.nodes, usize::MAX, &self.budget)?;
         let epoch = self.session.current();
-        let slot = record_root(nodeid, &share);
+        let slot = record_root(self.journal, nodeid, &share);
         let data = Arc::new(InodeData::new(
             nodeid,
             InodeRef::Fd(file),
@@ -396,7 +151,7 @@ impl InodeStore {
             let data = maps.get_key(&key)?;
             if Arc::ptr_eq(&data.share, share) && data.inode.same_inode(&inode) {
                 data.refcount.fetch_add(1, Ordering::AcqRel);
-                if let (Some(slot), Some(j)) = (data.slot(), journal::get()) {
+                if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
                     j.add_lookups(slot, 1);
                 }
                 return Some(data.clone());
@@ -415,7 +170,7 @@ impl InodeStore {
         }
         // Most likely a new node: its file handle for the journal is made before the
         // write lock is taken.
-        let handle = journal_handle(&inode);
+        let handle = journal_handle(self.journal, &inode);
         let mut maps = self.maps.write().unwrap();
         if !self.session.admits(share, parent.epoch) {
             return Err(errno(libc::ENOENT));
@@ -433,10 +188,16 @@ impl InodeStore {
             parent: parent.nodeid,
             name,
         };
-        let slot = record_node(nodeid, key, file_type, share, at, handle.as_ref(), 1);
-        if let Some(j) = journal::get() {
-            j.next_ids(Some(nodeid + 1), None);
+        let slot = NewNode {
+            id: nodeid,
+            key,
+            file_type,
+            share,
+            at,
+            handle: handle.as_ref(),
+            lookups: 1,
         }
+        .record(self.journal);
         let data = Arc::new(InodeData::new(
             nodeid,
             inode,
@@ -475,12 +236,12 @@ impl InodeStore {
         let cur = data.refcount.load(Ordering::Acquire);
         let new = cur.saturating_sub(count);
         data.refcount.store(new, Ordering::Release);
-        if let (Some(slot), Some(j)) = (data.slot(), journal::get()) {
+        if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
             j.set_lookups(slot, new);
         }
         if new == 0 {
             if let Some(gone) = maps.remove(nodeid) {
-                release(&gone, &self.budget);
+                self.release(&gone);
             }
         }
     }
@@ -488,7 +249,7 @@ impl InodeStore {
     /// A fresh node id, for nodes kept outside this table (the virtual directories).
     pub fn alloc_id(&self) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        if let Some(j) = journal::get() {
+        if let Some(j) = self.journal {
             j.next_ids(Some(id + 1), None);
         }
         id
@@ -499,11 +260,10 @@ impl InodeStore {
     pub fn remove_share(&self, share: &Arc<Share>) -> usize {
         let mut maps = self.maps.write().unwrap();
         let mut gone = 0;
-        let budget = &self.budget;
         maps.by_id.retain(|d| {
             let keep = !Arc::ptr_eq(&d.share, share);
             if !keep {
-                release(d, budget);
+                self.release(d);
                 gone += 1;
             }
             keep
@@ -531,7 +291,11 @@ impl InodeStore {
                         data.share.clone(),
                         epoch,
                         true,
-                        record_root(data.nodeid, &data.share),
+                        {
+                            // The new session's record of the root takes the old one's place.
+                            self.free_record(&data);
+                            record_root(self.journal, data.nodeid, &data.share)
+                        },
                     ))),
                     Err(e) => {
                         log::error!(
@@ -547,7 +311,7 @@ impl InodeStore {
             match carried {
                 Some(root) => maps.insert(root),
                 None => {
-                    release(&data, &self.budget);
+                    self.release(&data);
                     dropped += 1;
                 }
             }
@@ -596,7 +360,7 @@ impl InodeStore {
         at: FoundAt,
     ) -> io::Result<Arc<InodeData>> {
         let mut data = Arc::try_unwrap(found).map_err(|_| errno(libc::EBUSY))?;
-        let handle = journal_handle(&data.inode);
+        let handle = journal_handle(self.journal, &data.inode);
         let mut maps = self.maps.write().unwrap();
         if data.nodeid == 0 || maps.get(data.nodeid).is_some() {
             return Err(errno(libc::EEXIST));
@@ -613,18 +377,16 @@ impl InodeStore {
         let lookups = lookups.max(1);
         let key = data.key();
         data.epoch = epoch;
-        data.journal = record_node(
-            data.nodeid,
+        data.journal = NewNode {
+            id: data.nodeid,
             key,
-            data.file_type(),
-            &data.share,
+            file_type: data.file_type(),
+            share: &data.share,
             at,
-            handle.as_ref(),
+            handle: handle.as_ref(),
             lookups,
-        );
-        if let Some(j) = journal::get() {
-            j.next_ids(Some(data.nodeid + 1), None);
         }
+        .record(self.journal);
         data.refcount.store(lookups, Ordering::Release);
         let data = Arc::new(data);
         maps.insert(data.clone());
@@ -644,22 +406,24 @@ impl InodeStore {
         if maps.get(new).is_some() {
             return Err(errno(libc::EEXIST));
         }
-        let Some(data) = maps.remove(old) else {
+        let Some(data) = maps.get(old).cloned() else {
             return Err(errno(libc::ENOENT));
         };
         if !data.fixed {
-            maps.insert(data);
             return Err(errno(libc::EINVAL));
         }
+        let inode = data.inode.try_clone()?;
+        maps.remove(old);
+        self.free_record(&data);
         let moved = Arc::new(InodeData::new(
             new,
-            data.inode.try_clone()?,
+            inode,
             data.key(),
             data.file_type(),
             data.share.clone(),
             data.epoch,
             true,
-            record_root(new, &data.share),
+            record_root(self.journal, new, &data.share),
         ));
         moved.refcount.store(lookups.max(1), Ordering::Release);
         maps.insert(moved);
@@ -674,7 +438,7 @@ impl InodeStore {
     /// Moves the id counter to at least `next` (ids restored from a device state).
     pub fn advance_next_id(&self, next: u64) {
         self.next_id.fetch_max(next, Ordering::Relaxed);
-        if let Some(j) = journal::get() {
+        if let Some(j) = self.journal {
             j.next_ids(Some(next), None);
         }
     }

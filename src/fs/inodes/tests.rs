@@ -7,6 +7,7 @@ fn store(max_nodes: usize) -> InodeStore {
         Arc::new(Session::default()),
         Arc::new(FdBudget::new(1000)),
         max_nodes,
+        None,
     )
 }
 

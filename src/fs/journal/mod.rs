@@ -1,9 +1,10 @@
 //! The journal: what the guest holds (node ids, open handles, POSIX locks, volume
 //! roots and virtual directories, its FUSE INIT), recorded in the session region
-//! (`recovery/region.rs`) as the tables change, so that a serving process started
+//! (`src/region/`) as the tables change, so that a serving process started
 //! after this one was killed can serve the guest on with the same ids
 //! (`rebuild.rs` makes a device state of it). Only under a keeper (`--upgradable`):
-//! without one, [`get`] is None and no table records anything.
+//! the daemon makes the one [`Journal`] and hands it to the tables (each holds an
+//! `Option<&Journal>`); without one, no table records anything.
 //!
 //! One record per thing, in a slot of its own, written by the one process that holds
 //! the half: fields first, then the slot's state word with a release store, so that
@@ -23,9 +24,9 @@
 pub mod rebuild;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-use crate::recovery::region::{Half, HalfView, Region, SlotClass, SlotPtr};
+use crate::region::{Half, HalfView, Region, SlotClass, SlotPtr};
 
 const STATE: usize = 0;
 /// Kind (bits 0-7), handle length (8-15), name length (16-31).
@@ -178,20 +179,49 @@ pub struct Journal {
     warned: AtomicBool,
 }
 
-static JOURNAL: OnceLock<Journal> = OnceLock::new();
-
-/// This process's journal, if it has a keeper.
-pub fn get() -> Option<&'static Journal> {
-    JOURNAL.get()
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").finish_non_exhaustive()
+    }
 }
 
-/// Makes `half` of `region` this process's journal (at start, once). The half must be
-/// empty: the keeper cleared it.
-pub fn start(region: &'static Region, half: Half) {
-    let _ = JOURNAL.set(Journal::new(region, half));
+/// A record freed when it is dropped: the record of a handle or a lock file, which
+/// lives as long as what it names.
+pub struct Recorded {
+    journal: &'static Journal,
+    slot: Slot,
+}
+
+impl Recorded {
+    pub fn journal(&self) -> &'static Journal {
+        self.journal
+    }
+
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        self.journal.free(self.slot);
+    }
 }
 
 impl Journal {
+    /// Writes `record` as [`Self::write`] does; the record is freed when the value
+    /// returned is dropped.
+    pub fn record(&'static self, record: &Record<&[u8]>) -> Option<Recorded> {
+        let slot = self.write(record)?;
+        Some(Recorded {
+            journal: self,
+            slot,
+        })
+    }
+
+    /// The journal of a serving process that records into `half` of `region` (the
+    /// keeper cleared it). Made once, where the daemon sets up its session region,
+    /// and handed to each table that records into it.
     pub fn new(region: &'static Region, half: Half) -> Journal {
         Journal {
             half: region.half(half),
@@ -335,7 +365,7 @@ fn handle_count(flags: i32, flock: i32) -> u64 {
 }
 
 /// The largest data a slot holds.
-const MAX_DATA: usize = crate::recovery::region::LARGE_SLOT - DATA;
+const MAX_DATA: usize = crate::region::LARGE_SLOT - DATA;
 
 /// A record as it goes into a slot: its meta word, its u64 fields, its data.
 struct Encoded {

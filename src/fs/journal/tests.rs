@@ -1,5 +1,5 @@
 use super::*;
-use crate::recovery::region::{Region, SlotClass};
+use crate::region::{Region, SlotClass};
 
 fn journal() -> (&'static Region, Journal) {
     let region: &'static Region = Box::leak(Box::new(Region::create().unwrap()));

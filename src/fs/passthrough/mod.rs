@@ -15,6 +15,7 @@ use std::sync::RwLock;
 
 use super::handles::HandleStore;
 use super::inodes::InodeStore;
+use super::journal::Journal;
 use super::layer::fs_layer;
 use super::locks::LockTable;
 use super::session::{FdBudget, Limits, Session};
@@ -56,6 +57,9 @@ pub struct PassthroughConfig {
     /// Per-operation metrics kept by the read-only guard built over this layer (not
     /// with `--no-metrics`); the stack's one switch, so it travels with its config.
     pub metrics: bool,
+    /// Under a keeper: where what the guest holds is recorded for a successor (the
+    /// daemon makes it with the session region, `src/region/`).
+    pub journal: Option<&'static Journal>,
 }
 
 impl PassthroughConfig {
@@ -76,6 +80,7 @@ impl PassthroughConfig {
             uids: IdTranslation::default(),
             gids: IdTranslation::default(),
             metrics: true,
+            journal: None,
         }
     }
 }
@@ -198,12 +203,19 @@ impl PassthroughFs {
                 session.clone(),
                 budget.clone(),
                 limits.max_nodes,
+                cfg.journal,
             ),
-            handles: HandleStore::new(session.clone(), budget.clone(), limits.max_handles),
+            handles: HandleStore::new(
+                session.clone(),
+                budget.clone(),
+                limits.max_handles,
+                cfg.journal,
+            ),
             locks: Arc::new(LockTable::new(
                 session.clone(),
                 budget.clone(),
                 limits.max_lock_files,
+                cfg.journal,
             )),
             budget,
             proc_self_fd,
@@ -213,6 +225,11 @@ impl PassthroughFs {
             translating,
             lost: RwLock::new(HashSet::new()),
         })
+    }
+
+    /// Where what the guest holds is recorded for a successor (None: no keeper).
+    pub fn journal(&self) -> Option<&'static Journal> {
+        self.cfg.journal
     }
 
     /// The fds held for the guest, and the most it may hold (all volumes).

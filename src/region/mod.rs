@@ -30,6 +30,11 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
+mod counters;
+mod halves;
+pub use counters::{Counters, PauseKind};
+pub use halves::{Half, HalfView, SlotClass, SlotPtr};
+
 /// "VOLFSDRG", the first 8 bytes.
 const MAGIC: u64 = u64::from_le_bytes(*b"VOLFSDRG");
 /// The layout this daemon reads and writes.
@@ -342,37 +347,6 @@ impl Drop for Region {
     }
 }
 
-/// A journal half.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum Half {
-    A,
-    B,
-}
-
-impl Half {
-    pub fn index(self) -> usize {
-        match self {
-            Half::A => 0,
-            Half::B => 1,
-        }
-    }
-
-    pub fn from_index(i: u32) -> Option<Half> {
-        match i {
-            0 => Some(Half::A),
-            1 => Some(Half::B),
-            _ => None,
-        }
-    }
-
-    pub fn other(self) -> Half {
-        match self {
-            Half::A => Half::B,
-            Half::B => Half::A,
-        }
-    }
-}
-
 /// The region's first page.
 #[repr(C)]
 pub struct Header {
@@ -412,64 +386,6 @@ impl Header {
     }
 }
 
-/// What the keeper and its serving processes count over the daemon's life: shown
-/// in each serving process's `/metrics`.
-#[repr(C)]
-pub struct Counters {
-    pub upgrades: AtomicU64,
-    pub upgrades_failed: AtomicU64,
-    pub crashes: AtomicU64,
-    /// Crashes under a guest's session that a new process took over.
-    pub recoveries: AtomicU64,
-    /// Requests the dead process had taken and not answered: run again, or
-    /// answered EIO (not idempotent).
-    pub requests_rerun: AtomicU64,
-    pub requests_failed: AtomicU64,
-    /// The guest's pause in each upgrade ([`PauseKind::Upgrade`]) and recovery.
-    pub pauses: [Pauses; 2],
-}
-
-/// Which pause.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum PauseKind {
-    Upgrade,
-    Recovery,
-}
-
-impl PauseKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            PauseKind::Upgrade => "upgrade",
-            PauseKind::Recovery => "recovery",
-        }
-    }
-}
-
-/// How long the guest's requests waited, over every upgrade (or recovery).
-#[repr(C)]
-pub struct Pauses {
-    pub count: AtomicU64,
-    pub total_us: AtomicU64,
-    pub max_us: AtomicU64,
-    pub last_us: AtomicU64,
-}
-
-impl Counters {
-    pub fn pauses(&self, kind: PauseKind) -> &Pauses {
-        &self.pauses[kind as usize]
-    }
-
-    /// Records one pause.
-    pub fn add_pause(&self, kind: PauseKind, pause: std::time::Duration) {
-        let us = pause.as_micros().min(u128::from(u64::MAX)) as u64;
-        let p = self.pauses(kind);
-        p.count.fetch_add(1, Ordering::Relaxed);
-        p.total_us.fetch_add(us, Ordering::Relaxed);
-        p.max_us.fetch_max(us, Ordering::Relaxed);
-        p.last_us.store(us, Ordering::Relaxed);
-    }
-}
-
 /// One queue's requests taken and not answered, as `device/inflight.rs` keeps them.
 #[repr(C)]
 pub struct QueueArea {
@@ -485,137 +401,6 @@ pub struct QueueArea {
     pub heads: [AtomicU64; QUEUE_SIZE],
 }
 
-/// A journal half: its header and its slots.
-#[derive(Clone, Copy)]
-pub struct HalfView<'a> {
-    region: &'a Region,
-    offset: usize,
-}
-
-/// A journal half's first page.
-#[repr(C)]
-pub struct HalfHeader {
-    /// The node and handle ids the next ones are handed out from (at least).
-    pub next_node_id: AtomicU64,
-    pub next_handle_id: AtomicU64,
-    /// The guest's FUSE INIT: set (1) or not, its minor, the flags offered and granted.
-    pub init_set: AtomicU32,
-    pub init_minor: AtomicU32,
-    pub init_offered: AtomicU64,
-    pub init_granted: AtomicU64,
-    /// Slots ever used (high-water marks): a reader looks no further.
-    pub small_used: AtomicU32,
-    pub large_used: AtomicU32,
-    /// Bumped with every record written: a reader that finds two records for one
-    /// thing (a crash between writing the new one and freeing the old) keeps the
-    /// later.
-    pub seq: AtomicU64,
-}
-
-/// A slot's class.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum SlotClass {
-    Small,
-    Large,
-}
-
-impl SlotClass {
-    pub fn len(self) -> usize {
-        match self {
-            SlotClass::Small => SMALL_SLOT,
-            SlotClass::Large => LARGE_SLOT,
-        }
-    }
-
-    pub fn count(self) -> usize {
-        match self {
-            SlotClass::Small => SMALL_SLOTS,
-            SlotClass::Large => LARGE_SLOTS,
-        }
-    }
-}
-
-impl<'a> HalfView<'a> {
-    pub fn header(&self) -> &'a HalfHeader {
-        let p = self
-            .region
-            .at(self.offset, std::mem::size_of::<HalfHeader>());
-        // SAFETY: in bounds, page aligned, atomics only, lives as long as the region.
-        unsafe { &*(p as *const HalfHeader) }
-    }
-
-    /// Slot `index` of `class`: its first byte, and its length.
-    pub fn slot(&self, class: SlotClass, index: usize) -> Option<SlotPtr<'a>> {
-        if index >= class.count() {
-            return None;
-        }
-        let start = match class {
-            SlotClass::Small => HALF_HEADER,
-            SlotClass::Large => HALF_HEADER + SMALL_SLOTS * SMALL_SLOT,
-        };
-        let offset = self.offset + start + index * class.len();
-        Some(SlotPtr {
-            base: self.region.at(offset, class.len()),
-            len: class.len(),
-            _region: std::marker::PhantomData,
-        })
-    }
-}
-
-/// A journal slot's bytes in the region.
-#[derive(Clone, Copy)]
-pub struct SlotPtr<'a> {
-    base: *mut u8,
-    len: usize,
-    _region: std::marker::PhantomData<&'a Region>,
-}
-
-impl<'a> SlotPtr<'a> {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The u64 at byte `offset` (a multiple of 8).
-    pub fn u64(&self, offset: usize) -> &'a AtomicU64 {
-        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
-        // SAFETY: in bounds and aligned (slots are 128-byte aligned); the region
-        // outlives 'a.
-        unsafe { AtomicU64::from_ptr(self.base.add(offset) as *mut u64) }
-    }
-
-    /// The u32 at byte `offset` (a multiple of 4).
-    pub fn u32(&self, offset: usize) -> &'a AtomicU32 {
-        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
-        // SAFETY: as for `u64`.
-        unsafe { AtomicU32::from_ptr(self.base.add(offset) as *mut u32) }
-    }
-
-    /// The byte at `offset`.
-    pub fn u8(&self, offset: usize) -> &'a AtomicU8 {
-        assert!(offset < self.len);
-        // SAFETY: as for `u64`.
-        unsafe { AtomicU8::from_ptr(self.base.add(offset)) }
-    }
-
-    /// Writes `bytes` at `offset`. Only the writing process writes a slot it holds;
-    /// readers read it after that process is gone, or after its state was published
-    /// with a release store.
-    pub fn write_bytes(&self, offset: usize, bytes: &[u8]) {
-        assert!(offset + bytes.len() <= self.len);
-        for (i, b) in bytes.iter().enumerate() {
-            self.u8(offset + i).store(*b, Ordering::Relaxed);
-        }
-    }
-
-    /// Reads `len` bytes at `offset`.
-    pub fn read_bytes(&self, offset: usize, len: usize) -> Vec<u8> {
-        assert!(offset + len <= self.len);
-        (0..len)
-            .map(|i| self.u8(offset + i).load(Ordering::Relaxed))
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -625,7 +410,7 @@ mod tests {
         assert!(std::mem::size_of::<Header>() <= HEADER_LEN);
         assert_eq!(VOLUMES_OFFSET % PAGE, 0);
         assert_eq!(std::mem::size_of::<QueueArea>(), QUEUE_AREA);
-        assert!(std::mem::size_of::<HalfHeader>() <= HALF_HEADER);
+        assert!(std::mem::size_of::<halves::HalfHeader>() <= HALF_HEADER);
         assert_eq!(HALVES_OFFSET % PAGE, 0);
         assert_eq!(HALF_LEN % PAGE, 0);
         assert_eq!(QUEUE_AREA % 8, 0);
