@@ -126,7 +126,7 @@ pub fn run_region(data: &[u8]) {
         let server = FsServer::new(&stack);
         let before = volumes_of(&stack);
         Watchdog::arm(MAX_TIME, "recovering a session from a journal half");
-        let outcome = server.recover_session(region.half(half), &guest_view(), claimed.as_deref());
+        let outcome = server.recover_session(region.half(half), &guest_view());
         Watchdog::disarm();
         if std::env::var_os("VOLFSD_FUZZ_TRACE").is_some() {
             eprintln!("journal half {half:?}: {:?}", outcome);

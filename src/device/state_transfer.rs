@@ -318,9 +318,7 @@ fn recover(
     half: Half,
 ) -> Result<(), TransferError> {
     let start = Instant::now();
-    let claimed = region.volumes();
-    let (report, dropped) =
-        server.recover_session(region.half(half), &cfg.view, claimed.as_deref())?;
+    let (report, dropped) = server.recover_session(region.half(half), &cfg.view)?;
     info!(
         "the guest's session taken over from the killed serving process's journal: {} \
          nodes, {} handles, {} locks; lost {} nodes and {} handles (ESTALE), {} records \

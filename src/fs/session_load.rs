@@ -393,18 +393,14 @@ impl FsServer {
     /// with what cannot be found again answering ESTALE. Returns the load's report
     /// and how many records named what is not there.
     ///
-    /// `claimed` is the list of volumes the region says its daemon had attached (the
-    /// control API's JSON): untrusted, it attaches nothing; a volume it names that
-    /// this daemon does not serve as it says is named in a warning.
+    /// The volumes are this daemon's (its command line, its control socket): a
+    /// volume the journal names that is not attached here is named in a warning,
+    /// and the guest's files in it answer ESTALE.
     pub fn recover_session(
         &self,
         half: crate::region::HalfView<'_>,
         view: &GuestView,
-        claimed: Option<&str>,
     ) -> Result<(LoadReport, usize), LoadError> {
-        if let Some(claimed) = claimed {
-            self.check_claimed_volumes(claimed);
-        }
         use super::journal::rebuild::{rebuild, HalfFacts, VolumeHere};
         let h = half.header();
         let fuse = (h.init_set.load(Ordering::Acquire) != 0).then(|| format::FuseSession {
@@ -431,6 +427,14 @@ impl FsServer {
             .collect();
         let records = super::journal::read_half(half);
         let rebuilt = rebuild(records, facts, &here, view.clone());
+        for name in &rebuilt.missing_volumes {
+            log::warn!(
+                "{}, which the guest's session held, is not attached to this daemon: the \
+                 guest's files in it answer ESTALE (attach it before the frontend \
+                 reconnects, or name it on the command line)",
+                crate::state::VolumeLabel(name)
+            );
+        }
         let opts = LoadOptions {
             on_error: crate::state::OnError::GuestError,
             after_crash: true,
@@ -445,36 +449,6 @@ impl FsServer {
             }
         }
         Ok((report, rebuilt.dropped))
-    }
-}
-
-impl FsServer {
-    /// Warns of each volume of `claimed` (a session region's list) that this daemon
-    /// was not given, or serves otherwise: what its command line and its control
-    /// socket say wins.
-    fn check_claimed_volumes(&self, claimed: &str) {
-        let Ok(serde_json::Value::Array(list)) = serde_json::from_str(claimed) else {
-            log::warn!("the session region's list of volumes is not one: ignored");
-            return;
-        };
-        let here = self.volumes.registry().list();
-        for v in &list {
-            let name = v["name"].as_str().unwrap_or("");
-            let label = crate::state::VolumeLabel(name);
-            let read_only = v["volume"]["read_only"].as_bool().unwrap_or(false);
-            let path = v["volume"]["path"].as_str().unwrap_or("");
-            match here.iter().find(|(s, _)| s.name == name) {
-                None => log::warn!(
-                    "{label} (path {path:?}), named by the session region handed back, was                      not given to this daemon: refused (attach it before the frontend                      reconnects, or name it on the command line); the guest's files in it                      answer ESTALE"
-                ),
-                Some((share, _)) if share.read_only != read_only => log::warn!(
-                    "{label}: the session region says {}, this daemon serves it {}: as                      this daemon does",
-                    mode(read_only),
-                    mode(share.read_only)
-                ),
-                Some(_) => {}
-            }
-        }
     }
 }
 

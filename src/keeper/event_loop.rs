@@ -38,11 +38,11 @@ pub(super) struct Keeper<'a> {
     pub(super) command: Option<Command>,
     /// The keeper's end of the serving process's channel.
     pub(super) channel: Option<UnixStream>,
-    /// The volumes the serving process last said it has attached (JSON): a process
-    /// started after an upgrade or a crash attaches them first.
-    pub(super) volumes: Option<String>,
     /// The session region: its header says which journal half the serving process
-    /// records into, and holds the counters every serving process shows.
+    /// records into, and holds the counters every serving process shows; its
+    /// volumes slot is the one place the keeper keeps the volumes the serving
+    /// process last said it has attached (a process started after an upgrade or a
+    /// crash attaches them first).
     pub(super) region: Region,
     /// The serving process has (or had, until it ended the connection) a
     /// frontend's session.
@@ -242,13 +242,10 @@ impl Keeper<'_> {
                 self.finish(outcome);
             }
             Some(line) if line.starts_with(channel::VOLUMES) => {
-                let volumes = line[channel::VOLUMES.len()..].to_string();
-                // Also in the region: a keeper started after this one died gets it
-                // back with the region (the frontend's SET_INFLIGHT_FD).
-                if let Err(e) = self.region.set_volumes(&volumes) {
+                let volumes = &line[channel::VOLUMES.len()..];
+                if let Err(e) = self.region.set_volumes(volumes) {
                     warn!("keeper: keeping the attached volumes in the session region: {e}");
                 }
-                self.volumes = Some(volumes);
                 self.channel = Some(ch);
             }
             Some(other) => {

@@ -118,7 +118,6 @@ pub fn split(frontend: Listener, keep: Keep) -> Result<Child, Error> {
                     keep,
                     command,
                     channel: Some(channel),
-                    volumes: None,
                     region,
                     served: false,
                     crashes: Crashes::default(),

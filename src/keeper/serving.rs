@@ -76,7 +76,7 @@ impl Keeper<'_> {
             region: self.region.fd().as_raw_fd(),
             journal,
             recover,
-            volumes: self.volumes.clone(),
+            volumes: self.region.volumes(),
             source: source.map(|fd| fd.as_raw_fd()),
         };
         let started = upgrade::start(command, &inherited).and_then(|pid| {

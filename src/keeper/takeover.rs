@@ -175,10 +175,27 @@ impl Keeper<'_> {
         if let Some(why) = relay.session().unreplayable {
             return Err(Error::Unreplayable(why));
         }
-        let ours = std::mem::replace(&mut self.region, region);
         // The volumes stay this daemon's own (its command line, and what its control
-        // socket attached since it started): the region's list is untrusted, and the
-        // new serving process only checks it against them (fs/session_load.rs).
+        // socket attached since it started): the region's list is untrusted and is
+        // replaced by ours before any process reads it. Volumes the guest held that
+        // this daemon does not have are named when the journal is loaded
+        // (fs/session_load.rs); their files answer ESTALE.
+        let own = self.region.volumes();
+        let refused = names_not_in(region.volumes().as_deref(), own.as_deref().unwrap_or("[]"));
+        if !refused.is_empty() {
+            warn!(
+                "keeper: the session region handed back lists volumes this daemon was not \
+                 given: {refused:?}; not attached (it serves its own volumes)"
+            );
+        }
+        match &own {
+            Some(own) => region.set_volumes(own).map_err(|source| Error::Region {
+                step: "replacing its list of volumes with this daemon's",
+                source,
+            })?,
+            None => region.forget_volumes(),
+        }
+        let ours = std::mem::replace(&mut self.region, region);
         let from = self.region.header().current();
         let set_up = self
             .spawn(from.other(), Some(from), true, None, None)
@@ -214,12 +231,6 @@ impl Keeper<'_> {
         let _ = nix::sys::signal::kill(fresh, Signal::SIGKILL);
         reap(fresh);
         drop(ours);
-        // From now on the region holds this daemon's own list.
-        if let Some(volumes) = &self.volumes {
-            if let Err(e) = self.region.set_volumes(volumes) {
-                warn!("keeper: keeping the attached volumes in the session region: {e}");
-            }
-        }
         let c = &self.region.header().counters;
         c.crashes.fetch_add(1, Ordering::Relaxed);
         c.recoveries.fetch_add(1, Ordering::Relaxed);
@@ -302,6 +313,27 @@ pub(super) struct Pending {
     pub(super) pause: std::time::Duration,
     /// The binary named for it (`ctl upgrade --binary`): the daemon's from now on.
     pub(super) command: Option<Command>,
+}
+
+/// The names in the volume list `listed` (the control API's JSON, untrusted) that
+/// `own` (this daemon's list) does not have.
+fn names_not_in(listed: Option<&str>, own: &str) -> Vec<String> {
+    let names = |json: &str| -> Vec<String> {
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(serde_json::Value::Array(list)) => list
+                .iter()
+                .filter_map(|v| v["name"].as_str().map(String::from))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let own = names(own);
+    listed
+        .map(names)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| !own.contains(n))
+        .collect()
 }
 
 #[cfg(test)]
@@ -447,5 +479,15 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(k.keeper.region.fd().as_raw_fd(), ours);
+    }
+
+    #[test]
+    fn a_handed_back_list_is_named_where_it_has_what_this_daemon_does_not() {
+        let own = r#"[{"name":"a","volume":{"path":"a"}}]"#;
+        let listed = r#"[{"name":"a"},{"name":"secret"},{"nameless":1}]"#;
+        assert_eq!(names_not_in(Some(listed), own), ["secret"]);
+        assert!(names_not_in(Some("not json"), own).is_empty());
+        assert!(names_not_in(None, own).is_empty());
+        assert_eq!(names_not_in(Some(listed), "[]"), ["a", "secret"]);
     }
 }

@@ -175,7 +175,6 @@ pub fn keeper(script: Option<&str>) -> Kept {
             args: vec!["-c".into(), s.into()],
         }),
         channel: None,
-        volumes: None,
         region: Region::create().unwrap(),
         served: false,
         crashes: Crashes::default(),

@@ -251,10 +251,10 @@ impl Region {
         }
     }
 
-    /// Keeps `json`, the attached volumes, for a keeper started after this one
-    /// died (the region handed back by the frontend): written into the slot not in
-    /// use, which then becomes the one, so that a keeper killed while writing leaves
-    /// the previous list whole.
+    /// Keeps `json`, the volumes the serving process has attached, for the serving
+    /// processes the keeper starts next (they attach them first): written into the
+    /// slot not in use, which then becomes the one, so that a keeper killed while
+    /// writing leaves the previous list whole. The keeper is the only writer.
     pub fn set_volumes(&self, json: &str) -> Result<(), RegionError> {
         if json.len() + 8 > VOLUMES_SLOT {
             return Err(RegionError::Layout(format!(
@@ -278,6 +278,12 @@ impl Region {
         }
         h.volumes_slot.store(next, Ordering::Release);
         Ok(())
+    }
+
+    /// No list of volumes kept (a region handed back whose list is not this
+    /// daemon's, when this daemon has none yet).
+    pub fn forget_volumes(&self) {
+        self.header().volumes_slot.store(0, Ordering::Release);
     }
 
     /// The attached volumes [`Region::set_volumes`] kept last (None: none, or not
@@ -495,6 +501,8 @@ mod tests {
             Some("[]"),
             "a refused list changes nothing"
         );
+        r.forget_volumes();
+        assert_eq!(again.volumes(), None, "a list forgotten is no list");
     }
 
     #[test]

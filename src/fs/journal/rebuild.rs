@@ -40,6 +40,9 @@ pub struct Rebuilt {
     pub inodes: Vec<(u64, u64, u64)>,
     /// Records left out: of a volume not attached here, or naming what is not there.
     pub dropped: usize,
+    /// The volumes the journal names that are not attached here (their nodes are
+    /// among `dropped`).
+    pub missing_volumes: Vec<String>,
 }
 
 /// Keeps the latest record of each thing (a crash between writing a new record and
@@ -165,6 +168,8 @@ pub fn rebuild(
     for (name, root) in names {
         let Some(v) = here.iter().find(|v| v.name.as_bytes() == name.as_slice()) else {
             out.dropped += 1;
+            out.missing_volumes
+                .push(String::from_utf8_lossy(&name).into_owned());
             continue;
         };
         volume_of_root.insert(root, volumes.len() as u32);
