@@ -417,7 +417,7 @@ impl VhostUserBackend for FsBackend {
             // INFLIGHT_SHMFD is not offered here: vhost-user-backend 0.22 answers
             // its messages with an error that ends the connection. Under
             // --upgradable the keeper offers it and answers them itself
-            // (src/keeper/inflight.rs): the region it hands out is the journal.
+            // (src/keeper/handback.rs): the region it hands out is the journal.
             | VhostUserProtocolFeatures::LOG_SHMFD
     }
 

@@ -4,7 +4,7 @@
 //! disconnect. See docs/UPGRADE.md.
 //!
 //! - `wire.rs`: vhost-user message framing with fds;
-//! - `session.rs`: what the frontend set up, recorded as it is relayed;
+//! - `setup.rs`: what the frontend set up, recorded as it is relayed;
 //! - `replay.rs`: that setup replayed into a new serving process;
 //! - `relay.rs`: the relay between the two streams;
 //! - `process.rs`: where the keeper runs: the fork (the serving process's parent);
@@ -16,19 +16,19 @@
 //!   migration (SIGHUP to the keeper), and the binary it runs;
 //! - `channel.rs`: the serving process asks the keeper for one (`PUT /upgrade`);
 //! - `crash.rs`: a serving process that crashed: replaced, or a crash loop;
-//! - `inflight.rs`: the session region handed to the frontend and back
+//! - `handback.rs`: the session region handed to the frontend and back
 //!   (`INFLIGHT_SHMFD`);
 //! - `testing.rs`, `replay_tests.rs`, `relay_tests.rs`: tests and their helpers.
 
 pub mod channel;
 pub mod crash;
 mod event_loop;
-pub mod inflight;
+pub mod handback;
 pub mod process;
 pub mod relay;
 pub mod replay;
 mod serving;
-pub mod session;
+pub mod setup;
 mod takeover;
 #[cfg(test)]
 mod testing;
@@ -42,7 +42,7 @@ use vhost::vhost_user::message::FrontendReq;
 
 use crate::region::RegionError;
 use crash::Ending;
-use session::Unrecorded;
+use setup::Unrecorded;
 use upgrade::Refusal;
 
 /// What went wrong in the keeper, with what it was doing.
@@ -67,9 +67,9 @@ pub enum Error {
     Unexpected { during: FrontendReq, got: u32 },
     /// The backend refused a replayed message (its ack was not 0).
     Refused { request: FrontendReq, code: u64 },
-    /// The new backend does not offer feature bits the session negotiated.
+    /// The new backend does not offer feature bits the frontend negotiated.
     Missing { what: &'static str, bits: u64 },
-    /// The recorded session cannot be replayed: the message it could not follow.
+    /// The frontend's recorded setup cannot be replayed: the message it could not follow.
     Unreplayable(Unrecorded),
     /// No binary to start a new serving process from (not found at start).
     NoBinary,
@@ -125,10 +125,10 @@ impl fmt::Display for Error {
             Error::Missing { what, bits } => {
                 write!(
                     f,
-                    "the new backend lacks {what} the session uses: {bits:#x}"
+                    "the new backend lacks {what} the frontend negotiated: {bits:#x}"
                 )
             }
-            Error::Unreplayable(why) => write!(f, "the session cannot be replayed: {why}"),
+            Error::Unreplayable(why) => write!(f, "the frontend's setup cannot be replayed: {why}"),
             Error::NoBinary => write!(f, "the daemon's binary was not found when it started"),
             Error::Nul { what } => write!(f, "a NUL in {what}"),
             Error::NoFrontend => write!(f, "no frontend is connected (nothing to hand over)"),
@@ -171,7 +171,7 @@ mod tests {
             ),
             (
                 Error::Unreplayable(Unrecorded::NotRecorded(FrontendReq::POSTCOPY_ADVISE)),
-                "the session cannot be replayed: POSTCOPY_ADVISE is not recorded",
+                "the frontend's setup cannot be replayed: POSTCOPY_ADVISE is not recorded",
             ),
             (
                 Error::Start(Box::new(Error::io("fork", io()))),

@@ -1,7 +1,8 @@
 //! The relay between the frontend's connection and the serving process's: each
 //! frontend message is forwarded with its fds, then its reply (if it has one) is
-//! forwarded back, and both are recorded in the session. vhost-user's main channel
-//! is the frontend's: the backend only answers, and one message at a time, so
+//! forwarded back, and both are recorded in the frontend's setup (`setup.rs`).
+//! vhost-user's main channel is the frontend's: the backend only answers, and one
+//! message at a time, so
 //! between two messages the relay is at a point where the serving process can be
 //! replaced (see `replay.rs`).
 //!
@@ -10,7 +11,7 @@
 //! (`NEED_REPLY`) and `REPLY_ACK` is on, that is, the backend offered
 //! `VHOST_USER_F_PROTOCOL_FEATURES` and the frontend acked `REPLY_ACK`.
 //!
-//! The inflight-fd messages are the keeper's own (`inflight.rs`): it offers
+//! The inflight-fd messages are the keeper's own (`handback.rs`): it offers
 //! `INFLIGHT_SHMFD`, answers `GET_INFLIGHT_FD` and `SET_INFLIGHT_FD` itself, and
 //! never passes the feature or the messages on (vhost-user-backend 0.22 has no
 //! handler for them).
@@ -22,9 +23,9 @@ use std::time::Duration;
 
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 
-use super::inflight::{self, Given};
+use super::handback::{self, Given};
 use super::replay;
-use super::session::Session;
+use super::setup::FrontendSetup;
 use super::wire::{self, Message};
 use super::Error;
 
@@ -43,11 +44,11 @@ pub enum Flow {
     HandedBack,
 }
 
-/// The two connections and the session recorded from them.
+/// The two connections and the frontend's setup recorded from them.
 pub struct Relay {
     frontend: UnixStream,
     backend: UnixStream,
-    session: Session,
+    setup: FrontendSetup,
     /// The features the backend offered (GET_FEATURES), for the REPLY_ACK rule.
     offered: u64,
     /// A frontend message whose reply the backend never sent (it died meanwhile):
@@ -65,7 +66,7 @@ impl Relay {
         Relay {
             frontend,
             backend,
-            session: Session::new(),
+            setup: FrontendSetup::new(),
             offered: 0,
             unanswered: None,
             region: None,
@@ -105,8 +106,8 @@ impl Relay {
         &self.backend
     }
 
-    pub fn session(&self) -> &Session {
-        &self.session
+    pub fn setup(&self) -> &FrontendSetup {
+        &self.setup
     }
 
     /// Relays one message from the frontend (which has one ready, or the step
@@ -130,7 +131,7 @@ impl Relay {
                          given the session region; a daemon started again after this one died \
                          gets the guest's session back when the frontend hands it over"
                     );
-                    let payload = inflight::get_reply(&msg.payload);
+                    let payload = handback::get_reply(&msg.payload);
                     let fd = std::os::fd::AsRawFd::as_raw_fd(region);
                     wire::send(
                         &self.frontend,
@@ -141,7 +142,7 @@ impl Relay {
                     return Ok(Flow::Relayed);
                 }
                 Ok(SET_INFLIGHT_FD) => {
-                    return match inflight::given(region, &mut msg) {
+                    return match handback::given(region, &mut msg) {
                         Given::Ours => self.ack(&msg).map(|()| Flow::Relayed),
                         Given::Other(fd) => {
                             self.handed_back = Some((msg, fd));
@@ -156,7 +157,7 @@ impl Relay {
                 // Acked by the frontend for the keeper, not the serving process.
                 Ok(SET_PROTOCOL_FEATURES) => {
                     let acked = msg.u64().unwrap_or(0);
-                    let inflight = inflight::strip(&mut msg);
+                    let inflight = handback::strip(&mut msg);
                     log::debug!(
                         "keeper: the frontend acked protocol features {acked:#x} (INFLIGHT_SHMFD: {})",
                         if inflight { "yes" } else { "no" }
@@ -193,16 +194,16 @@ impl Relay {
             if msg.header.request == u32::from(FrontendReq::GET_FEATURES) {
                 self.offered = reply.u64().unwrap_or(0);
             }
-            self.session.record_reply(msg.header.request, &reply);
+            self.setup.record_reply(msg.header.request, &reply);
             let mut reply = reply;
             if self.region.is_some()
                 && msg.header.request == u32::from(FrontendReq::GET_PROTOCOL_FEATURES)
             {
-                inflight::offer(&mut reply);
+                handback::offer(&mut reply);
             }
             wire::forward(&self.frontend, &reply)?;
         }
-        self.session.record(msg);
+        self.setup.record(msg);
         Ok(Flow::Relayed)
     }
 
@@ -246,7 +247,7 @@ impl Relay {
                 // SET_PROTOCOL_FEATURES turns REPLY_ACK on for its own ack.
                 let protocol = match req {
                     SET_PROTOCOL_FEATURES => msg.u64().unwrap_or(0),
-                    _ => self.session.protocol_features.unwrap_or(0),
+                    _ => self.setup.protocol_features.unwrap_or(0),
                 };
                 let reply_ack = self.offered & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
                     != 0
@@ -260,7 +261,7 @@ impl Relay {
     /// returns where each stopped: the bases a new process continues from. Not
     /// recorded: the frontend still believes them running.
     pub fn stop_rings(&self, timeout: Duration) -> Result<BTreeMap<u32, u32>, Error> {
-        let replies = replay::run(&self.backend, &replay::stop(&self.session), timeout)?;
+        let replies = replay::run(&self.backend, &replay::stop(&self.setup), timeout)?;
         Ok(replay::bases(&replies))
     }
 
@@ -271,10 +272,10 @@ impl Relay {
         bases: &BTreeMap<u32, u32>,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let mut steps = replay::rings(&self.session, bases);
-        steps.extend(replay::start(&self.session));
+        let mut steps = replay::rings(&self.setup, bases);
+        steps.extend(replay::start(&self.setup));
         replay::run(&self.backend, &steps, timeout)?;
-        replay::nudge(&self.session);
+        replay::nudge(&self.setup);
         Ok(())
     }
 

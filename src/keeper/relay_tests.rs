@@ -88,7 +88,7 @@ fn relays_messages_and_their_replies_and_records_them() {
         &[kick.as_raw_fd()],
     );
     assert_eq!(wire::recv(&front).unwrap().unwrap().u64(), Some(0));
-    let s = relay.session();
+    let s = relay.setup();
     assert_eq!(s.protocol_features, Some(p));
     assert_eq!(s.features, Some(f));
     assert!(s.vrings[&0].started());
@@ -178,8 +178,8 @@ fn switching_backends_keeps_the_frontend_connected() {
     let bases = relay.stop_rings(T).unwrap();
     assert_eq!(bases, std::collections::BTreeMap::from([(0, 100)]));
     let (new, new_seen) = backend(u64::MAX, None);
-    replay::set_up(&new, relay.session(), &bases, T).unwrap();
-    replay::run(&new, &replay::start(relay.session()), T).unwrap();
+    replay::set_up(&new, relay.setup(), &bases, T).unwrap();
+    replay::run(&new, &replay::start(relay.setup()), T).unwrap();
     drop(relay.switch(new));
     // The frontend goes on, now served by the new backend.
     ask(

@@ -1,5 +1,5 @@
-//! Replaying a recorded session into a new serving process, as the frontend set it
-//! up, so that it continues the session: the same features, the same guest memory,
+//! Replaying the frontend's recorded setup into a new serving process, as the frontend set it
+//! up, so that it continues where the old one was: the same features, the same guest memory,
 //! the same vrings and eventfds. Each vring starts where the old process stopped (its
 //! `next_avail`, answered by `GET_VRING_BASE`); the used index the new process takes
 //! from the guest's used ring itself when the ring's address is set.
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use vhost::vhost_user::message::{FrontendReq, VhostUserProtocolFeatures};
 
-use super::session::{slot_fd, Session};
+use super::setup::{slot_fd, FrontendSetup};
 use super::wire::{self, Header, Message, NEED_REPLY, VERSION};
 use super::Error;
 
@@ -33,7 +33,7 @@ pub enum Answer {
     Ack,
 }
 
-/// One message to replay. Its fds are the session's: the step must not outlive it.
+/// One message to replay. Its fds are the recorded setup's: the step must not outlive it.
 #[derive(Debug)]
 pub struct Step {
     pub request: FrontendReq,
@@ -76,12 +76,12 @@ impl Step {
 
 /// The handshake, the memory and each vring up to its address; `bases` (from the old
 /// process) override the recorded bases.
-pub fn setup(session: &Session, bases: &BTreeMap<u32, u32>) -> Result<Vec<Step>, Error> {
-    if let Some(why) = session.unreplayable {
+pub fn setup(recorded: &FrontendSetup, bases: &BTreeMap<u32, u32>) -> Result<Vec<Step>, Error> {
+    if let Some(why) = recorded.unreplayable {
         return Err(Error::Unreplayable(why));
     }
     let reply_ack = VhostUserProtocolFeatures::REPLY_ACK.bits();
-    let protocol = session.protocol_features.unwrap_or(0) | reply_ack;
+    let protocol = recorded.protocol_features.unwrap_or(0) | reply_ack;
     let mut steps = vec![
         Step::ask(FrontendReq::GET_FEATURES),
         Step::ask(FrontendReq::GET_PROTOCOL_FEATURES),
@@ -91,34 +91,34 @@ pub fn setup(session: &Session, bases: &BTreeMap<u32, u32>) -> Result<Vec<Step>,
             vec![],
         ),
     ];
-    if session.owner {
+    if recorded.owner {
         steps.push(Step::set(FrontendReq::SET_OWNER, vec![], vec![]));
     }
-    if let Some(f) = session.features {
+    if let Some(f) = recorded.features {
         steps.push(Step::set(
             FrontendReq::SET_FEATURES,
             f.to_le_bytes().to_vec(),
             vec![],
         ));
     }
-    steps.extend(memory(session));
-    if let Some(log) = &session.log_base {
+    steps.extend(memory(recorded));
+    if let Some(log) = &recorded.log_base {
         steps.push(Step {
             answer: Answer::Reply,
             ..Step::set(FrontendReq::SET_LOG_BASE, log.payload.clone(), fds(&log.fd))
         });
     }
-    if let Some(fd) = &session.backend_req_fd {
+    if let Some(fd) = &recorded.backend_req_fd {
         steps.push(Step::set(
             FrontendReq::SET_BACKEND_REQ_FD,
             vec![],
             vec![fd.as_raw_fd()],
         ));
     }
-    if let Some(c) = &session.config {
+    if let Some(c) = &recorded.config {
         steps.push(Step::set(FrontendReq::SET_CONFIG, c.clone(), vec![]));
     }
-    steps.extend(rings(session, bases));
+    steps.extend(rings(recorded, bases));
     Ok(steps)
 }
 
@@ -128,13 +128,13 @@ fn fds(fd: &Option<std::os::fd::OwnedFd>) -> Vec<RawFd> {
 
 /// The guest memory: region by region where the frontend negotiated memory slots,
 /// else one table.
-fn memory(session: &Session) -> Vec<Step> {
+fn memory(recorded: &FrontendSetup) -> Vec<Step> {
     let slots = VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits();
-    if session.regions.is_empty() {
+    if recorded.regions.is_empty() {
         return Vec::new();
     }
-    if session.has_protocol(slots) {
-        return session
+    if recorded.has_protocol(slots) {
+        return recorded
             .regions
             .iter()
             .map(|r| {
@@ -144,16 +144,16 @@ fn memory(session: &Session) -> Vec<Step> {
             })
             .collect();
     }
-    let mut p = (session.regions.len() as u64).to_le_bytes().to_vec();
-    session.regions.iter().for_each(|r| r.encode(&mut p));
-    let fds = session.regions.iter().map(|r| r.fd.as_raw_fd()).collect();
+    let mut p = (recorded.regions.len() as u64).to_le_bytes().to_vec();
+    recorded.regions.iter().for_each(|r| r.encode(&mut p));
+    let fds = recorded.regions.iter().map(|r| r.fd.as_raw_fd()).collect();
     vec![Step::set(FrontendReq::SET_MEM_TABLE, p, fds)]
 }
 
 /// Each vring's size, base and address.
-pub fn rings(session: &Session, bases: &BTreeMap<u32, u32>) -> Vec<Step> {
+pub fn rings(recorded: &FrontendSetup, bases: &BTreeMap<u32, u32>) -> Vec<Step> {
     let mut steps = Vec::new();
-    for (&i, v) in &session.vrings {
+    for (&i, v) in &recorded.vrings {
         if let Some(num) = v.num {
             steps.push(Step::set(
                 FrontendReq::SET_VRING_NUM,
@@ -176,9 +176,9 @@ pub fn rings(session: &Session, bases: &BTreeMap<u32, u32>) -> Vec<Step> {
 }
 
 /// Each vring's eventfds, then its enable: the rings run.
-pub fn start(session: &Session) -> Vec<Step> {
+pub fn start(recorded: &FrontendSetup) -> Vec<Step> {
     let mut steps = Vec::new();
-    for (&i, v) in &session.vrings {
+    for (&i, v) in &recorded.vrings {
         for (req, slot) in [
             (FrontendReq::SET_VRING_CALL, &v.call),
             (FrontendReq::SET_VRING_ERR, &v.err),
@@ -203,8 +203,8 @@ pub fn start(session: &Session) -> Vec<Step> {
 /// guest sent during the hand-over may have been taken by the old process, and with
 /// EVENT_IDX the driver does not kick again for the requests already in the ring.
 /// Costs the backend one drain of an empty ring.
-pub fn nudge(session: &Session) {
-    for v in session.vrings.values() {
+pub fn nudge(recorded: &FrontendSetup) {
+    for v in recorded.vrings.values() {
         if let Some(fd) = v.kick.as_ref().and_then(|s| s.fd.as_ref()) {
             let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
         }
@@ -212,8 +212,8 @@ pub fn nudge(session: &Session) {
 }
 
 /// The stop of each running vring: `GET_VRING_BASE`, whose replies are the bases.
-pub fn stop(session: &Session) -> Vec<Step> {
-    session
+pub fn stop(recorded: &FrontendSetup) -> Vec<Step> {
+    recorded
         .started()
         .map(|i| Step {
             payload: wire::vring_state(i, 0),
@@ -260,21 +260,21 @@ pub fn run(stream: &UnixStream, steps: &[Step], timeout: Duration) -> Result<Vec
 }
 
 /// [`setup`] run on `stream`: also checks that the new backend offers every feature
-/// the session negotiated (a backend of another version may not).
+/// the frontend negotiated (a backend of another version may not).
 pub fn set_up(
     stream: &UnixStream,
-    session: &Session,
+    recorded: &FrontendSetup,
     bases: &BTreeMap<u32, u32>,
     timeout: Duration,
 ) -> Result<(), Error> {
-    let steps = setup(session, bases)?;
+    let steps = setup(recorded, bases)?;
     // The two questions first: a missing feature is named before a SET refuses it.
     let (ask, rest) = steps.split_at(2);
     let replies = run(stream, ask, timeout)?;
     let offered = |i: usize| replies.get(i).and_then(Message::u64).unwrap_or(0);
     for (i, (what, wanted)) in [
-        ("features", session.features),
-        ("protocol features", session.protocol_features),
+        ("features", recorded.features),
+        ("protocol features", recorded.protocol_features),
     ]
     .into_iter()
     .enumerate()

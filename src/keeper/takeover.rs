@@ -3,7 +3,7 @@
 //! while none is connected (a fresh one, unless that makes a crash loop:
 //! `crash.rs`); for an upgrade (SIGHUP or `PUT /upgrade`: `upgrade.rs`'s hand-over);
 //! when the frontend hands back the session region of an earlier daemon
-//! (`inflight.rs`). When it cannot, the error says why: after a failed upgrade the
+//! (`handback.rs`). When it cannot, the error says why: after a failed upgrade the
 //! old process serves on, a region that cannot be served on leaves the fresh
 //! session, and a crash not recovered ends the keeper.
 
@@ -100,7 +100,7 @@ impl Keeper<'_> {
         relay: &mut Relay,
         died_at: std::time::Instant,
     ) -> Result<std::time::Duration, Error> {
-        if let Some(why) = relay.session().unreplayable {
+        if let Some(why) = relay.setup().unreplayable {
             return Err(Error::Unreplayable(why));
         }
         let from = self.region.header().current();
@@ -108,13 +108,13 @@ impl Keeper<'_> {
         let stream = new.stream.take().expect("connected");
         let set_up = replay::ready(&stream, STEP_TIMEOUT)
             .and_then(|()| {
-                replay::set_up(&stream, relay.session(), &Default::default(), STEP_TIMEOUT)
+                replay::set_up(&stream, relay.setup(), &Default::default(), STEP_TIMEOUT)
             })
-            .and_then(|()| replay::run(&stream, &replay::start(relay.session()), STEP_TIMEOUT));
+            .and_then(|()| replay::run(&stream, &replay::start(relay.setup()), STEP_TIMEOUT));
         if let Err(e) = set_up {
             return Err(new.give_up(stream, e));
         }
-        replay::nudge(relay.session());
+        replay::nudge(relay.setup());
         drop(relay.switch(stream));
         self.adopt(new);
         let pause = died_at.elapsed();
@@ -130,7 +130,7 @@ impl Keeper<'_> {
 
     /// The frontend handed back a session region not this keeper's
     /// (`SET_INFLIGHT_FD`, cloud-hypervisor's reconnect after the whole daemon was
-    /// restarted: inflight.rs). One with a guest's session in it is served on;
+    /// restarted: handback.rs). One with a guest's session in it is served on;
     /// anything else leaves the fresh session as it is. Acked either way: the
     /// frontend goes on setting the rings up.
     pub(super) fn handed_back(&mut self, relay: &mut Relay) {
@@ -172,7 +172,7 @@ impl Keeper<'_> {
         if !region.header().in_session() {
             return Ok(false);
         }
-        if let Some(why) = relay.session().unreplayable {
+        if let Some(why) = relay.setup().unreplayable {
             return Err(Error::Unreplayable(why));
         }
         // The volumes stay this daemon's own (its command line, and what its control
@@ -202,7 +202,7 @@ impl Keeper<'_> {
             .and_then(|mut new| {
                 let stream = new.stream.take().expect("connected");
                 let done = replay::ready(&stream, STEP_TIMEOUT).and_then(|()| {
-                    replay::set_up(&stream, relay.session(), &Default::default(), STEP_TIMEOUT)
+                    replay::set_up(&stream, relay.setup(), &Default::default(), STEP_TIMEOUT)
                 });
                 match done {
                     Ok(()) => Ok((new, stream)),

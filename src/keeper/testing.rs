@@ -17,7 +17,7 @@ use super::crash::Crashes;
 use super::event_loop::Keeper;
 use super::process::Keep;
 use super::serving::Private;
-use super::session::Session;
+use super::setup::FrontendSetup;
 use super::upgrade::Command;
 use super::wire::Message;
 use crate::region::Region;
@@ -81,8 +81,8 @@ pub fn msg(req: FrontendReq, payload: Vec<u8>, fds: Vec<OwnedFd>) -> Message {
 }
 
 /// A session as QEMU sets up a vhost-user-fs device with two queues running.
-pub fn recorded(protocol: u64) -> Session {
-    let mut s = Session::new();
+pub fn recorded(protocol: u64) -> FrontendSetup {
+    let mut s = FrontendSetup::new();
     s.record(msg(FrontendReq::SET_OWNER, vec![], vec![]));
     s.record(msg(
         FrontendReq::SET_PROTOCOL_FEATURES,

@@ -194,7 +194,7 @@ pub struct Upgraded {
 
 /// Runs steps 2–6 with the new process connected on `new`, once it answers.
 pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error, UnixStream)> {
-    if let Some(why) = relay.session().unreplayable {
+    if let Some(why) = relay.setup().unreplayable {
         return Err((Error::Unreplayable(why), new));
     }
     // The new process's start-up (exec, sandbox) outside the guest's pause.
@@ -207,10 +207,10 @@ pub fn hand_over(relay: &mut Relay, new: UnixStream) -> Result<Upgraded, (Error,
         Err(e) => return Err((e, new)),
     };
     let moved = save(relay.backend()).and_then(|state| {
-        replay::set_up(&new, relay.session(), &bases, STEP_TIMEOUT)?;
+        replay::set_up(&new, relay.setup(), &bases, STEP_TIMEOUT)?;
         load(&new, &state)?;
-        replay::run(&new, &replay::start(relay.session()), STEP_TIMEOUT)?;
-        replay::nudge(relay.session());
+        replay::run(&new, &replay::start(relay.setup()), STEP_TIMEOUT)?;
+        replay::nudge(relay.setup());
         Ok(())
     });
     match moved {

@@ -1,10 +1,10 @@
-//! The recorded vhost-user session: what the frontend set up, kept by the keeper as
+//! The frontend's setup: what the frontend set up over vhost-user, kept by the keeper as
 //! it relays, so that a new serving process can be set up the same way (see
 //! `replay.rs`). Only messages that change the backend's state are kept, each with
-//! its fds (the keeper's own copies: they stay open while the session lasts).
+//! its fds (the keeper's own copies: they stay open while the frontend stays connected).
 //!
 //! Fed the frontend's messages after they were forwarded, and the backend's replies
-//! to them. A message the record cannot make sense of makes the session
+//! to them. A message the record cannot make sense of makes the setup
 //! unreplayable (a hand-over is then refused, naming it); the relay goes on.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ use vhost::vhost_user::message::FrontendReq;
 
 use super::wire::Message;
 
-/// A message the record cannot follow: the session is then unreplayable (a new
+/// A message the record cannot follow: the setup is then unreplayable (a new
 /// serving process could not be set up as the frontend set this one up).
 #[derive(Clone, Copy, Debug, Eq, PartialEq)]
 pub enum Unrecorded {
@@ -47,7 +47,7 @@ pub const VRING_NOFD: u64 = 0x100;
 
 /// One guest memory region, as `SET_MEM_TABLE` lists it and `ADD_MEM_REG` adds it.
 #[derive(Debug)]
-pub struct Region {
+pub struct MemRegion {
     pub guest_phys_addr: u64,
     pub memory_size: u64,
     pub user_addr: u64,
@@ -55,13 +55,13 @@ pub struct Region {
     pub fd: OwnedFd,
 }
 
-impl Region {
+impl MemRegion {
     /// Bytes of one region in `SET_MEM_TABLE` (and after `ADD_MEM_REG`'s padding).
     pub const LEN: usize = 32;
 
-    fn decode(b: &[u8], fd: OwnedFd) -> Region {
+    fn decode(b: &[u8], fd: OwnedFd) -> MemRegion {
         let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        Region {
+        MemRegion {
             guest_phys_addr: w(0),
             memory_size: w(1),
             user_addr: w(2),
@@ -116,26 +116,26 @@ pub struct Kept {
     pub fd: Option<OwnedFd>,
 }
 
-/// The recorded session.
+/// What the frontend set up, as recorded.
 #[derive(Debug, Default)]
-pub struct Session {
+pub struct FrontendSetup {
     pub owner: bool,
     pub features: Option<u64>,
     pub protocol_features: Option<u64>,
-    pub regions: Vec<Region>,
+    pub regions: Vec<MemRegion>,
     pub vrings: BTreeMap<u32, Vring>,
     pub log_base: Option<Kept>,
     pub backend_req_fd: Option<OwnedFd>,
     /// The last `SET_CONFIG`'s payload.
     pub config: Option<Vec<u8>>,
-    /// Why the session cannot be replayed, if it cannot: the first message the
+    /// Why the setup cannot be replayed, if it cannot: the first message the
     /// record could not follow.
     pub unreplayable: Option<Unrecorded>,
 }
 
-impl Session {
-    pub fn new() -> Session {
-        Session::default()
+impl FrontendSetup {
+    pub fn new() -> FrontendSetup {
+        FrontendSetup::default()
     }
 
     /// Records a message the frontend sent (already forwarded), taking its fds.
@@ -164,7 +164,7 @@ impl Session {
         let bad = |what: &'static str| Unrecorded::Malformed { request: req, what };
         match req {
             FrontendReq::SET_OWNER => self.owner = true,
-            FrontendReq::RESET_OWNER => *self = Session::default(),
+            FrontendReq::RESET_OWNER => *self = FrontendSetup::default(),
             FrontendReq::RESET_DEVICE => {
                 self.features = None;
                 for v in self.vrings.values_mut() {
@@ -178,8 +178,8 @@ impl Session {
             FrontendReq::SET_MEM_TABLE => self.set_mem_table(msg).map_err(bad)?,
             FrontendReq::ADD_MEM_REG => {
                 let fd = single_fd(msg.fds).ok_or(bad("one fd"))?;
-                let body = msg.payload.get(8..8 + Region::LEN).ok_or(bad("payload"))?;
-                self.regions.push(Region::decode(body, fd));
+                let body = msg.payload.get(8..8 + MemRegion::LEN).ok_or(bad("payload"))?;
+                self.regions.push(MemRegion::decode(body, fd));
             }
             FrontendReq::REM_MEM_REG => {
                 let body = msg.payload.get(8..8 + 16).ok_or(bad("payload"))?;
@@ -249,7 +249,7 @@ impl Session {
             | FrontendReq::GET_CONFIG
             | FrontendReq::GET_MAX_MEM_SLOTS
             | FrontendReq::GET_INFLIGHT_FD
-            // The keeper's own (inflight.rs): never a serving process's.
+            // The keeper's own (handback.rs): never a serving process's.
             | FrontendReq::SET_INFLIGHT_FD
             | FrontendReq::GET_SHARED_OBJECT
             | FrontendReq::GET_SHMEM_CONFIG
@@ -267,14 +267,14 @@ impl Session {
             .get(..4)
             .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
             .ok_or("payload")?;
-        if msg.payload.len() != 8 + count * Region::LEN || msg.fds.len() != count {
+        if msg.payload.len() != 8 + count * MemRegion::LEN || msg.fds.len() != count {
             return Err("regions and fds do not match");
         }
         self.regions = msg
             .fds
             .into_iter()
             .enumerate()
-            .map(|(i, fd)| Region::decode(&msg.payload[8 + i * Region::LEN..], fd))
+            .map(|(i, fd)| MemRegion::decode(&msg.payload[8 + i * MemRegion::LEN..], fd))
             .collect();
         Ok(())
     }
@@ -313,7 +313,7 @@ mod tests {
     use crate::keeper::wire::{self, Header};
 
     /// The kick fd the record holds for vring `index`.
-    fn kick_fd(s: &Session, index: u32) -> std::os::fd::RawFd {
+    fn kick_fd(s: &FrontendSetup, index: u32) -> std::os::fd::RawFd {
         let kick = s.vrings[&index].kick.as_ref().expect("a kick recorded");
         kick.fd.as_ref().expect("with an fd").as_raw_fd()
     }
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn records_the_setup_and_its_changes() {
-        let mut s = Session::new();
+        let mut s = FrontendSetup::new();
         s.record(with_fds(FrontendReq::SET_OWNER, vec![], vec![]));
         s.record(with_fds(
             FrontendReq::SET_FEATURES,
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn what_it_cannot_record_makes_it_unreplayable() {
-        let mut s = Session::new();
+        let mut s = FrontendSetup::new();
         // A mem table whose fds do not match its regions.
         let mut table = 1u64.to_le_bytes().to_vec();
         table.extend(region(0));
@@ -426,11 +426,11 @@ mod tests {
             why.to_string(),
             "SET_MEM_TABLE: regions and fds do not match"
         );
-        let mut s = Session::new();
+        let mut s = FrontendSetup::new();
         s.record(Message::new(0xffff, vec![]));
         assert_eq!(s.unreplayable, Some(Unrecorded::Unknown(0xffff)));
         assert_eq!(s.unreplayable.unwrap().to_string(), "unknown request 65535");
-        let mut s = Session::new();
+        let mut s = FrontendSetup::new();
         s.record(with_fds(
             FrontendReq::SET_VRING_KICK,
             0u64.to_le_bytes().to_vec(),
@@ -448,7 +448,7 @@ mod tests {
         // replace it.
         s.record(Message::new(0xffff, vec![]));
         assert!(matches!(s.unreplayable, Some(Unrecorded::Malformed { .. })));
-        let mut s = Session::new();
+        let mut s = FrontendSetup::new();
         s.record(with_fds(FrontendReq::POSTCOPY_ADVISE, vec![], vec![]));
         assert_eq!(
             s.unreplayable.unwrap().to_string(),
