@@ -69,6 +69,21 @@ pub fn has_write_data(request: &[u8]) -> bool {
 
 pub use super::server::{MAX_REQUEST, WRITE_PREFIX};
 
+/// What becomes of a request that a serving process killed under the guest had
+/// taken off its ring and not answered: it may or may not have been applied.
+#[derive(Clone, Copy, Debug, Eq, PartialEq)]
+pub enum AfterCrash {
+    /// Idempotent: served again (READ, GETATTR, LOOKUP, READDIR, a WRITE at an
+    /// offset, OPEN without O_TRUNC, a lock, a flush or fsync, ...).
+    Rerun,
+    /// Not idempotent (it creates, removes, renames, changes attributes, appends):
+    /// answered EIO, so that it is never applied twice.
+    Fail,
+    /// Owes no reply (FORGET, BATCH_FORGET, INTERRUPT): returned without one and not
+    /// applied again (a node kept a lookup too many at worst).
+    Drop,
+}
+
 impl FsServer {
     /// The one question a transport asks of a request (its local copy): whether it
     /// may wait, and its volume and cost when that volume is limited now. Without
@@ -170,6 +185,42 @@ impl FsServer {
             },
         }
     }
+
+    /// Decides [`AfterCrash`] for a request's local copy. An appending WRITE is told
+    /// by its handle's host flags and by the flags the guest sent with it.
+    pub fn after_crash(&self, request: &[u8]) -> AfterCrash {
+        let Some(h) = parse_header(request) else {
+            return AfterCrash::Fail;
+        };
+        let Some(row) = fuse_ops::row(h.opcode) else {
+            return AfterCrash::Fail;
+        };
+        if !row.reply {
+            return AfterCrash::Drop;
+        }
+        let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
+        let rerun = match (row.rerun, h.opcode) {
+            (Rerun::Yes, _) => true,
+            (Rerun::No, _) => false,
+            (Rerun::ByArgs, opcode::WRITE) => WriteIn::from_slice(
+                args.get(..size_of::<WriteIn>()).unwrap_or(&[]),
+            )
+            .is_some_and(|w| {
+                w.flags as i32 & libc::O_APPEND == 0
+                    && !self.volumes.passthrough().appends(w.fh, h.nodeid)
+            }),
+            // OpenIn: flags first.
+            (Rerun::ByArgs, opcode::OPEN) => args
+                .get(..4)
+                .is_some_and(|b| i32::from_le_bytes(b.try_into().unwrap()) & libc::O_TRUNC == 0),
+            (Rerun::ByArgs, _) => false,
+        };
+        if rerun {
+            AfterCrash::Rerun
+        } else {
+            AfterCrash::Fail
+        }
+    }
 }
 
 /// The answer of a request served off its ring: the reply's header fields (the
@@ -208,58 +259,5 @@ impl LateReply {
     /// 0, or the negative errno the guest gets.
     pub fn error(&self) -> i32 {
         self.error
-    }
-}
-
-/// What becomes of a request that a serving process killed under the guest had
-/// taken off its ring and not answered: it may or may not have been applied.
-#[derive(Clone, Copy, Debug, Eq, PartialEq)]
-pub enum AfterCrash {
-    /// Idempotent: served again (READ, GETATTR, LOOKUP, READDIR, a WRITE at an
-    /// offset, OPEN without O_TRUNC, a lock, a flush or fsync, ...).
-    Rerun,
-    /// Not idempotent (it creates, removes, renames, changes attributes, appends):
-    /// answered EIO, so that it is never applied twice.
-    Fail,
-    /// Owes no reply (FORGET, BATCH_FORGET, INTERRUPT): returned without one and not
-    /// applied again (a node kept a lookup too many at worst).
-    Drop,
-}
-
-impl FsServer {
-    /// Decides [`AfterCrash`] for a request's local copy. An appending WRITE is told
-    /// by its handle's host flags and by the flags the guest sent with it.
-    pub fn after_crash(&self, request: &[u8]) -> AfterCrash {
-        let Some(h) = parse_header(request) else {
-            return AfterCrash::Fail;
-        };
-        let Some(row) = fuse_ops::row(h.opcode) else {
-            return AfterCrash::Fail;
-        };
-        if !row.reply {
-            return AfterCrash::Drop;
-        }
-        let args = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
-        let rerun = match (row.rerun, h.opcode) {
-            (Rerun::Yes, _) => true,
-            (Rerun::No, _) => false,
-            (Rerun::ByArgs, opcode::WRITE) => WriteIn::from_slice(
-                args.get(..size_of::<WriteIn>()).unwrap_or(&[]),
-            )
-            .is_some_and(|w| {
-                w.flags as i32 & libc::O_APPEND == 0
-                    && !self.volumes.passthrough().appends(w.fh, h.nodeid)
-            }),
-            // OpenIn: flags first.
-            (Rerun::ByArgs, opcode::OPEN) => args
-                .get(..4)
-                .is_some_and(|b| i32::from_le_bytes(b.try_into().unwrap()) & libc::O_TRUNC == 0),
-            (Rerun::ByArgs, _) => false,
-        };
-        if rerun {
-            AfterCrash::Rerun
-        } else {
-            AfterCrash::Fail
-        }
     }
 }

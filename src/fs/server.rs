@@ -14,6 +14,11 @@
 //! goes to [`dispatch`], replies written straight into their buffers (a WRITE's
 //! data read in place); the rest to fuse-backend-rs's `Server`, through a writer of
 //! its own.
+//!
+//! [`FsServer`]'s methods, one block per concern: routing here; what a transport
+//! asks of a request (its admission, what to do with it after a crash) in
+//! `request.rs`; the guest's session saved in `snapshot.rs`, loaded in
+//! `session_load.rs`.
 
 use std::io::{self, Read};
 use std::mem::size_of;
