@@ -402,31 +402,26 @@ fn every_request_decoded_here_is_answered_as_fuse_backend_rs_answers_it() {
         f,
         read(20000, 4096, fh_f).as_slice(),
     );
-    p.same(
-        "read larger than its buffers",
-        Opcode::Read,
-        f,
-        read(0, 8192, fh_f).as_slice(),
-        None,
-        4096,
-    );
-    p.same(
-        "read of a bad handle",
-        Opcode::Read,
-        f,
-        read(0, 10, 4242).as_slice(),
-        None,
-        4096,
-    );
-    p.same("read short", Opcode::Read, f, &[1; 8], None, 4096);
-    p.same(
-        "read with no room for a header",
-        Opcode::Read,
-        f,
-        read(0, 1, fh_f).as_slice(),
-        None,
-        12,
-    );
+    for (what, body, room) in [
+        (
+            "read larger than its buffers",
+            read(0, 8192, fh_f).as_slice().to_vec(),
+            4096,
+        ),
+        (
+            "read of a bad handle",
+            read(0, 10, 4242).as_slice().to_vec(),
+            4096,
+        ),
+        ("read short", vec![1; 8], 4096),
+        (
+            "read with no room for a header",
+            read(0, 1, fh_f).as_slice().to_vec(),
+            12,
+        ),
+    ] {
+        p.same(what, Opcode::Read, f, &body, None, room);
+    }
     let flush = FlushIn {
         fh: fh_f,
         unused: 0,
@@ -534,23 +529,21 @@ fn every_request_decoded_here_is_answered_as_fuse_backend_rs_answers_it() {
         d,
         list(second, 4096, fh_d).as_slice(),
     );
-    p.same(
-        "readdir larger than its buffers",
-        Opcode::Readdir,
-        d,
-        list(0, 8192, fh_d).as_slice(),
-        None,
-        4096,
-    );
-    p.same(
-        "readdir of a bad handle",
-        Opcode::Readdir,
-        d,
-        list(0, 4096, 999).as_slice(),
-        None,
-        8192,
-    );
-    p.same("readdir short", Opcode::Readdir, d, &[0; 8], None, 8192);
+    for (what, body, room) in [
+        (
+            "readdir larger than its buffers",
+            list(0, 8192, fh_d).as_slice().to_vec(),
+            4096,
+        ),
+        (
+            "readdir of a bad handle",
+            list(0, 4096, 999).as_slice().to_vec(),
+            8192,
+        ),
+        ("readdir short", vec![0; 8], 8192),
+    ] {
+        p.same(what, Opcode::Readdir, d, &body, None, room);
+    }
     p.ok(
         "readdirplus",
         Opcode::Readdirplus,
