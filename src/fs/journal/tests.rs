@@ -1,3 +1,4 @@
+use super::records::Kind;
 use super::*;
 use crate::region::{Region, SlotClass};
 
