@@ -129,7 +129,7 @@ pub fn run(config: Config) -> Result<(), DaemonError> {
         Err(e) => {
             socket_paths
                 .iter()
-                .for_each(|p| sandbox::namespaces::remove_socket(p));
+                .for_each(|p| sandbox::socket_path::remove_socket(p));
             return Err(e);
         }
     };

@@ -20,11 +20,22 @@ use vhost::vhost_user::Listener;
 
 use super::channel;
 use super::crash::{Crashes, Ending};
-use super::process::Keep;
+use super::private_socket::Private;
 use super::relay::{Flow, Relay};
-use super::serving::Private;
 use super::upgrade::Command;
 use crate::region::Region;
+
+/// What the keeper needs besides the frontend's listener.
+pub struct Keep<'a> {
+    /// The control socket's listener: the keeper keeps it for a new serving process.
+    pub control: Option<RawFd>,
+    /// Fds the keeper closes at once: the child's alone.
+    pub close: &'a [RawFd],
+    /// Socket files removed if the serving process is killed before it could.
+    pub sockets: &'a [PathBuf],
+    /// `--keep-serving`: after a frontend leaves, wait for the next.
+    pub keep_serving: bool,
+}
 
 /// The keeper's state.
 pub(super) struct Keeper<'a> {
@@ -267,7 +278,7 @@ impl Keeper<'_> {
         Private::remove(&self.private);
         // The serving processes leave the vhost-user socket to the keeper.
         for s in self.keep.sockets {
-            crate::sandbox::namespaces::remove_socket(s);
+            crate::sandbox::socket_path::remove_socket(s);
         }
         log::logger().flush();
         std::process::exit(code)

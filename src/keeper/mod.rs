@@ -10,6 +10,7 @@
 //! - `process.rs`: where the keeper runs: the fork (the serving process's parent);
 //! - `event_loop.rs`: the keeper's loop: signals, the channel, the relay;
 //! - `serving.rs`: the serving processes it starts, adopts and reaps;
+//! - `private_socket.rs`: the socket each of them accepts the keeper on;
 //! - `takeover.rs`: a new serving process takes over: after a crash, for an
 //!   upgrade, from a session region the frontend handed back;
 //! - `upgrade.rs`: an upgrade's hand-over, the device state moved as in a
@@ -24,6 +25,7 @@ pub mod channel;
 pub mod crash;
 mod event_loop;
 pub mod handback;
+mod private_socket;
 pub mod process;
 pub mod relay;
 pub mod replay;

@@ -9,8 +9,7 @@
 //! The session region is made here, before the fork: the first serving process
 //! shares it through the fork, every later one inherits its fd (`serving.rs`).
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use log::warn;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
@@ -21,7 +20,7 @@ use vhost::vhost_user::Listener;
 use super::channel;
 use super::crash::Crashes;
 use super::event_loop::Keeper;
-use super::serving::Private;
+use super::private_socket::Private;
 use super::upgrade::Command;
 use super::Error;
 use crate::region::Region;
@@ -34,17 +33,7 @@ const FORWARDED: [Signal; 4] = [
     Signal::SIGQUIT,
 ];
 
-/// What the keeper needs besides the frontend's listener.
-pub struct Keep<'a> {
-    /// The control socket's listener: the keeper keeps it for a new serving process.
-    pub control: Option<RawFd>,
-    /// Fds the keeper closes at once: the child's alone.
-    pub close: &'a [RawFd],
-    /// Socket files removed if the serving process is killed before it could.
-    pub sockets: &'a [PathBuf],
-    /// `--keep-serving`: after a frontend leaves, wait for the next.
-    pub keep_serving: bool,
-}
+pub use super::event_loop::Keep;
 
 /// What the first serving process gets from the fork.
 pub struct Child {

@@ -1,13 +1,11 @@
 //! The serving processes the keeper starts. Each serves on a private listening
-//! socket, bound in a new 0700 directory (`mkdtemp`) under the daemon's temp
-//! directory: only the daemon's own user (or root) can reach it, who can already
-//! trace the daemon; the keeper removes it when it exits. A new one is forked and
+//! socket (`private_socket.rs`). A new one is forked and
 //! exec'd with the fds it inherits (`upgrade.rs`'s `start`), connected to, then
 //! adopted as the serving process, or given up on: ended and reaped.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 
 use log::warn;
 use nix::sys::signal::Signal;
@@ -17,36 +15,10 @@ use nix::unistd::Pid;
 use super::channel;
 use super::crash::Ending;
 use super::event_loop::Keeper;
+use super::private_socket::Private;
 use super::upgrade::{self, Command};
 use super::Error;
 use crate::region::Half;
-
-/// The private listening socket a serving process accepts the keeper on.
-pub(super) struct Private {
-    pub listener: UnixListener,
-    pub path: PathBuf,
-}
-
-impl Private {
-    pub fn bind() -> Result<Private, Error> {
-        let template = std::env::temp_dir().join("volfsd-keeper.XXXXXX");
-        let dir = nix::unistd::mkdtemp(&template)
-            .map_err(|e| Error::io("making the keeper's directory", e.into()))?;
-        let path = dir.join("serve.sock");
-        let listener = UnixListener::bind(&path).map_err(|e| {
-            let _ = std::fs::remove_dir(&dir);
-            Error::io("binding the keeper's socket", e)
-        })?;
-        Ok(Private { listener, path })
-    }
-
-    pub fn remove(path: &Path) {
-        let _ = std::fs::remove_file(path);
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
 
 impl Keeper<'_> {
     /// Starts a new serving process (of `command`, else the daemon's binary) with
@@ -204,7 +176,6 @@ fn ended(pid: Pid) -> Option<Ending> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
     use std::time::{Duration, Instant};
 
     use nix::errno::Errno;
@@ -225,28 +196,6 @@ mod tests {
     /// True once `pid` is no longer this process's child (reaped).
     fn reaped(pid: Pid) -> bool {
         waitpid(pid, Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD)
-    }
-
-    #[test]
-    fn the_private_socket_is_in_a_directory_of_its_own_that_remove_takes_away() {
-        let p = Private::bind().unwrap();
-        let dir = p.path.parent().unwrap().to_path_buf();
-        assert!(dir.starts_with(std::env::temp_dir()), "{}", dir.display());
-        assert_eq!(
-            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
-            0o700
-        );
-        // The keeper connects; the serving process accepts.
-        let _keeper = UnixStream::connect(&p.path).unwrap();
-        p.listener.accept().unwrap();
-        let other = Private::bind().unwrap();
-        assert_ne!(other.path, p.path);
-        Private::remove(&p.path);
-        assert!(!dir.exists());
-        assert!(other.path.exists(), "another one stays");
-        Private::remove(&other.path);
-        // Removing it twice is harmless.
-        Private::remove(&p.path);
     }
 
     #[test]

@@ -14,9 +14,9 @@ use vhost::vhost_user::message::FrontendReq;
 use vhost::vhost_user::Listener;
 
 use super::crash::Crashes;
+use super::event_loop::Keep;
 use super::event_loop::Keeper;
-use super::process::Keep;
-use super::serving::Private;
+use super::private_socket::Private;
 use super::setup::FrontendSetup;
 use super::upgrade::Command;
 use super::wire::Message;

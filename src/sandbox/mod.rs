@@ -25,6 +25,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod rlimits;
 pub mod seccomp;
+pub mod socket_path;
 pub mod supervisor;
 pub mod threads;
 

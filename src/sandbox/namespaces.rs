@@ -373,17 +373,6 @@ fn write_own_maps(maps: &IdMaps) -> Result<(), SandboxError> {
     Ok(())
 }
 
-/// Removes a socket left behind (by a dead child, or a set-up that failed after the
-/// bind); never any other kind of file.
-pub fn remove_socket(path: &Path) {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if m.file_type().is_socket() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::namespaces::remove_socket;
+use super::socket_path::remove_socket;
 use super::{caps, seccomp, SandboxError, SeccompMode, ThreadRole};
 
 /// Signals the supervisor passes on to the daemon.
