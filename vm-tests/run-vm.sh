@@ -191,6 +191,7 @@ unmount_under() { # unmount_under DIR
 }
 
 cleanup() {
+	l1_stop
 	stop_pid "$VMM_PID"
 	stop_pid "$HOOK_PID"
 	stop_pid "$SUITE_HOOK_PID"
