@@ -24,6 +24,16 @@ L1_BOOT_TIMEOUT=${L1_BOOT_TIMEOUT:-180} # seconds from QEMU's start to L1's stag
 L1_BOOT_ATTEMPTS=${L1_BOOT_ATTEMPTS:-3}
 L1_DIR="$REPO/build/l1"
 L1_QPID=""
+# L1's kernel command line: no transparent huge pages (a huge page collapsed or
+# split under a running L2 changes L1's mappings behind L2's nested page tables;
+# see vm-tests/README.md, the guest resets), no NUMA balancing (the same: it
+# unmaps pages to sample them).
+L1_CMDLINE=${L1_CMDLINE:-transparent_hugepage=never numa_balancing=disable}
+L1_ACCEL=${L1_ACCEL:-tcg,thread=multi}
+# One vCPU: with two, L2 guests triple-faulted and L1's kernel found its memory
+# corrupted (a vCPU thread's stack end overwritten) in about half of the runs
+# here, under a busy host; with one, none did (vm-tests/README.md).
+L1_SMP=${L1_SMP:-1}
 
 ch_version_name() { # the build.sh name of a version: v53.0 or main-ae44c29
 	case $1 in
@@ -305,15 +315,15 @@ ch_l1_run() {
 	for attempt in $(seq "$L1_BOOT_ATTEMPTS"); do
 		: >"$out/l1/console.log"
 		t0=$SECONDS
-		qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp "$smp" -m "${mem}M" \
+		qemu-system-x86_64 -machine q35 -accel "$L1_ACCEL" -cpu max -smp "$smp" -m "${mem}M" \
 			-kernel "$REPO/build/guest/vmlinuz" -initrd "$initrd" \
-			-append "console=ttyS0 panic=-1 quiet vmtest.l1out=$out vmtest.l1repo=$REPO" \
+			-append "console=ttyS0 panic=-1 quiet $L1_CMDLINE vmtest.l1out=$out vmtest.l1repo=$REPO" \
 			-virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap" \
 			-virtfs "local,path=$out,mount_tag=out,security_model=passthrough,multidevs=remap" \
 			-nodefaults -display none -monitor none -serial "file:$out/l1/console.log" \
 			-nic none -no-reboot >"$out/l1/qemu.log" 2>&1 &
 		L1_QPID=$!
-		say "L1 (attempt $attempt/$L1_BOOT_ATTEMPTS): QEMU TCG -cpu max, $smp cpu(s), ${mem} MiB, pid $L1_QPID; console $out/l1/console.log"
+		say "L1 (attempt $attempt/$L1_BOOT_ATTEMPTS): QEMU -accel $L1_ACCEL -cpu max, $smp cpu(s), ${mem} MiB, pid $L1_QPID; console $out/l1/console.log"
 		until grep -aq -e '^VMTEST-L1 STAGE2' -e '^VMTEST-L1 FATAL' "$out/l1/console.log" 2>/dev/null; do
 			if ! kill -0 "$L1_QPID" 2>/dev/null; then
 				wait "$L1_QPID" 2>/dev/null || true

@@ -68,13 +68,11 @@ SUITES=(
 	# min; benches/workloads.sh runs it at full size against virtiofsd)
 	"workloads-qemu      --vmm qemu --suite workloads"
 	# cloud-hypervisor (issue 34): real guests, nested in an L1 QEMU TCG guest where
-	# the host has no hardware KVM (vm-tests/ch-lib.sh); each line is one L1 boot
-	# running its scenarios in turn (run-ch.sh --list). basic and fioverify,
-	# shares and control with 1 and 2 request queues:
-	"ch-suites           run:run-ch.sh --group suites"
-	# snapshot and restore, two clones at once, live migration local and over
-	# TCP there and back, reconnect to a daemon restarted whole, crash, upgrade:
-	"ch-moves            run:run-ch.sh --group moves,keeper"
+	# the host has no hardware KVM (vm-tests/ch-lib.sh); one L1 boot runs the
+	# scenarios in turn (run-ch.sh --list): snapshot and restore with two clones,
+	# live migration (TCP, local=on there and back), reconnect to a daemon
+	# restarted whole, basic and fio verify on 2 request queues. The rest is weekly.
+	"cloud-hypervisor    run:run-ch.sh --group ci"
 	# Add more suites here, one line each.
 )
 
@@ -89,6 +87,10 @@ WEEKLY_SUITES=(
 	# the basic suite on s3fs over a local S3 endpoint: about 12 minutes under TCG,
 	# most of it 10,000 files listed through the S3 API
 	"basic-s3fs          run:run-backend.sh s3fs --timeout 2400"
+	# cloud-hypervisor, nested (one L1 boot): basic and fio verify with 1 request
+	# queue, shares and control with 1 and 2, crash, upgrade (about 25-40 minutes
+	# nested; the lines of every run are the "cloud-hypervisor" one above)
+	"cloud-hypervisor-weekly run:run-ch.sh --group weekly"
 )
 
 while [[ $# -gt 0 ]]; do

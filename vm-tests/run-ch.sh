@@ -5,8 +5,9 @@
 # run-ch-migration.sh, run one after the other with its own logs.
 #
 # Usage: vm-tests/run-ch.sh [options]
-#   --group G[,G]      the scenarios of these groups (default: ci; "all": every one but
-#                      virtiofsd, the comparison's, for --daemon virtiofsd)
+#   --group G[,G]      the scenarios of these groups (default: ci; weekly: the
+#                      rest; suites, moves, keeper; "all": every one but virtiofsd,
+#                      the comparison's, for --daemon virtiofsd)
 #   --only L[,L]       only these scenarios (labels below)
 #   --daemon PATH      daemon under test (default target/release/volfsd)
 #   --log-dir DIR      logs: DIR/LABEL/ for each scenario (default build/vm-logs/ch)
@@ -34,17 +35,20 @@ REPO=$(cd "$HERE/.." && pwd)
 
 SIZES="NFILES=1000 BIG_MIB=32 PAR_MIB=16 FIOVERIFY_SIZE=16M"
 SCENARIOS=(
-	"basic-1q     ci,suites  $SIZES run-vm.sh --suite basic --also fioverify --queues 1 --smp 1"
-	"basic-2q     ci,suites  $SIZES run-vm.sh --suite basic --also fioverify --queues 2 --smp 2"
-	"shares-1q    ci,suites  run-vm.sh --suite shares --queues 1 --smp 1"
-	"shares-2q    ci,suites  run-vm.sh --suite shares --queues 2 --smp 2"
-	"control-1q   ci,suites  run-vm.sh --suite control --queues 1 --smp 1"
-	"control-2q   ci,suites  run-vm.sh --suite control --queues 2 --smp 2"
-	"snapshot     ci,moves   run-ch-migration.sh --mode snapshot"
-	"live         ci,moves   run-ch-migration.sh --mode live"
-	"reconnect    ci,keeper  run-ch-migration.sh --mode reconnect"
-	"crash        ci,keeper  run-vm.sh --suite crash"
-	"upgrade      ci,keeper  run-vm.sh --suite upgrade"
+	# In every CI run (group ci): the moves, and the basic suite with fio verify
+	# on 2 request queues.
+	"snapshot     ci,moves        run-ch-migration.sh --mode snapshot"
+	"live         ci,moves        run-ch-migration.sh --mode live"
+	"reconnect    ci,keeper       run-ch-migration.sh --mode reconnect"
+	"basic-2q     ci,suites       $SIZES run-vm.sh --suite basic --also fioverify --queues 2 --smp 2"
+	# Weekly (run-all.sh --weekly): the rest, too slow for every CI run nested.
+	"basic-1q     weekly,suites   $SIZES run-vm.sh --suite basic --also fioverify --queues 1 --smp 1"
+	"shares-1q    weekly,suites   run-vm.sh --suite shares --queues 1 --smp 1"
+	"shares-2q    weekly,suites   run-vm.sh --suite shares --queues 2 --smp 2"
+	"control-1q   weekly,suites   run-vm.sh --suite control --queues 1 --smp 1"
+	"control-2q   weekly,suites   run-vm.sh --suite control --queues 2 --smp 2"
+	"crash        weekly,keeper   run-vm.sh --suite crash"
+	"upgrade      weekly,keeper   run-vm.sh --suite upgrade"
 	# virtiofsd 1.14 (run-ch-compare.sh runs these with --daemon virtiofsd): the
 	# scenarios above that use nothing virtiofsd lacks (no --allowed-dir, no
 	# control socket, no --upgradable); its locks stay in the guest's kernel. Its
@@ -125,7 +129,7 @@ if [[ $CH_MODE == nested ]]; then
 	t0=$SECONDS
 	say "${#RUN[@]} scenario(s) in one L1 guest: $(for e in "${RUN[@]}"; do read -r l _ <<<"$e"; printf '%s ' "$l"; done)"
 	# Up to three 512 MiB guests at once (the clones), a snapshot and copies.
-	ch_nested_exec "$LOG_DIR" 4096 2 $((2400 * ${#RUN[@]})) "$0" "${ORIG_ARGS[@]}" \
+	ch_nested_exec "$LOG_DIR" 4096 "$L1_SMP" $((2400 * ${#RUN[@]})) "$0" "${ORIG_ARGS[@]}" \
 		--daemon "$(l1_visible "$DAEMON" "$LOG_DIR")" --log-dir "$LOG_DIR"
 	say "all scenarios took $((SECONDS - t0)) s (nested, L1 boot included)"
 	echo "$PASSED passed, $FAILED failed"
@@ -151,7 +155,7 @@ for entry in "${RUN[@]}"; do
 	log=$(mktemp)
 	rc=0
 	# shellcheck disable=SC2086 # args is a word list by design
-	env "${envs[@]}" "$HERE/$script" $args "${extra[@]}" 2>&1 | tee "$log" || rc=$?
+	env "${envs[@]}" "$HERE/$script" $args "${extra[@]}" 2>&1 | tee "$log"
 	rc=${PIPESTATUS[0]}
 	counts=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
 	rm -f "$log"

@@ -273,7 +273,8 @@ start_daemon() { # start_daemon SOCKET LOG
 		$DAEMON_ARGS "${SUITE_DAEMON_ARGS[@]}" >"$log" 2>&1 &
 	DAEMON_PID=$!
 	export VMTEST_DAEMON_PID=$DAEMON_PID VMTEST_DAEMON_LAUNCHED_PID=$DAEMON_PID
-	for i in $(seq 100); do
+	# (300: a nested run in L1 under TCG may take seconds to start it)
+	for i in $(seq 300); do
 		if [[ -S $sock ]]; then
 			# Hooks look at the serving process: in volfsd's namespace sandbox
 			# the launched process is a supervisor and its one child serves.
@@ -620,7 +621,7 @@ run_nested() {
 	l2=$(mem_mib "$MEM")
 	l1mem=$((l2 + 1536))
 	((l1mem >= 2560)) || l1mem=2560
-	smp=$((SMP > 2 ? SMP : 2))
+	smp=$L1_SMP
 	[[ -z $SHARE ]] || die "--shared-dir: in L1 the host's files are read-only; the share is made in L1"
 	daemon=$(l1_visible "$DAEMON" "$LOG_DIR")
 	ch_nested_exec "$LOG_DIR" "$l1mem" "$smp" $((TIMEOUT + 600)) \
