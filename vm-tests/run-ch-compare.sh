@@ -12,7 +12,11 @@
 #              run-crash-compare.sh does). Its outcome is recorded, not judged.
 #
 # Usage: vm-tests/run-ch-compare.sh [--out DIR] [--virtiofsd PATH] [--no-build]
+#                                   [--volfsd-from LOG_DIR]
 #        vm-tests/run-ch-compare.sh --summary-only --out DIR   (summary.md again)
+#   --volfsd-from LOG_DIR   take the volfsd side from an earlier nested
+#                           `run-ch.sh --group ci --log-dir LOG_DIR` (its output is
+#                           LOG_DIR/l1/run.log) instead of running it again
 # Writes OUT/{volfsd,virtiofsd}/ (run.txt: run-ch.sh's output; logs/), OUT/cmd.txt,
 # OUT/env.txt and OUT/summary.md (the tables for the docs). Default OUT:
 # docs/bench-data/DATE-COMMIT-ch-compare. Exit status: 0 if the volfsd side passed
@@ -20,7 +24,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-OUT="" BUILD=1 RUN=1 ARGS="$*"
+OUT="" BUILD=1 RUN=1 ARGS="$*" VOLFSD_FROM=""
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 die() { echo "run-ch-compare: error: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -29,6 +33,7 @@ while [[ $# -gt 0 ]]; do
 	--virtiofsd) VIRTIOFSD=${2:?}; shift ;;
 	--no-build) BUILD=0 ;;
 	--summary-only) RUN=0 ;;
+	--volfsd-from) VOLFSD_FROM=${2:?}; shift ;;
 	-h | --help) sed -n '2,/^set -uo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
@@ -66,9 +71,20 @@ if ((RUN)); then
 		echo $? >"$OUT/$name/rc"
 		tail -n 1 "$OUT/$name/run.txt" >&2
 	}
-	side volfsd --group ci
+	if [[ -n $VOLFSD_FROM ]]; then
+		[[ -s $VOLFSD_FROM/l1/run.log ]] || die "--volfsd-from: no $VOLFSD_FROM/l1/run.log (a nested run-ch.sh run)"
+		rm -rf "${OUT:?}/volfsd"
+		mkdir -p "$OUT/volfsd"
+		cp -a "$VOLFSD_FROM" "$OUT/volfsd/logs"
+		cp "$VOLFSD_FROM/l1/run.log" "$OUT/volfsd/run.txt"
+		cp "$VOLFSD_FROM/l1/rc" "$OUT/volfsd/rc" 2>/dev/null || echo 1 >"$OUT/volfsd/rc"
+		echo "run-ch-compare: volfsd: taken from $VOLFSD_FROM" >&2
+	else
+		side volfsd --group ci
+	fi
 	side virtiofsd --group virtiofsd --daemon "$VIRTIOFSD"
 	grep -m 1 'cloud-hypervisor v' "$OUT/volfsd/run.txt" | sed 's/^.*(\(cloud-hypervisor v[^;]*\);.*/cloud-hypervisor: \1/' >>"$OUT/env.txt"
+	[[ -z $VOLFSD_FROM ]] || echo "volfsd side: taken from a run of the same commit's run-ch.sh --group ci ($VOLFSD_FROM)" >>"$OUT/env.txt"
 	# The bulky parts of the logs stay out of the repository.
 	find "$OUT" \( -name 'console*.log' -o -name 'dmesg.log' -o -name 'fsops-host' -o -path '*/l1/bin/*' \) -delete 2>/dev/null
 fi
