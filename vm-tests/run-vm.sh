@@ -122,7 +122,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,/^set -euo pipefail/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
+	sed -n '2,/^set -/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
