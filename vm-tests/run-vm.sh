@@ -9,6 +9,8 @@
 #   --suite NAME           guest suite: runs /suites/NAME.sh (default basic);
 #                          vm-tests/suites/NAME.host.sh, if present, runs on the
 #                          host after the VM exits, given the shared dir
+#   --also NAME[,NAME]     guest-only suites (no setup, hook or host script)
+#                          run after --suite in the same boot, e.g. fioverify
 #   --shared-dir DIR       directory to share (default: a fresh temp dir)
 #   --queues N             virtio-fs request queues (default 1)
 #   --smp N                guest CPUs (default: --queues)
@@ -28,7 +30,11 @@
 #                          every boot count; VMTEST DONE must come after the
 #                          last INIT). A boot after a reboot that never reaches
 #                          /init, or more than MAX_BOOTS (5) boots, is a failure
-#   --require              cloud-hypervisor mode: fail if it cannot run the guest
+#   --require              cloud-hypervisor: fail (instead of skipping, said as
+#                          such) when it cannot run the guest: no binary, or
+#                          no way to KVM (CI passes it)
+#   --ch-version V         cloud-hypervisor to build when none is given: v53.0
+#                          (default) or main (CH_VERSION; see ch-lib.sh)
 #   --keep                 keep the temp dir (socket, default shared dir)
 #
 # Per-suite host scripts (all optional, next to suites/NAME.sh):
@@ -51,6 +57,15 @@
 # recorded when the guest reaches /init; host scripts map guest ids through it).
 # Mounts left under the temp dir are lazily unmounted before it is removed.
 #
+# cloud-hypervisor (ch-lib.sh): the binary is CH_BIN, else cloud-hypervisor on
+# PATH, else built by ../shared/cloud-hypervisor/build.sh next to the repository.
+# With hardware KVM it runs here; without, this script boots an L1 guest under
+# QEMU TCG (-cpu max: nested SVM, kvm-amd) whose root is this machine's root
+# read-only, and runs itself in L1 with the same options: the daemon, the hooks
+# and cloud-hypervisor run in L1, and the test guest (L2) boots from the same
+# bzImage and initramfs. The log says which. L1's console and the inner run's
+# output are in LOG_DIR/l1/.
+#
 # The guest prints "VMTEST PASS name", "VMTEST FAIL name: why", "VMTEST INFO ..."
 # and finally "VMTEST DONE" on its serial console. This script prints each
 # result, adds its own checks (the daemon must exit 0 once the VM is gone),
@@ -64,11 +79,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=runner-lib.sh
 . "$HERE/runner-lib.sh"
+# shellcheck source=ch-lib.sh
+. "$HERE/ch-lib.sh"
 
 VMM=qemu
 DAEMON="$REPO/target/release/volfsd"
 DAEMON_ARGS=""
 SUITE=basic
+ALSO=""
 SHARE=""
 QUEUES=1
 SMP=""
@@ -106,7 +124,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,/^set -/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
 	exit "${1:-0}"
 }
 
@@ -117,6 +135,7 @@ parse_args() {
 		--daemon) DAEMON=${2:?}; shift ;;
 		--daemon-args) DAEMON_ARGS=${2?}; shift ;;
 		--suite) SUITE=${2:?}; shift ;;
+		--also) ALSO=${2:?}; shift ;;
 		--shared-dir) SHARE=${2:?}; shift ;;
 		--queues) QUEUES=${2:?}; shift ;;
 		--smp) SMP=${2:?}; shift ;;
@@ -127,6 +146,7 @@ parse_args() {
 		--log-dir) LOG_DIR=${2:?}; shift ;;
 		--boot-attempts) BOOT_ATTEMPTS=${2:?}; shift ;;
 		--require) REQUIRE=1 ;;
+		--ch-version) CH_VERSION=${2:?}; shift ;;
 		--keep) KEEP=1 ;;
 		--allow-reboot) ALLOW_REBOOT=1 ;;
 		--prebuilt-guest) PREBUILT_GUEST=1 ;;
@@ -144,11 +164,17 @@ parse_args() {
 	[[ -x $DAEMON ]] || die "daemon '$DAEMON' is not an executable (build volfsd with 'cargo build --release' or pass --daemon)"
 	DAEMON=$(readlink -f "$DAEMON")
 	[[ -f $HERE/suites/$SUITE.sh ]] || die "no guest suite vm-tests/suites/$SUITE.sh"
+	local a
+	for a in ${ALSO//,/ }; do
+		[[ -f $HERE/suites/$a.sh ]] || die "--also: no guest suite vm-tests/suites/$a.sh"
+		[[ ! -e $HERE/suites/$a.setup.sh && ! -e $HERE/suites/$a.hook.sh && ! -e $HERE/suites/$a.host.sh ]] ||
+			die "--also $a: that suite has host scripts; run it with --suite"
+	done
 	if [[ $HOOK != none ]]; then
 		[[ -x $HOOK ]] || die "host hook '$HOOK' is not executable"
 		HOOK=$(readlink -f "$HOOK")
 	fi
-	LOG_DIR=${LOG_DIR:-$REPO/build/vm-logs/$SUITE}
+	LOG_DIR=$(realpath -m "${LOG_DIR:-$REPO/build/vm-logs/$SUITE}")
 }
 
 # ---------------------------------------------------------------- cleanup
@@ -167,6 +193,7 @@ unmount_under() { # unmount_under DIR
 }
 
 cleanup() {
+	l1_stop
 	stop_pid "$VMM_PID"
 	stop_pid "$HOOK_PID"
 	stop_pid "$SUITE_HOOK_PID"
@@ -248,7 +275,8 @@ start_daemon() { # start_daemon SOCKET LOG
 		$DAEMON_ARGS "${SUITE_DAEMON_ARGS[@]}" >"$log" 2>&1 &
 	DAEMON_PID=$!
 	export VMTEST_DAEMON_PID=$DAEMON_PID VMTEST_DAEMON_LAUNCHED_PID=$DAEMON_PID
-	for i in $(seq 100); do
+	# (300: a nested run in L1 under TCG may take seconds to start it)
+	for i in $(seq 300); do
 		if [[ -S $sock ]]; then
 			# Hooks look at the serving process: in volfsd's namespace sandbox
 			# the launched process is a supervisor and its one child serves.
@@ -355,6 +383,12 @@ cmdline() {
 	[[ -z ${VMTEST_BACKEND:-} ]] || extra+=" vmtest.backend=$VMTEST_BACKEND"
 	# NFILES: the basic suite's many-files count (basic.sh and basic.host.sh).
 	[[ -z ${NFILES:-} ]] || extra+=" vmtest.nfiles=$NFILES"
+	# Guest-side sizes of the suites (basic.sh, fioverify.sh), from the environment.
+	local v
+	for v in BIG_MIB PAR_MIB FIOVERIFY_SIZE FIOVERIFY_BS; do
+		[[ -z ${!v:-} ]] || extra+=" vmtest.env.$v=${!v}"
+	done
+	[[ -z $ALSO ]] || extra+=" vmtest.also=$ALSO"
 	echo "console=ttyS0 panic=-1 quiet vmtest.suite=$SUITE$extra"
 }
 
@@ -383,15 +417,29 @@ start_qemu() { # start_qemu SOCKET SERIAL_LOG VMM_LOG
 	say "booting: qemu accel=$accel, $SMP cpu(s), ${mem}M, $QUEUES request queue(s)$([[ $ALLOW_REBOOT == 0 ]] || echo ', guest may reboot')"
 }
 
-start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG [QUEUES]
-	local sock=$1 serial=$2 log=$3 queues=${4:-$QUEUES}
-	cloud-hypervisor -v \
-		--kernel "$REPO/build/guest/vmlinux" --initramfs "$INITRD" --cmdline "$(cmdline)" \
+start_cloud_hypervisor() { # start_cloud_hypervisor SOCKET SERIAL_LOG VMM_LOG
+	local sock=$1 serial=$2 log=$3
+	# The same bzImage as QEMU's; an API socket for hooks that drive it
+	# (ch-remote). The serial console is cloud-hypervisor's standard output,
+	# appended to the serial log: a file given to --serial would be truncated by
+	# a guest reset, losing what the guest printed before it.
+	echo "cloud-hypervisor: $CH_VERSION_TEXT ($CH_BIN); smp=$SMP mem=$MEM queues=$QUEUES" >"$log"
+	"$CH_BIN" -v --log-file "$log" \
+		--kernel "$KERNEL" --initramfs "$INITRD" --cmdline "$(cmdline)" \
 		--cpus "boot=$SMP" --memory "size=$MEM,shared=on" \
-		--fs "tag=share,socket=$sock,num_queues=$queues,queue_size=1024" \
-		--serial "file=$serial" --console off >"$log" 2>&1 &
+		--fs "tag=share,socket=$sock,num_queues=$QUEUES,queue_size=1024" \
+		--api-socket "path=$WORK/ch-api.sock" \
+		--serial tty --console off </dev/null >>"$serial" 2>>"$log" &
 	VMM_PID=$!
-	say "starting cloud-hypervisor: $SMP cpu(s), $MEM, $queues request queue(s)"
+	echo "$VMM_PID" >"$WORK/vmm.pid"
+	say "booting: cloud-hypervisor ($CH_VERSION_TEXT), $SMP cpu(s), $MEM, $QUEUES request queue(s)"
+}
+
+# cloud-hypervisor resets the VM when the guest triple-faults or reboots (it has
+# no -no-reboot): that ends the run, named from its log.
+ch_guest_reset() { # ch_guest_reset VMM_LOG: prints why, or fails
+	[[ $VMM == cloud-hypervisor ]] || return 1
+	grep -aE 'triple-fault|VM reset event' "$1" 2>/dev/null | head -n 2 | sed 's/^.*-- //' | tr '\n' ' ' | grep .
 }
 
 # Lines of the serial log matching an extended regex (boot and reboot markers).
@@ -451,6 +499,12 @@ watch_vm() { # watch_vm SERIAL_LOG
 			print_progress "$serial"
 			return 2
 		fi
+		if RESET_WHY=$(ch_guest_reset "$VMM_LOG_FILE"); then
+			stop_pid "$VMM_PID"
+			print_progress "$serial"
+			[[ $booted == 1 ]] || return 1
+			return 6
+		fi
 		# A daemon that dies under a running guest leaves it hanging on
 		# FUSE requests forever: stop early instead of waiting for TIMEOUT.
 		# VMTEST_DAEMON_MAY_EXIT=1 (run-crash-compare.sh's virtiofsd side): the
@@ -489,6 +543,7 @@ run_guest() {
 		start_daemon "$sock" "$daemon_log"
 		export VMTEST_SERIAL=$serial
 		start_hook "$LOG_DIR/hook.log" "$serial"
+		VMM_LOG_FILE=$vmm_log
 		"$start_vmm" "$sock" "$serial" "$vmm_log"
 		rc=0
 		watch_vm "$serial" || rc=$?
@@ -520,6 +575,8 @@ run_guest() {
 			fail reboot-boot "boot $((GUEST_BOOTS + 1)) (after a guest reboot) never reached /init within ${BOOT_TIMEOUT}s"
 		elif [[ $rc == 5 ]]; then
 			fail reboot-loop "the guest booted $GUEST_BOOTS times (more than $MAX_BOOTS): stopped"
+		elif [[ $rc == 6 ]]; then
+			fail guest-reset "cloud-hypervisor reset the VM while the suite ran: $RESET_WHY"
 		else
 			say "guest finished in ${GUEST_SECONDS}s (from /init to power-off)"
 		fi
@@ -558,62 +615,19 @@ run_host_checks() {
 	done < <(bash "$checks" "$SHARE" 2>&1 || echo "VMTEST FAIL host-checks: $SUITE.host.sh exited with status $?")
 }
 
-# cloud-hypervisor without hardware KVM cannot boot the guest; still check
-# that it creates the vhost-user-fs device and negotiates with the daemon.
-# cloud-hypervisor connects to the backend while creating devices: it takes the
-# features and protocol features and asks GET_QUEUE_NUM (refusing a backend that
-# offers fewer than 1 + num_queues). The memory table and vrings are only set up
-# once a guest driver activates the device, which needs a booted guest.
-# (On a software /dev/kvm it may even start the vCPUs; the guest kernel then dies
-# early, so the runner stops the VMM after a while.)
-ch_negotiation_only() {
-	local q serial log dlog sock="$WORK/vhost-fs.sock" errors smp_saved=$SMP
-	say "no hardware KVM: cloud-hypervisor cannot boot the guest here; checking vhost-user negotiation only"
-	for q in 1 2; do
-		serial="$LOG_DIR/ch-q$q.serial.log" log="$LOG_DIR/ch-q$q.log" dlog="$LOG_DIR/ch-q$q.daemon.log"
-		# cloud-hypervisor refuses more fs queues than vCPUs.
-		SMP=$((smp_saved > q ? smp_saved : q))
-		start_daemon "$sock" "$dlog"
-		start_cloud_hypervisor "$sock" "$serial" "$log" "$q"
-		local waited=0
-		for _ in $(seq 30); do kill -0 "$VMM_PID" 2>/dev/null || break; sleep 1; waited=$((waited + 1)); done
-		local vmm_state="exited by itself after ${waited}s"
-		kill -0 "$VMM_PID" 2>/dev/null && vmm_state="stopped by the runner after ${waited}s"
-		stop_pid "$VMM_PID"
-		VMM_PID=""
-		errors=$(grep -iE 'error|fail|panick' "$log" || true)
-		if grep -qiE 'vhost|virtio.?fs|fs device|VirtioFs|SetFeatures|SetProtocolFeatures|TooManyQueues' <<<"$errors"; then
-			# The device layer complained: negotiation (or device creation) failed.
-			fail "ch-negotiation-q$q" "$(head -n 2 <<<"$errors" | tr '\n' ' ')"
-			stop_pid "$DAEMON_PID"
-			DAEMON_PID=""
-			continue
-		fi
-		# The daemon exits only once a frontend that had connected goes away,
-		# so a daemon still running means cloud-hypervisor never connected.
-		sleep 2
-		if kill -0 "$DAEMON_PID" 2>/dev/null; then
-			if grep -qiE 'kvm' <<<"$errors"; then
-				# No usable /dev/kvm at all: it stopped before creating devices.
-				say "q$q: cloud-hypervisor stopped on KVM before connecting: $(grep -iE 'kvm' <<<"$errors" | head -n 1)"
-				say "q$q: negotiation NOT checked"
-			else
-				fail "ch-negotiation-q$q" "cloud-hypervisor ($vmm_state) never connected to the daemon: $(head -n 1 <<<"$errors")"
-			fi
-			stop_pid "$DAEMON_PID"
-			DAEMON_PID=""
-		elif grep -qiE 'error' "$dlog"; then
-			fail "ch-negotiation-q$q" "the daemon logged an error: $(grep -iE 'error' "$dlog" | head -n 1)"
-			check_daemon_exit
-		else
-			pass "ch-negotiation-q$q"
-			say "q$q: device created; features, protocol features and $q request queue(s) negotiated; VMM $vmm_state"
-			check_daemon_exit
-		fi
-	done
-	SMP=$smp_saved
-	say "the guest could NOT be booted under cloud-hypervisor (no hardware KVM): guest suite not run"
-	[[ $REQUIRE == 0 ]] || fail cloud-hypervisor-boot "--require given but the guest cannot boot without hardware KVM"
+# No hardware KVM: the same run inside an L1 guest (ch-lib.sh), this script
+# run again there with the same options. Its output is streamed here; the last
+# line is its count, plus a failure of L1 itself if it did not run it.
+run_nested() {
+	local l2 l1mem smp daemon
+	l2=$(mem_mib "$MEM")
+	l1mem=$((l2 + 1536))
+	((l1mem >= 2560)) || l1mem=2560
+	smp=$L1_SMP
+	[[ -z $SHARE ]] || die "--shared-dir: in L1 the host's files are read-only; the share is made in L1"
+	daemon=$(l1_visible "$DAEMON" "$LOG_DIR")
+	ch_nested_exec "$LOG_DIR" "$l1mem" "$smp" $((TIMEOUT + 600)) \
+		"$HERE/run-vm.sh" "${ORIG_ARGS[@]}" --daemon "$daemon" --log-dir "$LOG_DIR" --prebuilt-guest
 }
 
 finish() {
@@ -622,14 +636,12 @@ finish() {
 }
 
 main() {
+	ORIG_ARGS=("$@")
 	parse_args "$@"
 	trap cleanup EXIT
 	trap 'exit 130' INT TERM
-	if [[ $VMM == cloud-hypervisor ]] && ! command -v cloud-hypervisor >/dev/null; then
-		say "cloud-hypervisor not available: guest suite not run"
-		[[ $REQUIRE == 0 ]] || exit 1
-		exit 0
-	fi
+	CH_MODE=""
+	[[ $VMM != cloud-hypervisor ]] || ch_setup "$REQUIRE"
 	ensure_packages qemu-system-x86
 	if [[ $PREBUILT_GUEST == 0 ]]; then
 		"$HERE/build-guest.sh" --quiet >/dev/null
@@ -638,6 +650,13 @@ main() {
 	fi
 	mkdir -p "$LOG_DIR" 2>/dev/null && [[ -w $LOG_DIR ]] ||
 		die "cannot write the log dir $LOG_DIR (as $(id -un); pass --log-dir)"
+	if [[ $CH_MODE == nested ]]; then
+		local t0=$SECONDS
+		run_nested
+		say "suite $SUITE took $((SECONDS - t0))s in total (nested, L1 boot included)"
+		finish
+		return
+	fi
 	rm -f "$LOG_DIR"/*.log "$LOG_DIR/daemon-ids.txt"
 	export VMTEST_DAEMON_IDS="$LOG_DIR/daemon-ids.txt"
 	WORK=$(mktemp -d /tmp/volfs-vmtest.XXXXXX)
@@ -660,12 +679,8 @@ main() {
 	local t0=$SECONDS
 	if [[ $VMM == qemu ]]; then
 		run_guest start_qemu
-	elif [[ -r /dev/kvm ]] && cpu_has_hw_virt; then
-		run_guest start_cloud_hypervisor
 	else
-		ch_negotiation_only
-		finish
-		return
+		run_guest start_cloud_hypervisor
 	fi
 	run_host_checks
 	say "suite $SUITE took $((SECONDS - t0))s in total"

@@ -390,6 +390,40 @@ fn sigterm_exits_cleanly() {
     }
 }
 
+/// cloud-hypervisor's restore and migrations name one socket path for the source's
+/// back-end and the destination's: a second daemon started on the path replaces
+/// the first one's socket file while the first still serves. The first one, when
+/// it exits, must leave the second one's file alone (it used to remove whatever
+/// socket was at the path, and the destination VMM then found none).
+#[test]
+fn a_socket_file_bound_again_by_another_daemon_is_left_alone_at_exit() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::os::unix::fs::MetadataExt;
+
+    if fixtures::is_virtiofsd() {
+        return;
+    }
+    let mut d = Daemon::start("socket-replaced", &[]);
+    let client = d.client();
+    let path = d.dir.socket();
+    std::fs::remove_file(&path).unwrap();
+    let other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    kill(Pid::from_raw(d.pid()), Signal::SIGTERM).unwrap();
+    let status = d
+        .wait_exit(Duration::from_secs(10))
+        .expect("exited after SIGTERM");
+    drop(client);
+    assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
+    assert_eq!(
+        std::fs::metadata(&path).map(|m| m.ino()).ok(),
+        Some(ino),
+        "the other daemon's socket file is still there"
+    );
+    drop(other);
+}
+
 /// GETLK asks "would my lock conflict?": a process's own lock never does. (The lock
 /// lives on the owner's own lock file, not on the handle, so the test must be made
 /// there.) Another owner's GETLK reports it.

@@ -463,12 +463,18 @@ fn warn_unless_shared(shared_dir: &Path) {
 
 /// A socket file the daemon created, removable after the root changed: by its
 /// directory's fd and its name, and only while it is still a socket.
+/// A socket file this daemon bound, to remove when it exits: only while it is still
+/// that very file (device and inode as bound). Another daemon may have bound the
+/// same path since (cloud-hypervisor's restore and migrations name one socket path
+/// for the source's back-end and the destination's): its file is left alone.
 struct SocketFile {
     dir: std::fs::File,
     name: std::ffi::CString,
+    bound: Option<(libc::dev_t, libc::ino_t)>,
 }
 
 impl SocketFile {
+    /// Called right after the bind: the file found now is ours.
     fn open(path: &Path) -> Result<SocketFile, DaemonError> {
         use std::os::unix::ffi::OsStrExt;
         let dir = match path.parent() {
@@ -487,21 +493,39 @@ impl SocketFile {
             source: e.into(),
         })?;
         let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| bad("NUL in name"))?;
-        Ok(SocketFile { dir, name })
+        let mut file = SocketFile {
+            dir,
+            name,
+            bound: None,
+        };
+        file.bound = file.socket_now();
+        Ok(file)
     }
 
-    fn remove(&self) {
+    /// The device and inode of the socket at the path now, if a socket is there.
+    fn socket_now(&self) -> Option<(libc::dev_t, libc::ino_t)> {
         let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-        // SAFETY: fstatat/unlinkat on a directory fd we own and a C string.
+        // SAFETY: fstatat on a directory fd we own and a C string; `st` is read only
+        // when it succeeded.
         unsafe {
             if libc::fstatat(
                 self.dir.as_raw_fd(),
                 self.name.as_ptr(),
                 st.as_mut_ptr(),
                 libc::AT_SYMLINK_NOFOLLOW,
-            ) == 0
-                && st.assume_init().st_mode & libc::S_IFMT == libc::S_IFSOCK
+            ) != 0
             {
+                return None;
+            }
+            let st = st.assume_init();
+            (st.st_mode & libc::S_IFMT == libc::S_IFSOCK).then_some((st.st_dev, st.st_ino))
+        }
+    }
+
+    fn remove(&self) {
+        if self.bound.is_some() && self.socket_now() == self.bound {
+            // SAFETY: unlinkat on a directory fd we own and a C string.
+            unsafe {
                 libc::unlinkat(self.dir.as_raw_fd(), self.name.as_ptr(), 0);
             }
         }

@@ -59,6 +59,9 @@ pub struct Relay {
     region: Option<OwnedFd>,
     /// A `SET_INFLIGHT_FD` with a region not the keeper's, and that region.
     handed_back: Option<(Message, OwnedFd)>,
+    /// A session taken back from a handed-back region: each ring the frontend
+    /// enables from then on gets a spurious kick ([`Relay::nudge_when_enabled`]).
+    nudge_on_enable: bool,
 }
 
 impl Relay {
@@ -71,7 +74,20 @@ impl Relay {
             unanswered: None,
             region: None,
             handed_back: None,
+            nudge_on_enable: false,
         }
+    }
+
+    /// The session was taken back from a region an earlier daemon left (the whole
+    /// daemon died; cloud-hypervisor's reconnect): the frontend sets the rings up
+    /// anew, and each one it enables then gets a spurious kick, as after an
+    /// upgrade or a crash ([`replay::nudge`]). The guest kicked the dead daemon for
+    /// the requests in its rings, and the dead daemon may have read the kick without
+    /// popping them; with EVENT_IDX the driver does not kick again for requests
+    /// already in the ring, so without it the ring stalls. Costs the backend one
+    /// drain of an empty ring per later enable (a pause and resume).
+    pub fn nudge_when_enabled(&mut self) {
+        self.nudge_on_enable = true;
     }
 
     /// The keeper's session region (a copy of its fd), given to a frontend on
@@ -203,7 +219,15 @@ impl Relay {
             }
             wire::forward(&self.frontend, &reply)?;
         }
+        let enabled = (self.nudge_on_enable
+            && msg.header.request == u32::from(FrontendReq::SET_VRING_ENABLE))
+        .then(|| msg.vring_state())
+        .flatten()
+        .filter(|&(_, enable)| enable == 1);
         self.setup.record(msg);
+        if let Some((index, _)) = enabled {
+            self.setup.nudge(index);
+        }
         Ok(Flow::Relayed)
     }
 

@@ -208,3 +208,57 @@ fn switching_backends_keeps_the_frontend_connected() {
     );
     assert_eq!(new.last().unwrap().0, FrontendReq::GET_QUEUE_NUM);
 }
+
+/// After a session taken back from a handed-back region (cloud-hypervisor's
+/// reconnect), each ring the frontend enables gets a spurious kick: the dead daemon
+/// may have read the guest's last kick without popping its requests. Before that,
+/// an enable kicks nothing.
+#[test]
+fn rings_enabled_after_a_handed_back_region_are_kicked() {
+    use std::os::fd::AsRawFd;
+    let kicked = |fd: &std::os::fd::OwnedFd| {
+        let mut n = [0u8; 8];
+        // SAFETY: a nonblocking read of 8 bytes into `n` from an eventfd we own.
+        let r = unsafe {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+            libc::read(fd.as_raw_fd(), n.as_mut_ptr().cast(), 8)
+        };
+        r == 8 && u64::from_ne_bytes(n) > 0
+    };
+    let (front, mut relay, _seen) = relay();
+    front.set_read_timeout(Some(T)).unwrap();
+    let kick = eventfd();
+    ask(
+        &front,
+        &mut relay,
+        FrontendReq::SET_VRING_KICK,
+        VERSION,
+        &0u64.to_le_bytes(),
+        &[kick.as_raw_fd()],
+    );
+    let enable = |relay: &mut Relay| {
+        ask(
+            &front,
+            relay,
+            FrontendReq::SET_VRING_ENABLE,
+            VERSION,
+            &wire::vring_state(0, 1),
+            &[],
+        )
+    };
+    enable(&mut relay);
+    assert!(!kicked(&kick), "no kick without a handed-back region");
+    relay.nudge_when_enabled();
+    // A disable kicks nothing either.
+    ask(
+        &front,
+        &mut relay,
+        FrontendReq::SET_VRING_ENABLE,
+        VERSION,
+        &wire::vring_state(0, 0),
+        &[],
+    );
+    assert!(!kicked(&kick), "no kick for a disable");
+    enable(&mut relay);
+    assert!(kicked(&kick), "the enabled ring was kicked");
+}

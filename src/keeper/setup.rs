@@ -138,6 +138,18 @@ impl FrontendSetup {
         FrontendSetup::default()
     }
 
+    /// A spurious kick on vring `index` (its recorded kick eventfd), if it has one.
+    pub fn nudge(&self, index: u32) {
+        if let Some(fd) = self
+            .vrings
+            .get(&index)
+            .and_then(|v| v.kick.as_ref())
+            .and_then(|s| s.fd.as_ref())
+        {
+            let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+        }
+    }
+
     /// Records a message the frontend sent (already forwarded), taking its fds.
     pub fn record(&mut self, msg: Message) {
         if let Err(why) = self.apply(msg) {

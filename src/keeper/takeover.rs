@@ -139,13 +139,16 @@ impl Keeper<'_> {
         };
         let t0 = std::time::Instant::now();
         match self.resume_region(relay, fd) {
-            Ok(true) => warn!(
-                "keeper: the frontend handed back the session region of an earlier daemon \
-                 (SET_INFLIGHT_FD): serving process {} took over the guest's session from \
-                 it ({} ms; the rings start as the frontend sets them up)",
-                self.child,
-                t0.elapsed().as_millis()
-            ),
+            Ok(true) => {
+                relay.nudge_when_enabled();
+                warn!(
+                    "keeper: the frontend handed back the session region of an earlier daemon \
+                     (SET_INFLIGHT_FD): serving process {} took over the guest's session \
+                     from it ({} ms; the rings start as the frontend sets them up)",
+                    self.child,
+                    t0.elapsed().as_millis()
+                )
+            }
             Ok(false) => info!(
                 "keeper: the frontend handed back a session region with no session in it: \
                  a fresh session"

@@ -358,6 +358,9 @@ impl Handoff {
         if h.token.len() != TOKEN_LEN || h.socket.is_empty() || h.socket.len() > 100 {
             return Err(HandoffError::MalformedOffer);
         }
+        if h.socket == self.name {
+            return self.own_offer(&h.token);
+        }
         let Some(fd) = self.client.lock().unwrap().take() else {
             return Err(HandoffError::SocketUsed);
         };
@@ -476,6 +479,43 @@ fn check_peer_process(s: &UnixStream, expected: &OwnedFd) -> Result<(), HandoffE
         return Err(HandoffError::WrongProcess { peer: creds.pid() });
     }
     Ok(())
+}
+
+impl Handoff {
+    /// A state this daemon saved and now loads itself (`--keep-serving`: the same
+    /// daemon serves a local migration's destination, as cloud-hypervisor's
+    /// `local=on` does, maybe again and again): its own offer, duplicated (the same
+    /// open file descriptions, so the locks are never let go), without the client
+    /// socket, which serves one load per daemon. The offer stays until the device
+    /// runs here again, as for a destination elsewhere on the host.
+    fn own_offer(&self, token: &[u8]) -> Result<Vec<(Entry, OwnedFd)>, HandoffError> {
+        let offer = self.offer.lock().unwrap();
+        let Some(offer) = offer.as_ref() else {
+            return Err(HandoffError::NothingOffered);
+        };
+        if token
+            .iter()
+            .zip(&offer.token)
+            .fold(0u8, |d, (a, b)| d | (a ^ b))
+            != 0
+        {
+            return Err(HandoffError::WrongToken);
+        }
+        let files = offer
+            .files
+            .iter()
+            .map(|(e, f)| {
+                f.try_clone()
+                    .map(|f| (*e, f))
+                    .map_err(|e| HandoffError::host("duplicating an offered file", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        info!(
+            "took over its own {} open files (locks) offered at the save: the next frontend's session in this daemon",
+            files.len()
+        );
+        Ok(files)
+    }
 }
 
 fn getrandom(buf: &mut [u8]) -> io::Result<()> {
@@ -681,6 +721,44 @@ mod tests {
         // SAFETY: getpid cannot fail.
         right.expect_source(pidfd(unsafe { libc::getpid() }));
         assert_eq!(right.fetch(&offer).unwrap().len(), 2);
+    }
+
+    /// `--keep-serving` under cloud-hypervisor's local migrations: the daemon loads
+    /// the states it saved itself, again and again; its client socket serves one
+    /// load only, so its own offer is taken without it, each time.
+    #[test]
+    fn a_daemon_takes_its_own_offer_every_time_without_its_socket() {
+        let me = Handoff::prepare().unwrap();
+        for round in 0..3u64 {
+            let files: Vec<(Entry, OwnedFd)> = (0..2)
+                .map(|i| {
+                    let f = std::fs::File::open("/proc/self/stat").unwrap();
+                    (
+                        Entry::FlockHandle {
+                            handle: round * 10 + i,
+                        },
+                        OwnedFd::from(f),
+                    )
+                })
+                .collect();
+            let offer = me.offer(files).unwrap().expect("an offer");
+            let mut bad = offer.clone();
+            bad.token[0] ^= 1;
+            assert!(me.fetch(&bad).is_err(), "round {round}: a wrong token");
+            let got = me.fetch(&offer).unwrap();
+            assert_eq!(got.len(), 2, "round {round}");
+            assert_eq!(
+                got[1].0,
+                Entry::FlockHandle {
+                    handle: round * 10 + 1
+                }
+            );
+            me.withdraw();
+            assert!(me.fetch(&offer).is_err(), "round {round}: withdrawn");
+        }
+        // Its client socket is still unused: a destination that is another daemon
+        // would still be fetched from.
+        assert!(me.client.lock().unwrap().is_some());
     }
 
     #[test]
