@@ -15,6 +15,7 @@ mod fs;
 mod fuse_ops;
 #[cfg(test)]
 mod generated_docs;
+mod handoff;
 mod keeper;
 mod logging;
 mod metrics;

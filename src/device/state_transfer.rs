@@ -24,9 +24,9 @@ use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferState
 
 use crate::fs::passthrough::state::HandedFiles;
 use crate::fs::FsServer;
+use crate::handoff::{Entry, Handoff};
 use crate::region::{Half, Region};
 use crate::state::format::{self, GuestView};
-use crate::state::handoff::{Entry, Handoff};
 use crate::state::{LoadError, LoadOptions, SaveOptions};
 
 /// What the state thread is told at start: the daemon's options.

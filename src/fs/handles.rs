@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use super::id_map::IdMap;
 use super::inodes::InodeData;
 use super::journal::{Journal, Record, Recorded};
-use super::session::{reserve, unreserve, FdBudget, Session};
+use super::limits::{reserve, unreserve, FdBudget, SessionEpoch};
 use super::share::Share;
 use super::sys::errno;
 
@@ -80,7 +80,7 @@ impl HandleData {
 pub struct HandleStore {
     map: RwLock<IdMap<Arc<HandleData>>>,
     next_id: AtomicU64,
-    session: Arc<Session>,
+    session: Arc<SessionEpoch>,
     budget: Arc<FdBudget>,
     max_handles: usize,
     journal: Option<&'static Journal>,
@@ -88,7 +88,7 @@ pub struct HandleStore {
 
 impl HandleStore {
     pub fn new(
-        session: Arc<Session>,
+        session: Arc<SessionEpoch>,
         budget: Arc<FdBudget>,
         max_handles: usize,
         journal: Option<&'static Journal>,
@@ -237,7 +237,7 @@ mod tests {
     use crate::fs::inodes::{InodeKey, InodeStore};
 
     fn setup(max_handles: usize) -> (InodeStore, HandleStore, Arc<InodeData>) {
-        let session = Arc::new(Session::default());
+        let session = Arc::new(SessionEpoch::default());
         let budget = Arc::new(FdBudget::new(1000));
         let store = InodeStore::new(2, session.clone(), budget.clone(), 100, None);
         let share = Arc::new(Share::for_test("s", false));

@@ -23,8 +23,8 @@ use fuse_backend_rs::api::filesystem::FileLock;
 use super::handles::HandleData;
 use super::inodes::InodeData;
 use super::journal::{Journal, Record, Recorded};
+use super::limits::{reserve, unreserve, FdBudget, SessionEpoch};
 use super::lock_ranges::{HeldRange, LockRanges};
-use super::session::{reserve, unreserve, FdBudget, Session};
 use super::share::Share;
 use super::sys::{cvt, errno};
 
@@ -155,7 +155,7 @@ struct Waiter {
 pub struct LockTable {
     files: Mutex<LockFiles>,
     waiters: Mutex<Vec<Waiter>>,
-    session: Arc<Session>,
+    session: Arc<SessionEpoch>,
     budget: Arc<FdBudget>,
     max_lock_files: usize,
     /// Where each lock file's ranges are recorded for a successor (a keeper's).
@@ -164,7 +164,7 @@ pub struct LockTable {
 
 impl LockTable {
     pub fn new(
-        session: Arc<Session>,
+        session: Arc<SessionEpoch>,
         budget: Arc<FdBudget>,
         max_lock_files: usize,
         journal: Option<&'static Journal>,

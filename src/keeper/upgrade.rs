@@ -7,7 +7,7 @@
 //! 2. the old process's rings stop (`GET_VRING_BASE`: where each stopped);
 //! 3. the old process saves its state (`SET_DEVICE_STATE_FD` SAVE into a pipe, then
 //!    `CHECK_DEVICE_STATE`): node ids, handles, parked requests, and where its lock
-//!    files are offered (`state/handoff.rs`);
+//!    files are offered (`handoff/`);
 //! 4. the new process is set up by the replay, with the old bases;
 //! 5. it loads the state (LOAD, `CHECK_DEVICE_STATE`), taking the very lock files
 //!    from the old process (same host: the locks are held throughout);
@@ -56,7 +56,7 @@ pub const RECOVER_FLAG: &str = "--keeper-recover";
 /// The volumes to attach first (the control API's bodies), as the old process had.
 pub const VOLUMES_FLAG: &str = "--keeper-volumes";
 /// And, for an upgrade, a pidfd of the serving process it replaces: the only peer
-/// its load takes the guest's lock files from (`state/handoff.rs`).
+/// its load takes the guest's lock files from (`handoff/`).
 pub const SOURCE_PIDFD_FLAG: &str = "--keeper-source-pidfd";
 
 /// What the daemon was started as, kept to start its successor.

@@ -1,5 +1,5 @@
 //! Resource limits: no core dumps (guest data and keys never land on disk), and an
-//! open-file limit sized for the hostile-guest limits (fs/session.rs).
+//! open-file limit sized for the hostile-guest limits (fs/limits.rs).
 //!
 //! "No new processes" is not an rlimit here: RLIMIT_NPROC counts threads too and
 //! does not apply to root at all. The seccomp filters enforce it instead: `clone`
@@ -19,7 +19,7 @@ pub fn no_core_dumps() -> Result<(), SandboxError> {
 /// `--rlimit-nofile`: 0 leaves the limit alone, N sets it, and by default it is
 /// raised to fs.nr_open where the daemon may (as virtiofsd does): each guest node id
 /// holds one fd. The guest's share is bounded by the per-volume limits and the fd
-/// budget (fs/session.rs), which reads the limit this sets.
+/// budget (fs/limits.rs), which reads the limit this sets.
 pub fn set_nofile(requested: Option<u64>) -> Result<(), SandboxError> {
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)
         .map_err(|e| SandboxError::host("getrlimit(RLIMIT_NOFILE)", e))?;

@@ -9,7 +9,6 @@
 //! neither: it is the contract between them, and docs/DEVICE-STATE.md describes it.
 
 pub mod format;
-pub mod handoff;
 
 use std::fmt;
 

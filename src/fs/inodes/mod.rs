@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 
 use super::file_handle::InodeRef;
 use super::journal::{Journal, Slot};
-use super::session::{reserve, reserve_without_fd, unreserve, FdBudget, Session};
+use super::limits::{reserve, reserve_without_fd, unreserve, FdBudget, SessionEpoch};
 use super::share::Share;
 use super::sys::errno;
 
@@ -31,7 +31,7 @@ pub use node::{FoundAt, InodeData, InodeKey};
 pub struct InodeStore {
     maps: RwLock<Maps>,
     next_id: AtomicU64,
-    session: Arc<Session>,
+    session: Arc<SessionEpoch>,
     budget: Arc<FdBudget>,
     max_nodes: usize,
     /// Where what the guest holds is recorded for a successor (a keeper's).
@@ -43,7 +43,7 @@ impl InodeStore {
     /// are reserved for fixed nodes (the root).
     pub fn new(
         first_free: u64,
-        session: Arc<Session>,
+        session: Arc<SessionEpoch>,
         budget: Arc<FdBudget>,
         max_nodes: usize,
         journal: Option<&'static Journal>,

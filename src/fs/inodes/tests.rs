@@ -4,7 +4,7 @@ use super::*;
 fn store(max_nodes: usize) -> InodeStore {
     InodeStore::new(
         2,
-        Arc::new(Session::default()),
+        Arc::new(SessionEpoch::default()),
         Arc::new(FdBudget::new(1000)),
         max_nodes,
         None,

@@ -17,8 +17,8 @@ use super::handles::HandleStore;
 use super::inodes::InodeStore;
 use super::journal::Journal;
 use super::layer::fs_layer;
+use super::limits::{FdBudget, Limits, SessionEpoch};
 use super::locks::LockTable;
-use super::session::{FdBudget, Limits, Session};
 use super::share::Share;
 use prelude::*;
 
@@ -193,7 +193,7 @@ impl PassthroughFs {
         }
         .map_err(|e| io::Error::new(e.kind(), format!("open /proc/self/fd: {e}")))?;
         let timeout = cfg.cache.timeout();
-        let session = Arc::new(Session::default());
+        let session = Arc::new(SessionEpoch::default());
         let budget = Arc::new(FdBudget::from_rlimit());
         let limits = cfg.limits;
         let translating = !cfg.uids.is_identity() || !cfg.gids.is_identity();

@@ -104,23 +104,23 @@ impl FdBudget {
     }
 }
 
-/// The current guest session.
+/// The current guest session's epoch (the guest's FUSE session: INIT to reset).
 /// Sessions are counted in 32 bits (a node keeps its own in 4 bytes): one starts at
 /// each guest reboot or device reset, so the count never wraps in practice, and a
 /// wrap would only compare equal to an epoch four billion sessions old.
-pub struct Session {
+pub struct SessionEpoch {
     epoch: AtomicU32,
 }
 
-impl Default for Session {
+impl Default for SessionEpoch {
     fn default() -> Self {
-        Session {
+        SessionEpoch {
             epoch: AtomicU32::new(1),
         }
     }
 }
 
-impl Session {
+impl SessionEpoch {
     pub fn current(&self) -> u32 {
         self.epoch.load(Ordering::Acquire)
     }
@@ -194,7 +194,7 @@ mod tests {
 
     #[test]
     fn session_admits_only_the_current_epoch_of_a_live_share() {
-        let s = Session::default();
+        let s = SessionEpoch::default();
         let share = Share::for_test("v", false);
         let e = s.current();
         assert!(s.admits(&share, e));
