@@ -388,19 +388,16 @@ impl FsServer {
         Ok(())
     }
 
-    /// Serves on the guest's session that a serving process killed under it recorded
-    /// in journal half `half` (`journal/rebuild.rs`): loaded as a device state is,
-    /// with what cannot be found again answering ESTALE. Returns the load's report
-    /// and how many records named what is not there.
-    ///
-    /// The volumes are this daemon's (its command line, its control socket): a
-    /// volume the journal names that is not attached here is named in a warning,
-    /// and the guest's files in it answer ESTALE.
-    pub fn recover_session(
+    /// The session the journal half `half` records, as a device state for this
+    /// daemon's volumes (by name) and `view`: the half header's facts (id counters,
+    /// the guest's FUSE INIT) and its records, rebuilt by `journal/rebuild.rs`. What
+    /// [`Self::recover_session`] loads; a test compares it with [`Self::save_session`]
+    /// (`journal/agreement.rs`).
+    pub(crate) fn rebuild_journal(
         &self,
         half: crate::region::HalfView<'_>,
         view: &GuestView,
-    ) -> Result<(LoadReport, usize), LoadError> {
+    ) -> super::journal::rebuild::Rebuilt {
         use super::journal::rebuild::{rebuild, HalfFacts, VolumeHere};
         let h = half.header();
         let fuse = (h.init_set.load(Ordering::Acquire) != 0).then(|| format::FuseSession {
@@ -425,8 +422,23 @@ impl FsServer {
                 rate_limit: to_format(share.stats.qos.limit()),
             })
             .collect();
-        let records = super::journal::read_half(half);
-        let rebuilt = rebuild(records, facts, &here, view.clone());
+        rebuild(super::journal::read_half(half), facts, &here, view.clone())
+    }
+
+    /// Serves on the guest's session that a serving process killed under it recorded
+    /// in journal half `half` (`journal/rebuild.rs`): loaded as a device state is,
+    /// with what cannot be found again answering ESTALE. Returns the load's report
+    /// and how many records named what is not there.
+    ///
+    /// The volumes are this daemon's (its command line, its control socket): a
+    /// volume the journal names that is not attached here is named in a warning,
+    /// and the guest's files in it answer ESTALE.
+    pub fn recover_session(
+        &self,
+        half: crate::region::HalfView<'_>,
+        view: &GuestView,
+    ) -> Result<(LoadReport, usize), LoadError> {
+        let rebuilt = self.rebuild_journal(half, view);
         for name in &rebuilt.missing_volumes {
             log::warn!(
                 "{}, which the guest's session held, is not attached to this daemon: the \

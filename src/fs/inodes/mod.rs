@@ -212,6 +212,51 @@ impl InodeStore {
         Ok(data)
     }
 
+    /// A rename moved the node `data` from `from` to `to`: if its journal record
+    /// names it at `from` (the name it was found by, or moved to before), the record
+    /// is written anew at `to` before the old one is freed, so that a successor
+    /// after a crash finds it by its name where no file handle finds it (a file
+    /// system without them: overlayfs, most FUSE ones), and a node below a directory
+    /// the guest forgot since is not left without a path. A node recorded under
+    /// another name (a hard link's) keeps it: that name still leads to it. The old
+    /// record stays if the new one cannot be written. Nothing without a journal.
+    pub fn moved(&self, data: &Arc<InodeData>, from: FoundAt, to: FoundAt) {
+        let Some(j) = self.journal else {
+            return;
+        };
+        if data.fixed {
+            return;
+        }
+        let handle = journal_handle(self.journal, &data.inode);
+        // The write lock: no lookup adds to the old record's count meanwhile.
+        let maps = self.maps.write().unwrap();
+        if !maps.get(data.nodeid).is_some_and(|d| Arc::ptr_eq(d, data)) {
+            return; // forgotten, detached or a new session meanwhile: no record
+        }
+        if !data
+            .slot()
+            .is_some_and(|s| j.names(s, from.parent, from.name))
+        {
+            return;
+        }
+        let slot = NewNode {
+            id: data.nodeid,
+            key: data.key(),
+            file_type: data.file_type(),
+            share: &data.share,
+            at: to,
+            handle: handle.as_ref(),
+            lookups: data.refcount.load(Ordering::Acquire),
+        }
+        .record(Some(j));
+        if slot == Slot::NONE {
+            return;
+        }
+        if let Some(old) = Slot::from_raw(data.journal.swap(slot, Ordering::Relaxed)) {
+            j.free(old);
+        }
+    }
+
     /// Drops `count` lookup references; the node (and its fd) goes when none remain.
     pub fn forget(&self, nodeid: u64, count: u64) {
         let mut maps = self.maps.write().unwrap();
@@ -377,7 +422,7 @@ impl InodeStore {
         let lookups = lookups.max(1);
         let key = data.key();
         data.epoch = epoch;
-        data.journal = NewNode {
+        *data.journal.get_mut() = NewNode {
             id: data.nodeid,
             key,
             file_type: data.file_type(),

@@ -3,7 +3,7 @@
 //! `Arc`): a guest may hold a million.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::fs::file_handle::{InodeFd, InodeRef};
@@ -49,8 +49,9 @@ pub struct InodeData {
     /// The session this node was handed out in.
     pub epoch: u32,
     /// Its journal record ([`Slot::NONE`]: none), freed when the node leaves the
-    /// table (`InodeStore::release`).
-    pub(super) journal: u32,
+    /// table (`InodeStore::release`), replaced when a rename moves the node
+    /// (`InodeStore::moved`). Changed only under the table's write lock.
+    pub(super) journal: AtomicU32,
     /// Lookups the guest holds on this node id (FUSE's nlookup).
     pub(super) refcount: AtomicU64,
 }
@@ -94,14 +95,14 @@ impl InodeData {
             fixed,
             share,
             epoch,
-            journal,
+            journal: AtomicU32::new(journal),
             refcount: AtomicU64::new(1),
         }
     }
 
     /// Its journal record, if it has one.
     pub(super) fn slot(&self) -> Option<Slot> {
-        Slot::from_raw(self.journal)
+        Slot::from_raw(self.journal.load(Ordering::Relaxed))
     }
 
     pub fn key(&self) -> InodeKey {

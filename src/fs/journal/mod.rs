@@ -215,6 +215,24 @@ impl Journal {
             .push(slot.index() as u32);
     }
 
+    /// Whether `slot` holds a node record that names the node `name` in `parent`
+    /// (where it was found, or moved to since).
+    pub fn names(&self, slot: Slot, parent: u64, name: &[u8]) -> bool {
+        let Some(p) = self.slot(slot) else {
+            return false;
+        };
+        if p.u32(STATE).load(Ordering::Acquire) != LIVE {
+            return false;
+        }
+        let meta = p.u32(META).load(Ordering::Relaxed);
+        let (hlen, nlen) = ((meta >> 8) as u8 as usize, (meta >> 16) as usize);
+        Kind::from_u8(meta as u8) == Some(Kind::Node)
+            && nlen == name.len()
+            && hlen + nlen <= p.len() - DATA
+            && p.u64(PARENT).load(Ordering::Relaxed) == parent
+            && p.read_bytes(DATA + hlen, nlen) == name
+    }
+
     /// A node's lookups went up by `n` (a lookup of a node it holds).
     pub fn add_lookups(&self, slot: Slot, n: u64) {
         if let Some(p) = self.slot(slot) {
@@ -264,5 +282,7 @@ impl Journal {
     }
 }
 
+#[cfg(test)]
+mod agreement;
 #[cfg(test)]
 mod tests;

@@ -161,7 +161,7 @@ mod prelude {
     pub(super) use super::super::file_handle::{FileHandleMode, InodeRef};
     pub(super) use super::super::handles::HandleData;
     pub(super) use super::super::id_translate::IdTranslation;
-    pub(super) use super::super::inodes::{InodeData, InodeKey};
+    pub(super) use super::super::inodes::{FoundAt, InodeData, InodeKey};
     pub(super) use super::super::locks::{self, FUSE_LK_FLOCK};
     pub(super) use super::super::names::{check_entry_name, check_name, is_dot_or_dotdot};
     pub(super) use super::super::ops::CopyRange;

@@ -407,8 +407,54 @@ impl PassthroughFs {
             return Err(errno(libc::EXDEV));
         }
         let (od_fd, nd_fd) = (od.fd()?, nd.fd()?);
-        let _caller = self.as_caller(ctx)?;
-        sys::renameat2(&*od_fd, oldname, &*nd_fd, newname, flags)
+        {
+            let _caller = self.as_caller(ctx)?;
+            sys::renameat2(&*od_fd, oldname, &*nd_fd, newname, flags)?;
+        }
+        if self.journal().is_some() {
+            let old = FoundAt {
+                parent: od.nodeid,
+                name: oldname.to_bytes(),
+            };
+            let new = FoundAt {
+                parent: nd.nodeid,
+                name: newname.to_bytes(),
+            };
+            self.record_moved(old, &nd, &nd_fd, newname);
+            if flags & libc::RENAME_EXCHANGE != 0 {
+                self.record_moved(new, &od, &od_fd, oldname);
+            }
+        }
+        Ok(())
+    }
+
+    /// The journal names each node by where it was found: the node the guest holds
+    /// that a rename just moved from `from` to `name` in `dir` is recorded there now,
+    /// if it was recorded at `from`
+    /// ([`InodeStore::moved`](super::super::inodes::InodeStore::moved)). A name that
+    /// changed again meanwhile (another request, the host) names another inode or
+    /// none, and nothing is recorded.
+    fn record_moved(&self, from: FoundAt, dir: &InodeData, dir_fd: &File, name: &CStr) {
+        let Ok(file) = sys::openat(dir_fd, name, libc::O_PATH | libc::O_NOFOLLOW, 0) else {
+            return;
+        };
+        let Ok((st, mnt_id)) = sys::stat_and_mount_id(&file) else {
+            return;
+        };
+        let key = InodeKey {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mnt_id,
+        };
+        if let Some(data) = self.inodes.lookup_key(&key) {
+            if Arc::ptr_eq(&data.share, &dir.share) && Self::is_same_inode(&data, &file) {
+                let to = FoundAt {
+                    parent: dir.nodeid,
+                    name: name.to_bytes(),
+                };
+                self.inodes.moved(&data, from, to);
+            }
+        }
     }
 
     pub(super) fn link(
