@@ -228,7 +228,9 @@ impl InodeStore {
             return;
         }
         let handle = journal_handle(self.journal, &data.inode);
-        // The write lock: no lookup adds to the old record's count meanwhile.
+        // The write lock, though only read under: no lookup adds to the old record's
+        // count while it is replaced.
+        #[allow(clippy::readonly_write_lock)]
         let maps = self.maps.write().unwrap();
         if !maps.get(data.nodeid).is_some_and(|d| Arc::ptr_eq(d, data)) {
             return; // forgotten, detached or a new session meanwhile: no record

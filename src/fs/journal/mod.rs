@@ -221,16 +221,7 @@ impl Journal {
         let Some(p) = self.slot(slot) else {
             return false;
         };
-        if p.u32(STATE).load(Ordering::Acquire) != LIVE {
-            return false;
-        }
-        let meta = p.u32(META).load(Ordering::Relaxed);
-        let (hlen, nlen) = ((meta >> 8) as u8 as usize, (meta >> 16) as usize);
-        Kind::from_u8(meta as u8) == Some(Kind::Node)
-            && nlen == name.len()
-            && hlen + nlen <= p.len() - DATA
-            && p.u64(PARENT).load(Ordering::Relaxed) == parent
-            && p.read_bytes(DATA + hlen, nlen) == name
+        records::names_node(&p, parent, name)
     }
 
     /// A node's lookups went up by `n` (a lookup of a node it holds).

@@ -54,6 +54,21 @@ impl Kind {
     }
 }
 
+/// Whether the slot holds a live node record that names the node `name` in
+/// `parent` (where it was found, or moved to since).
+pub(super) fn names_node(p: &SlotPtr<'_>, parent: u64, name: &[u8]) -> bool {
+    if p.u32(STATE).load(Ordering::Acquire) != LIVE {
+        return false;
+    }
+    let meta = p.u32(META).load(Ordering::Relaxed);
+    let (hlen, nlen) = ((meta >> 8) as u8 as usize, (meta >> 16) as usize);
+    Kind::from_u8(meta as u8) == Some(Kind::Node)
+        && nlen == name.len()
+        && hlen + nlen <= p.len() - DATA
+        && p.u64(PARENT).load(Ordering::Relaxed) == parent
+        && p.read_bytes(DATA + hlen, nlen) == name
+}
+
 /// A node's file handle, as `name_to_handle_at` made it.
 #[derive(Clone, Debug, Eq, PartialEq)]
 pub struct Handle<B> {
