@@ -2,12 +2,13 @@
 //! guest's virtio-fs driver and reports ops/s, MiB/s and latency percentiles.
 //! Every reply and every byte of data is checked; any mismatch exits 1.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use volfsd_harness::loadgen::{self, Options, Workload};
+use volfsd_harness::loadgen::{self, Options, ParseError, Workload};
 
 #[derive(Parser, Debug)]
 #[command(name = "volfsd-loadgen", version, about)]
@@ -116,7 +117,23 @@ fn main() -> ExitCode {
     }
 }
 
-fn build(cli: &Cli) -> Result<Options, String> {
+/// A flag whose value does not parse: the flag and why.
+#[derive(Debug)]
+struct BadFlag {
+    flag: &'static str,
+    source: ParseError,
+}
+
+impl fmt::Display for BadFlag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.flag, self.source)
+    }
+}
+
+impl std::error::Error for BadFlag {}
+
+fn build(cli: &Cli) -> Result<Options, BadFlag> {
+    let flag = |flag| move |source| BadFlag { flag, source };
     Ok(Options {
         socket: cli.socket.clone().unwrap_or_default(),
         shared_dir: cli.shared_dir.clone(),
@@ -124,9 +141,9 @@ fn build(cli: &Cli) -> Result<Options, String> {
         qd: cli.qd,
         duration: cli.duration.map(Duration::from_secs_f64),
         ops: cli.ops,
-        file_size: loadgen::parse_size(&cli.file_size)?,
+        file_size: loadgen::parse_size(&cli.file_size).map_err(flag("--file-size"))?,
         files: cli.files,
-        workloads: Workload::parse_list(&cli.workload)?,
+        workloads: Workload::parse_list(&cli.workload).map_err(flag("--workload"))?,
         keep_files: cli.keep_files,
         quiet: cli.quiet,
         idle_before: Duration::from_secs_f64(cli.idle_before),

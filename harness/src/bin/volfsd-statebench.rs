@@ -31,8 +31,9 @@
 //! (benches/downtime.sh collects them); a failed transfer or check exits 1. No time
 //! is asserted.
 
+use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -46,7 +47,7 @@ use volfsd_harness::fixtures::host::{
 };
 use volfsd_harness::fixtures::ROOT;
 use volfsd_harness::frontend::{
-    DeviceConfig, DirtyLog, FuseClient, FuseOps, FuseQueue, Request, StateTransferTimes,
+    self, DeviceConfig, DirtyLog, FuseClient, FuseOps, FuseQueue, Request, StateTransferTimes,
 };
 
 /// Files per directory of the tree.
@@ -164,7 +165,175 @@ fn main() -> ExitCode {
     }
 }
 
-type Res<T> = Result<T, String>;
+/// What a run failed at: the step, the file, request or upgrade it concerned, and
+/// the error of the call that failed. `main` prints it as
+/// `volfsd-statebench: FAILED: {error}` (benches/smoke.sh greps FAILED).
+#[derive(Debug)]
+enum Error {
+    /// A host call on a file or directory failed (`step`: "creating", "removing",
+    /// ...; None where the path says enough: opening it, its metadata).
+    File {
+        step: Option<&'static str>,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// The daemon's command line has no program.
+    EmptyDaemon,
+    /// The daemon could not be started.
+    Spawn { program: String, source: io::Error },
+    /// A host call on no file failed (SIGHUP to the keeper, the kick eventfd).
+    Host {
+        step: &'static str,
+        source: io::Error,
+    },
+    /// A step through the frontend failed (`step`: None where the frontend's
+    /// error names the message or request itself).
+    Frontend {
+        step: Option<String>,
+        source: frontend::Error,
+    },
+    /// `--precopy`: neither `idle` nor seconds.
+    BadPrecopy(String),
+    /// No LOOKUP was answered in 60 s (how many had been).
+    NoLookupReply { done: usize },
+    /// A completion of no LOOKUP submitted.
+    StrayReply { token: u64 },
+    /// LOOKUP answered another inode than the host's file has.
+    HostInode {
+        path: PathBuf,
+        answered: u64,
+        host: u64,
+    },
+    /// A held file's node answered another inode than before (`when`: "after the
+    /// load", "after upgrade 3").
+    NodeInode {
+        file: usize,
+        node: u64,
+        got: u64,
+        when: String,
+        before: u64,
+    },
+    /// The root answered another inode than the share's during an upgrade.
+    RootInode {
+        upgrade: u32,
+        answered: u64,
+        share: u64,
+    },
+    /// A GETATTR the guest sent during an upgrade failed (after this many).
+    Probe {
+        upgrade: u32,
+        after: u64,
+        source: Box<Error>,
+    },
+    /// The keeper logged no outcome of the upgrade in 120 s.
+    NoOutcome { upgrade: u32 },
+    /// The keeper's line on the upgrade has no pause: the upgrade failed, and the
+    /// line says why.
+    NoPause { upgrade: u32, line: String },
+    /// An error while a daemon served, with the last lines of its log.
+    Daemon {
+        source: Box<Error>,
+        log_tail: String,
+    },
+}
+
+impl Error {
+    /// A failed host call on `path`, for `map_err`.
+    fn file<'a>(
+        step: Option<&'static str>,
+        path: &'a Path,
+    ) -> impl FnOnce(io::Error) -> Error + 'a {
+        move |source| Error::File {
+            step,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// A failed step through the frontend, for `map_err`.
+    fn step(step: impl Into<String>) -> impl FnOnce(frontend::Error) -> Error {
+        let step = Some(step.into());
+        move |source| Error::Frontend { step, source }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::File {
+                step: Some(step),
+                path,
+                source,
+            } => write!(f, "{step} {}: {source}", path.display()),
+            Error::File {
+                step: None,
+                path,
+                source,
+            } => write!(f, "{}: {source}", path.display()),
+            Error::EmptyDaemon => write!(f, "--daemon is empty"),
+            Error::Spawn { program, source } => write!(f, "starting {program}: {source}"),
+            Error::Host { step, source } => write!(f, "{step}: {source}"),
+            Error::Frontend {
+                step: Some(step),
+                source,
+            } => write!(f, "{step}: {source}"),
+            Error::Frontend { step: None, source } => write!(f, "{source}"),
+            Error::BadPrecopy(v) => write!(f, "--precopy {v}: idle or seconds"),
+            Error::NoLookupReply { done } => write!(f, "no LOOKUP reply in 60 s ({done} done)"),
+            Error::StrayReply { token } => write!(f, "a reply to no LOOKUP: {token}"),
+            Error::HostInode {
+                path,
+                answered,
+                host,
+            } => write!(
+                f,
+                "LOOKUP of {} answered inode {answered}, the host has {host}",
+                path.display()
+            ),
+            Error::NodeInode {
+                file,
+                node,
+                got,
+                when,
+                before,
+            } => write!(
+                f,
+                "file {file} (node {node}): inode {got} {when}, {before} before"
+            ),
+            Error::RootInode {
+                upgrade,
+                answered,
+                share,
+            } => write!(
+                f,
+                "upgrade {upgrade}: the root answered inode {answered}, the share's is {share}"
+            ),
+            Error::Probe {
+                upgrade,
+                after,
+                source,
+            } => write!(
+                f,
+                "GETATTR during upgrade {upgrade} (after {after}): {source}"
+            ),
+            Error::NoOutcome { upgrade } => write!(f, "upgrade {upgrade}: no outcome in 120 s"),
+            Error::NoPause { upgrade, line } => write!(f, "upgrade {upgrade}: {line}"),
+            Error::Daemon { source, log_tail } => {
+                write!(f, "{source} (daemon log: {log_tail})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<frontend::Error> for Error {
+    fn from(source: frontend::Error) -> Self {
+        Error::Frontend { step: None, source }
+    }
+}
+
+type Res<T> = Result<T, Error>;
 
 fn dir_name(d: usize) -> String {
     format!("d{d:05}")
@@ -190,11 +359,6 @@ fn make_tree(tree: &Path, nodes: usize) -> Res<PathBuf> {
     if fs::read_to_string(&marker).is_ok_and(|s| s.trim() == nodes.to_string()) {
         return Ok(share);
     }
-    let err = |what: &str, p: &Path| {
-        let p = p.display().to_string();
-        let what = what.to_string();
-        move |e: std::io::Error| format!("{what} {p}: {e}")
-    };
     eprintln!(
         "statebench: making {} ({nodes} empty files)",
         share.display()
@@ -202,22 +366,22 @@ fn make_tree(tree: &Path, nodes: usize) -> Res<PathBuf> {
     let start = Instant::now();
     let _ = fs::remove_file(&marker);
     if share.exists() {
-        fs::remove_dir_all(&share).map_err(err("removing", &share))?;
+        fs::remove_dir_all(&share).map_err(Error::file(Some("removing"), &share))?;
     }
-    fs::create_dir_all(&share).map_err(err("creating", &share))?;
+    fs::create_dir_all(&share).map_err(Error::file(Some("creating"), &share))?;
     for i in 0..nodes {
         let (d, f) = place(i);
         let dir = share.join(dir_name(d));
         if f == 0 {
-            fs::create_dir(&dir).map_err(err("creating", &dir))?;
+            fs::create_dir(&dir).map_err(Error::file(Some("creating"), &dir))?;
         }
         let p = dir.join(file_name(f));
-        File::create(&p).map_err(err("creating", &p))?;
+        File::create(&p).map_err(Error::file(Some("creating"), &p))?;
     }
     // SAFETY: sync has no preconditions. The tree's metadata reaches the disk now,
     // not during a measurement.
     unsafe { libc::sync() };
-    fs::write(&marker, format!("{nodes}\n")).map_err(err("writing", &marker))?;
+    fs::write(&marker, format!("{nodes}\n")).map_err(Error::file(Some("writing"), &marker))?;
     eprintln!(
         "statebench: made {} in {:.1} s",
         share.display(),
@@ -238,17 +402,22 @@ impl Daemon {
             .replace("{sock}", &sock.display().to_string())
             .replace("{share}", &share.display().to_string());
         let mut words = line.split_whitespace();
-        let program = words.next().ok_or("--daemon is empty")?;
+        let program = words.next().ok_or(Error::EmptyDaemon)?;
         let _ = fs::remove_file(sock);
-        let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let out = File::create(&log).map_err(Error::file(None, &log))?;
+        let err = out
+            .try_clone()
+            .map_err(Error::file(Some("duplicating the fd of"), &log))?;
         let child = Command::new(program)
             .args(words)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("starting {program}: {e}"))?;
+            .map_err(|source| Error::Spawn {
+                program: program.to_string(),
+                source,
+            })?;
         Ok(Daemon { child, log })
     }
 
@@ -266,6 +435,14 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// `e`, with the end of this daemon's log, for `map_err`.
+    fn failed(&self) -> impl FnOnce(Error) -> Error + '_ {
+        move |e| Error::Daemon {
+            source: Box::new(e),
+            log_tail: self.log_tail(),
+        }
     }
 
     fn log_tail(&self) -> String {
@@ -337,25 +514,25 @@ fn lookup_all(q: &mut FuseQueue, names: &[(u64, String)]) -> Res<Vec<EntryOut>> 
             let req = Request::new(Opcode::Lookup, *parent)
                 .name(name)
                 .reply_of::<EntryOut>();
-            let token = q.submit(&req).map_err(|e| format!("LOOKUP {name}: {e}"))?;
+            let token = q
+                .submit(&req)
+                .map_err(Error::step(format!("LOOKUP {name}")))?;
             tokens.insert(token, next);
             next += 1;
         }
-        q.kick().map_err(|e| e.to_string())?;
-        let completions = q
-            .wait_completions(Duration::from_secs(60))
-            .map_err(|e| e.to_string())?;
+        q.kick()?;
+        let completions = q.wait_completions(Duration::from_secs(60))?;
         if completions.is_empty() {
-            return Err(format!("no LOOKUP reply in 60 s ({done} done)"));
+            return Err(Error::NoLookupReply { done });
         }
         for c in completions {
             let i = tokens
                 .remove(&c.token)
-                .ok_or_else(|| format!("a reply to no LOOKUP: {}", c.token))?;
+                .ok_or(Error::StrayReply { token: c.token })?;
             let entry: EntryOut = c
                 .into_reply()
                 .and_then(|r| r.parse())
-                .map_err(|e| format!("LOOKUP {}: {e}", names[i].1))?;
+                .map_err(Error::step(format!("LOOKUP {}", names[i].1)))?;
             out[i] = entry;
             done += 1;
         }
@@ -421,7 +598,7 @@ fn hold(c: &mut FuseClient, share: &Path, nodes: usize) -> Res<(f64, usize, Vec<
     let dirs = nodes.div_ceil(PER_DIR);
     let lookups = Instant::now();
     let dir_names: Vec<(u64, String)> = (0..dirs).map(|d| (ROOT, dir_name(d))).collect();
-    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let q = c.request_queue(0)?;
     let dir_entries = lookup_all(q, &dir_names)?;
     let file_names: Vec<(u64, String)> = (0..nodes)
         .map(|i| {
@@ -441,12 +618,13 @@ fn hold(c: &mut FuseClient, share: &Path, nodes: usize) -> Res<(f64, usize, Vec<
     for &(i, _, ino) in &samples {
         let (d, f) = place(i);
         let host = share.join(dir_name(d)).join(file_name(f));
-        let host_ino = fs::metadata(&host).map_err(|e| e.to_string())?.ino();
+        let host_ino = fs::metadata(&host).map_err(Error::file(None, &host))?.ino();
         if host_ino != ino {
-            return Err(format!(
-                "LOOKUP of {} answered inode {ino}, the host has {host_ino}",
-                host.display()
-            ));
+            return Err(Error::HostInode {
+                path: host,
+                answered: ino,
+                host: host_ino,
+            });
         }
     }
     Ok((lookup_s, held, samples))
@@ -454,7 +632,7 @@ fn hold(c: &mut FuseClient, share: &Path, nodes: usize) -> Res<(f64, usize, Vec<
 
 fn run(a: &RunArgs) -> Res<()> {
     let share = make_tree(&a.tree, a.nodes)?;
-    fs::create_dir_all(&a.work).map_err(|e| format!("{}: {e}", a.work.display()))?;
+    fs::create_dir_all(&a.work).map_err(Error::file(Some("creating"), &a.work))?;
     let tag = format!("{}-n{}-rep{}", a.name, a.nodes, a.rep);
     let src_sock = a.work.join(format!("{}-src.sock", a.name));
     let dst_sock = a.work.join(format!("{}-dst.sock", a.name));
@@ -470,28 +648,31 @@ fn run(a: &RunArgs) -> Res<()> {
         &share,
         a.work.join(format!("{tag}-dst.log")),
     )?;
-    let failed = |what: String, d: &Daemon| format!("{what} (daemon log: {})", d.log_tail());
 
     // The guest: INIT, then every directory and file looked up once.
     let mut c = FuseClient::connect(&device_config(&src_sock))
-        .map_err(|e| failed(format!("source: {e}"), &src))?;
+        .map_err(Error::step("source"))
+        .map_err(src.failed())?;
     c.init_session(&Default::default())
-        .map_err(|e| failed(format!("source INIT: {e}"), &src))?;
-    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(|e| failed(e, &src))?;
+        .map_err(Error::step("source INIT"))
+        .map_err(src.failed())?;
+    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(src.failed())?;
     let src_rss_kb = rss_anon_kb(src.pid());
     let src_fds = fd_count(src.pid());
 
     // The migration starts: the dirty log, then LOG_ALL.
-    let log = DirtyLog::new(c.device().memory().size()).map_err(|e| e.to_string())?;
+    let log = DirtyLog::new(c.device().memory().size())?;
     let t = Instant::now();
     c.device()
         .set_log_base(&log)
-        .map_err(|e| failed(e.to_string(), &src))?;
+        .map_err(Error::from)
+        .map_err(src.failed())?;
     let log_base = t.elapsed();
     let t = Instant::now();
     c.device()
         .set_log_all(true)
-        .map_err(|e| failed(e.to_string(), &src))?;
+        .map_err(Error::from)
+        .map_err(src.failed())?;
     let log_all = t.elapsed();
 
     // The precopy.
@@ -501,7 +682,7 @@ fn run(a: &RunArgs) -> Res<()> {
         let s: f64 = a
             .precopy
             .parse()
-            .map_err(|_| format!("--precopy {}: idle or seconds", a.precopy))?;
+            .map_err(|_| Error::BadPrecopy(a.precopy.clone()))?;
         let before = tree_cpu_ticks(src.pid());
         std::thread::sleep(Duration::from_secs_f64(s));
         (Duration::ZERO, tree_cpu_ticks(src.pid()) - before, false)
@@ -513,21 +694,25 @@ fn run(a: &RunArgs) -> Res<()> {
     for index in 0..queues {
         c.device()
             .stop_queue(index)
-            .map_err(|e| failed(e.to_string(), &src))?;
+            .map_err(Error::from)
+            .map_err(src.failed())?;
     }
     let stop = t.elapsed();
     let ticks = tree_cpu_ticks(src.pid());
     let state = c
         .device()
         .save_state()
-        .map_err(|e| failed(format!("save: {e}"), &src))?;
+        .map_err(Error::step("save"))
+        .map_err(src.failed())?;
     let save = c.device().last_transfer().expect("a save was made");
     let save_cpu = tree_cpu_ticks(src.pid()) - ticks;
 
     let mut cfg = device_config(&dst_sock);
     cfg.load_state = Some(state);
     let ticks = tree_cpu_ticks(dst.pid());
-    let mut g = FuseClient::connect(&cfg).map_err(|e| failed(format!("load: {e}"), &dst))?;
+    let mut g = FuseClient::connect(&cfg)
+        .map_err(Error::step("load"))
+        .map_err(dst.failed())?;
     let load = g.device().last_transfer().expect("a load was made");
     let load_cpu = tree_cpu_ticks(dst.pid()) - ticks;
     let state_bytes = cfg.load_state.take().map_or(0, |s| s.len());
@@ -536,18 +721,20 @@ fn run(a: &RunArgs) -> Res<()> {
     for &(i, nodeid, ino) in &samples {
         let got = g
             .getattr(nodeid)
-            .map_err(|e| {
-                failed(
-                    format!("GETATTR of file {i} (node {nodeid}) after the load: {e}"),
-                    &dst,
-                )
-            })?
+            .map_err(Error::step(format!(
+                "GETATTR of file {i} (node {nodeid}) after the load"
+            )))
+            .map_err(dst.failed())?
             .attr
             .ino;
         if got != ino {
-            return Err(format!(
-                "file {i} (node {nodeid}): inode {got} after the load, {ino} before"
-            ));
+            return Err(Error::NodeInode {
+                file: i,
+                node: nodeid,
+                got,
+                when: "after the load".into(),
+                before: ino,
+            });
         }
     }
     let dst_rss_kb = rss_anon_kb(dst.pid());
@@ -597,8 +784,8 @@ fn run(a: &RunArgs) -> Res<()> {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        writeln!(f, "{result}").map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(Error::file(None, path))?;
+        writeln!(f, "{result}").map_err(Error::file(Some("appending to"), path))?;
     }
 
     // The source goes as after a migration, then the destination as its VM ends;
@@ -623,12 +810,12 @@ const STALL: Duration = Duration::from_secs(2);
 /// A GETATTR of the root: its inode, and whether it stalled (no answer within
 /// `STALL`, then answered after the queue's kick eventfd was written once more).
 fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
-    let q = c.request_queue(0).map_err(|e| e.to_string())?;
+    let q = c.request_queue(0)?;
     let req = Request::new(Opcode::Getattr, ROOT)
         .arg(&GetattrIn::default())
         .reply_of::<AttrOut>();
-    let token = q.submit(&req).map_err(|e| e.to_string())?;
-    q.kick().map_err(|e| e.to_string())?;
+    let token = q.submit(&req)?;
+    q.kick()?;
     let mut stalled = false;
     let done = match q.wait_for(token, STALL) {
         Ok(done) => done,
@@ -640,16 +827,17 @@ fn getattr_root(c: &mut FuseClient) -> Res<(u64, bool)> {
             q.ring()
                 .kick_eventfd()
                 .write(1)
-                .map_err(|e| format!("kick eventfd: {e}"))?;
-            q.wait_for(token, Duration::from_secs(30)).map_err(|e| {
-                format!("no answer {STALL:?} after its kick, nor 30 s after another: {e}")
-            })?
+                .map_err(|source| Error::Host {
+                    step: "kick eventfd",
+                    source,
+                })?;
+            q.wait_for(token, Duration::from_secs(30))
+                .map_err(Error::step(format!(
+                    "no answer {STALL:?} after its kick, nor 30 s after another"
+                )))?
         }
     };
-    let attr: AttrOut = done
-        .into_reply()
-        .and_then(|r| r.parse())
-        .map_err(|e| e.to_string())?;
+    let attr: AttrOut = done.into_reply().and_then(|r| r.parse())?;
     Ok((attr.attr.ino, stalled))
 }
 
@@ -658,13 +846,19 @@ fn check_samples(c: &mut FuseClient, samples: &[Sample], when: &str) -> Res<()> 
     for &(i, nodeid, ino) in samples {
         let got = c
             .getattr(nodeid)
-            .map_err(|e| format!("GETATTR of file {i} (node {nodeid}) {when}: {e}"))?
+            .map_err(Error::step(format!(
+                "GETATTR of file {i} (node {nodeid}) {when}"
+            )))?
             .attr
             .ino;
         if got != ino {
-            return Err(format!(
-                "file {i} (node {nodeid}): inode {got} {when}, {ino} before"
-            ));
+            return Err(Error::NodeInode {
+                file: i,
+                node: nodeid,
+                got,
+                when: when.to_string(),
+                before: ino,
+            });
         }
     }
     Ok(())
@@ -672,7 +866,7 @@ fn check_samples(c: &mut FuseClient, samples: &[Sample], when: &str) -> Res<()> 
 
 fn upgrade(a: &UpgradeArgs) -> Res<()> {
     let share = make_tree(&a.tree, a.nodes)?;
-    fs::create_dir_all(&a.work).map_err(|e| format!("{}: {e}", a.work.display()))?;
+    fs::create_dir_all(&a.work).map_err(Error::file(Some("creating"), &a.work))?;
     let sock = a.work.join("upgrade.sock");
     // No control socket: with one the guest's root would hold only volumes. The
     // upgrades go by SIGHUP to the keeper (the launched process), and the pause is
@@ -684,14 +878,17 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
     );
     let tag = format!("upgrade-n{}", a.nodes);
     let d = Daemon::spawn(&template, &sock, &share, a.work.join(format!("{tag}.log")))?;
-    let failed = |what: String, d: &Daemon| format!("{what} (daemon log: {})", d.log_tail());
-    let mut c =
-        FuseClient::connect(&device_config(&sock)).map_err(|e| failed(e.to_string(), &d))?;
+    let mut c = FuseClient::connect(&device_config(&sock))
+        .map_err(Error::from)
+        .map_err(d.failed())?;
     c.init_session(&Default::default())
-        .map_err(|e| failed(format!("INIT: {e}"), &d))?;
-    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(|e| failed(e, &d))?;
+        .map_err(Error::step("INIT"))
+        .map_err(d.failed())?;
+    let (lookup_s, held, samples) = hold(&mut c, &share, a.nodes).map_err(d.failed())?;
     eprintln!("statebench: {tag}: {held} nodes held (lookups {lookup_s:.1} s)");
-    let root_ino = fs::metadata(&share).map_err(|e| e.to_string())?.ino();
+    let root_ino = fs::metadata(&share)
+        .map_err(Error::file(None, &share))?
+        .ino();
     let outcomes = |d: &Daemon| -> Vec<String> {
         fs::read_to_string(&d.log)
             .unwrap_or_default()
@@ -709,7 +906,10 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
         let start = Instant::now();
         // SAFETY: kill has no memory preconditions; the pid is our own child's.
         if unsafe { libc::kill(d.pid(), libc::SIGHUP) } != 0 {
-            return Err(format!("SIGHUP: {}", std::io::Error::last_os_error()));
+            return Err(Error::Host {
+                step: "SIGHUP",
+                source: io::Error::last_os_error(),
+            });
         }
         // The guest meanwhile: one GETATTR after another until the keeper logs the
         // outcome.
@@ -720,18 +920,19 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
                     break l;
                 }
                 if start.elapsed() > Duration::from_secs(120) {
-                    return Err(failed(format!("upgrade {k}: no outcome in 120 s"), &d));
+                    return Err(d.failed()(Error::NoOutcome { upgrade: k }));
                 }
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
             let t = Instant::now();
-            let (ino, stalled) = getattr_root(&mut c).map_err(|e| {
-                failed(
-                    format!("GETATTR during upgrade {k} (after {getattrs}): {e}"),
-                    &d,
-                )
-            })?;
+            let (ino, stalled) = getattr_root(&mut c)
+                .map_err(|e| Error::Probe {
+                    upgrade: k,
+                    after: getattrs,
+                    source: Box::new(e),
+                })
+                .map_err(d.failed())?;
             if stalled {
                 stalls += 1;
             } else {
@@ -739,14 +940,18 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
             }
             getattrs += 1;
             if ino != root_ino {
-                return Err(format!("upgrade {k}: the root answered inode {ino}"));
+                return Err(Error::RootInode {
+                    upgrade: k,
+                    answered: ino,
+                    share: root_ino,
+                });
             }
             if getattrs % 16 == 0 || stalled {
                 if let Some(l) = outcomes(&d).into_iter().nth(before) {
                     break l;
                 }
                 if start.elapsed() > Duration::from_secs(120) {
-                    return Err(failed(format!("upgrade {k}: no outcome in 120 s"), &d));
+                    return Err(d.failed()(Error::NoOutcome { upgrade: k }));
                 }
             }
         };
@@ -756,9 +961,13 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
             .nth(1)
             .and_then(|r| r.split(' ').next())
             .and_then(|n| n.parse().ok())
-            .ok_or_else(|| failed(format!("upgrade {k}: {line}"), &d))?;
-        check_samples(&mut c, &samples, &format!("after upgrade {k}"))
-            .map_err(|e| failed(e, &d))?;
+            .ok_or_else(|| {
+                d.failed()(Error::NoPause {
+                    upgrade: k,
+                    line: line.clone(),
+                })
+            })?;
+        check_samples(&mut c, &samples, &format!("after upgrade {k}")).map_err(d.failed())?;
         let result = json!({
             "nodes": a.nodes,
             "held_nodes": held,
@@ -785,8 +994,8 @@ fn upgrade(a: &UpgradeArgs) -> Res<()> {
                 .create(true)
                 .append(true)
                 .open(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            writeln!(f, "{result}").map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(Error::file(None, path))?;
+            writeln!(f, "{result}").map_err(Error::file(Some("appending to"), path))?;
         }
     }
     drop(c);

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::prepare::{prepare_dir, prepare_read_file, prepare_write_file, say};
 use super::workloads::entry_name;
-use super::{e, LgResult, Options, Workload, DIR_10K, READ_FILE, WORK_DIR};
+use super::{Error, LgResult, Options, Workload, DIR_10K, READ_FILE, WORK_DIR};
 
 /// One workload's floor.
 #[derive(Clone, Debug, Serialize)]
@@ -41,7 +41,7 @@ pub struct FloorReport {
 /// and READDIRPLUS are left out: their requests are not one system call's worth).
 pub fn measure(opts: &Options) -> LgResult<FloorReport> {
     let wd = opts.shared_dir.join(WORK_DIR);
-    std::fs::create_dir_all(&wd).map_err(e(wd.display()))?;
+    std::fs::create_dir_all(&wd).map_err(Error::at(&wd))?;
     prepare_read_file(opts, &wd)?;
     prepare_dir(opts, &wd)?;
     let seconds = opts.duration.unwrap_or(Duration::from_secs(3));
@@ -114,11 +114,13 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
     let mut buf = vec![0u8; 4096];
     Ok(match w {
         Workload::RandRead4k => {
-            let f = File::open(wd.join(READ_FILE)).map_err(e(READ_FILE))?;
+            let path = wd.join(READ_FILE);
+            let f = File::open(&path).map_err(Error::at(&path))?;
             Box::new(move || {
                 let off = (next() % blocks * 4096) as libc::off_t;
                 // SAFETY: reads into our own 4 KiB buffer.
-                check(unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), 4096, off) })
+                let r = unsafe { libc::pread(f.as_raw_fd(), buf.as_mut_ptr().cast(), 4096, off) };
+                check("pread", r)
             })
         }
         Workload::RandWrite4k => {
@@ -128,15 +130,16 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
             };
             let path = prepare_write_file(&o, wd)?;
             let target = wd.join("floor-write.dat");
-            std::fs::rename(&path, &target).map_err(e(target.display()))?;
+            std::fs::rename(&path, &target).map_err(Error::at(&target))?;
             let f = File::options()
                 .write(true)
                 .open(&target)
-                .map_err(e(target.display()))?;
+                .map_err(Error::at(&target))?;
             Box::new(move || {
                 let off = (next() % blocks * 4096) as libc::off_t;
                 // SAFETY: writes from our own 4 KiB buffer.
-                check(unsafe { libc::pwrite(f.as_raw_fd(), buf.as_ptr().cast(), 4096, off) })
+                let r = unsafe { libc::pwrite(f.as_raw_fd(), buf.as_ptr().cast(), 4096, off) };
+                check("pwrite", r)
             })
         }
         Workload::Getattr => {
@@ -159,7 +162,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                         libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                     )
                 };
-                check(fd as isize)?;
+                check("openat", fd as isize)?;
                 let r = fstat_empty(fd);
                 // SAFETY: the fd opened above, closed once.
                 unsafe { libc::close(fd) };
@@ -169,7 +172,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
         Workload::Metadata => {
             let path = wd.join("floor-meta");
             let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir(&path).map_err(e(path.display()))?;
+            std::fs::create_dir(&path).map_err(Error::at(&path))?;
             let dir = open_path(&path, libc::O_PATH | libc::O_DIRECTORY)?;
             let mut n = 0u64;
             Box::new(move || {
@@ -184,32 +187,32 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                         0o644,
                     )
                 };
-                check(fd as isize)?;
+                check("openat O_CREAT", fd as isize)?;
                 // SAFETY: our own buffer and the fd opened above, closed once; a
-                // NUL-terminated name.
+                // NUL-terminated name. pwrite's errno is taken before close.
                 let (w, u) = unsafe {
-                    let w = libc::pwrite(fd, buf.as_ptr().cast(), 4096, 0);
+                    let w = check("pwrite", libc::pwrite(fd, buf.as_ptr().cast(), 4096, 0));
                     libc::close(fd);
                     (w, libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0))
                 };
-                check(w)?;
-                check(u as isize)
+                w?;
+                check("unlinkat", u as isize)
             })
         }
-        other => return Err(format!("no floor for {}", other.name())),
+        other => return Err(Error::NoFloor(other)),
     })
 }
 
 fn open_path(path: &Path, flags: i32) -> LgResult<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| "NUL in a path")?;
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::NulInPath(path.to_path_buf()))?;
     // SAFETY: a NUL-terminated path.
     let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(format!(
-            "{}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(Error::Host {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     // SAFETY: a new fd we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -218,12 +221,17 @@ fn open_path(path: &Path, flags: i32) -> LgResult<OwnedFd> {
 fn fstat_empty(fd: RawFd) -> LgResult<()> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstatat fills the stat buffer it is given.
-    check(unsafe { libc::fstatat(fd, c"".as_ptr(), st.as_mut_ptr(), libc::AT_EMPTY_PATH) } as isize)
+    let r = unsafe { libc::fstatat(fd, c"".as_ptr(), st.as_mut_ptr(), libc::AT_EMPTY_PATH) };
+    check("fstatat", r as isize)
 }
 
-fn check(r: isize) -> LgResult<()> {
+/// A system call's result: an error (with errno) if negative.
+fn check(call: &'static str, r: isize) -> LgResult<()> {
     if r < 0 {
-        Err(format!("floor: {}", std::io::Error::last_os_error()))
+        Err(Error::Syscall {
+            call,
+            source: std::io::Error::last_os_error(),
+        })
     } else {
         Ok(())
     }

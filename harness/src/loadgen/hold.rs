@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::prepare::say;
 use super::session::Session;
 use super::volumes::{lookup_work_dir, Target};
-use super::{e, LgResult, Options};
+use super::{Error, LgResult, Options};
 use crate::frontend::FuseOps;
 
 /// What `--hold-inodes` got.
@@ -42,10 +42,10 @@ fn prepare(opts: &Options, target: &Target, n: usize) -> LgResult<()> {
         &format!("preparing {} ({n} empty files)", dir.display()),
     );
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).map_err(e(dir.display()))?;
+    fs::create_dir_all(&dir).map_err(Error::at(&dir))?;
     for i in 0..n {
         let p = dir.join(format!("i{i:07}"));
-        File::create(&p).map_err(e(p.display()))?;
+        File::create(&p).map_err(Error::at(&p))?;
     }
     Ok(())
 }
@@ -63,7 +63,7 @@ pub(super) fn hold(
     let base = lookup_work_dir(q, target, &mut Default::default())?;
     let dir = q
         .lookup(base, &dir_name(n))
-        .map_err(e("LOOKUP inodes dir"))?
+        .map_err(Error::step("LOOKUP inodes dir"))?
         .nodeid;
     let start = Instant::now();
     let mut held = 0;
@@ -76,7 +76,12 @@ pub(super) fn hold(
                     stopped_by_errno = Some(errno);
                     break;
                 }
-                None => return Err(format!("LOOKUP i{i:07}: {err}")),
+                None => {
+                    return Err(Error::Frontend {
+                        step: format!("LOOKUP i{i:07}"),
+                        source: err,
+                    })
+                }
             },
         }
     }

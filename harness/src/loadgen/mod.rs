@@ -17,6 +17,7 @@
 //! the rate follows).
 
 pub mod driver;
+mod error;
 pub mod floor;
 mod hold;
 pub mod pattern;
@@ -26,6 +27,7 @@ mod session;
 pub mod volumes;
 pub mod workloads;
 
+pub use error::{Error, ParseError};
 pub use hold::HeldInodes;
 pub use run::{run, run_volumes};
 pub use volumes::{Interval, VolumeResult, SERIES_INTERVAL};
@@ -105,7 +107,7 @@ impl Workload {
 
     /// Parses a comma-separated list; `all` means every workload, `none` none (for
     /// footprint runs: connect, INIT, idle or hold inodes, disconnect).
-    pub fn parse_list(s: &str) -> Result<Vec<Workload>, String> {
+    pub fn parse_list(s: &str) -> Result<Vec<Workload>, ParseError> {
         if s.trim() == "none" {
             return Ok(Vec::new());
         }
@@ -118,16 +120,11 @@ impl Workload {
             let w = Self::ALL
                 .into_iter()
                 .find(|w| w.name() == part)
-                .ok_or_else(|| {
-                    format!(
-                        "unknown workload '{part}' (have: all, {})",
-                        Self::ALL.map(|w| w.name()).join(", ")
-                    )
-                })?;
+                .ok_or_else(|| ParseError::UnknownWorkload(part.to_string()))?;
             out.push(w);
         }
         if out.is_empty() {
-            return Err("no workload given".into());
+            return Err(ParseError::NoWorkload);
         }
         Ok(out)
     }
@@ -217,14 +214,10 @@ pub struct Report {
     pub volumes: Vec<String>,
 }
 
-pub type LgResult<T> = Result<T, String>;
+pub type LgResult<T> = Result<T, Error>;
 
 /// Largest block of the 1 MiB workloads, and of the host-side preparation.
 const LARGE_BLOCK: usize = 1 << 20;
-
-fn e<E: std::fmt::Display>(what: impl std::fmt::Display) -> impl FnOnce(E) -> String {
-    move |err| format!("{what}: {err}")
-}
 
 /// Human-readable table of a report.
 pub fn table(report: &Report) -> String {
@@ -282,7 +275,7 @@ pub fn table(report: &Report) -> String {
 }
 
 /// Parses sizes like 4096, 64K, 256M, 1G.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, ParseError> {
     let s = s.trim();
     let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&s[..s.len() - 1], 1u64 << 10),
@@ -293,5 +286,5 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     num.parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size '{s}'"))
+        .ok_or_else(|| ParseError::BadSize(s.to_string()))
 }

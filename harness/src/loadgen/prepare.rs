@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::workloads::{entry_name, entry_size, SEED_READ, SEED_WRITE};
-use super::{e, pattern, LgResult, Options, DIR_10K, LARGE_BLOCK, READ_FILE, WRITE_FILE};
+use super::{pattern, Error, LgResult, Options, DIR_10K, LARGE_BLOCK, READ_FILE, WRITE_FILE};
 
 /// The read file: `file_size` bytes of pattern SEED_READ. Reused when it has
 /// the right size and sampled blocks verify; then read once so the page cache
@@ -38,27 +38,27 @@ pub(super) fn prepare_read_file(opts: &Options, wd: &Path) -> LgResult<()> {
             opts,
             &format!("preparing {} ({} bytes)", path.display(), opts.file_size),
         );
-        let mut f = File::create(&path).map_err(e(path.display()))?;
+        let mut f = File::create(&path).map_err(Error::at(&path))?;
         let mut off = 0;
         while off < opts.file_size {
             let n = (LARGE_BLOCK as u64).min(opts.file_size - off) as usize;
             pattern::fill(SEED_READ, off, &mut buf[..n]);
-            f.write_all(&buf[..n]).map_err(e(path.display()))?;
+            f.write_all(&buf[..n]).map_err(Error::at(&path))?;
             off += n as u64;
         }
-        f.sync_all().map_err(e(path.display()))?;
+        f.sync_all().map_err(Error::at(&path))?;
     }
     // Warm the host page cache: both daemons then read from memory.
-    let mut f = File::open(&path).map_err(e(path.display()))?;
-    while f.read(&mut buf).map_err(e(path.display()))? > 0 {}
+    let mut f = File::open(&path).map_err(Error::at(&path))?;
+    while f.read(&mut buf).map_err(Error::at(&path))? > 0 {}
     Ok(())
 }
 
 pub(super) fn prepare_write_file(opts: &Options, wd: &Path) -> LgResult<PathBuf> {
     let path = wd.join(WRITE_FILE);
     let _ = fs::remove_file(&path);
-    let f = File::create(&path).map_err(e(path.display()))?;
-    f.set_len(opts.file_size).map_err(e(path.display()))?;
+    let f = File::create(&path).map_err(Error::at(&path))?;
+    f.set_len(opts.file_size).map_err(Error::at(&path))?;
     Ok(path)
 }
 
@@ -68,13 +68,13 @@ pub(super) fn verify_write_file(
     file_size: u64,
     written: &[AtomicU64],
 ) -> LgResult<u64> {
-    let mut f = File::open(path).map_err(e(path.display()))?;
+    let mut f = File::open(path).map_err(Error::at(path))?;
     let mut buf = vec![0u8; LARGE_BLOCK];
     let mut off = 0u64;
     let mut blocks_written = 0;
     while off < file_size {
         let n = (LARGE_BLOCK as u64).min(file_size - off) as usize;
-        f.read_exact(&mut buf[..n]).map_err(e(path.display()))?;
+        f.read_exact(&mut buf[..n]).map_err(Error::at(path))?;
         for (i, block) in buf[..n].chunks(4096).enumerate() {
             let boff = off + 4096 * i as u64;
             let blk = boff / 4096;
@@ -83,16 +83,17 @@ pub(super) fn verify_write_file(
             if was_written {
                 blocks_written += 1;
                 if let Err(at) = pattern::verify(SEED_WRITE, boff, block) {
-                    return Err(format!(
-                        "{}: written block at {boff} holds wrong data (first bad word at {at})",
-                        path.display()
-                    ));
+                    return Err(Error::WrongData {
+                        path: path.to_path_buf(),
+                        block: boff,
+                        at,
+                    });
                 }
             } else if block.iter().any(|&b| b != 0) {
-                return Err(format!(
-                    "{}: block at {boff} was never written but is not zero",
-                    path.display()
-                ));
+                return Err(Error::NotZero {
+                    path: path.to_path_buf(),
+                    block: boff,
+                });
             }
         }
         off += n as u64;
@@ -117,13 +118,13 @@ pub(super) fn prepare_dir(opts: &Options, wd: &Path) -> LgResult<()> {
         &format!("preparing {} ({} files)", dir.display(), opts.files),
     );
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).map_err(e(dir.display()))?;
+    fs::create_dir_all(&dir).map_err(Error::at(&dir))?;
     let data = vec![b'x'; 512];
     for i in 0..opts.files {
         let p = dir.join(entry_name(i));
-        let mut f = File::create(&p).map_err(e(p.display()))?;
+        let mut f = File::create(&p).map_err(Error::at(&p))?;
         f.write_all(&data[..entry_size(i) as usize])
-            .map_err(e(p.display()))?;
+            .map_err(Error::at(&p))?;
     }
     Ok(())
 }

@@ -17,11 +17,11 @@ use super::volumes::{
 use super::workloads::{
     entry_name, Ctx, DataJob, GetattrJob, Job, LookupJob, MetaJob, ReaddirJob, Step,
 };
+use super::{pattern, workloads};
 use super::{
-    e, Latency, LgResult, Options, Report, Workload, WorkloadResult, DIR_10K, LARGE_BLOCK,
+    Error, Latency, LgResult, Options, Report, Workload, WorkloadResult, DIR_10K, LARGE_BLOCK,
     READ_FILE, WRITE_FILE,
 };
-use super::{pattern, workloads};
 use crate::fixtures::host::{clock_ticks_per_second, tree_cpu_ticks};
 use crate::frontend::{FuseOps, FuseQueue};
 
@@ -94,14 +94,14 @@ fn drive(
         }
     }
     let qname = format!("queue {}", q.index());
-    let ctxq = |_: &SlotQueue| qname.clone();
+    let on_queue = || Error::step(&qname);
     let mut active = 0usize;
     let submit =
         |q: &mut SlotQueue, slot: usize, req: driver::Req, fill: Option<workloads::Fill>| {
             if let Some(f) = fill {
                 pattern::fill(f.seed, f.off, &mut q.payload_mut(slot)[..f.len]);
             }
-            q.submit(slot, &req).map(|_| ()).map_err(e(ctxq(q)))
+            q.submit(slot, &req).map(|_| ()).map_err(on_queue())
         };
     for (slot, job) in jobs.iter_mut().enumerate() {
         if !limit.take() {
@@ -111,7 +111,7 @@ fn drive(
         submit(q, slot, req, fill)?;
         active += 1;
     }
-    q.kick().map_err(e(ctxq(q)))?;
+    q.kick().map_err(on_queue())?;
     while active > 0 {
         // Take one completion (waiting if needed), then every one already
         // there, and kick once for all the resubmissions, like the driver.
@@ -127,7 +127,7 @@ fn drive(
                         Err(err) => Err(err),
                     }
                 }
-                .map_err(e(&qname))?;
+                .map_err(on_queue())?;
                 first = false;
                 let slot = done.slot;
                 let vo = &mut out.vols[vol_of[slot]];
@@ -152,7 +152,7 @@ fn drive(
                 }
             }
         }
-        q.kick().map_err(e(ctxq(q)))?;
+        q.kick().map_err(on_queue())?;
         if ctx.forgets.len() >= ctx.forget_batch {
             forget_batch(hiprio, std::mem::take(&mut ctx.forgets))?;
         }
@@ -216,7 +216,7 @@ fn setup_volume(
             prepare_read_file(opts, &wd)?;
             v.file_node = q0
                 .lookup(base, READ_FILE)
-                .map_err(e(format!("{l}LOOKUP read file")))?
+                .map_err(Error::step(format!("{l}LOOKUP read file")))?
                 .nodeid;
             *forgets.entry(v.file_node).or_default() += 1;
         }
@@ -224,7 +224,7 @@ fn setup_volume(
             v.write_path = Some(prepare_write_file(opts, &wd)?);
             v.file_node = q0
                 .lookup(base, WRITE_FILE)
-                .map_err(e(format!("{l}LOOKUP write file")))?
+                .map_err(Error::step(format!("{l}LOOKUP write file")))?
                 .nodeid;
             *forgets.entry(v.file_node).or_default() += 1;
             let blocks = opts.file_size.div_ceil(4096);
@@ -238,7 +238,7 @@ fn setup_volume(
             prepare_dir(opts, &wd)?;
             v.dir_node = q0
                 .lookup(base, DIR_10K)
-                .map_err(e(format!("{l}LOOKUP dir")))?
+                .map_err(Error::step(format!("{l}LOOKUP dir")))?
                 .nodeid;
             *forgets.entry(v.dir_node).or_default() += 1;
             if w == Workload::Getattr {
@@ -246,7 +246,10 @@ fn setup_volume(
                 for i in 0..opts.files {
                     let n = q0
                         .lookup(v.dir_node, &entry_name(i))
-                        .map_err(e(format!("{l}LOOKUP entry")))?
+                        .map_err(|source| Error::Frontend {
+                            step: format!("{l}LOOKUP entry {}", entry_name(i)),
+                            source,
+                        })?
                         .nodeid;
                     *forgets.entry(n).or_default() += 1;
                     nodes.push(n);
@@ -258,11 +261,11 @@ fn setup_volume(
             let name = format!("meta-{}", std::process::id());
             let p = wd.join(&name);
             let _ = fs::remove_dir_all(&p);
-            fs::create_dir(&p).map_err(e(p.display()))?;
+            fs::create_dir(&p).map_err(Error::at(&p))?;
             v.meta_dir = Some(p);
             v.dir_node = q0
                 .lookup(base, &name)
-                .map_err(e(format!("{l}LOOKUP meta dir")))?
+                .map_err(Error::step(format!("{l}LOOKUP meta dir")))?
                 .nodeid;
             *forgets.entry(v.dir_node).or_default() += 1;
         }
@@ -318,7 +321,10 @@ fn run_workload(
         _ => 4096,
     };
     if u64::from(block) > opts.file_size {
-        return Err(format!("--file-size must be at least {block}"));
+        return Err(Error::FileSizeBelowBlock {
+            file_size: opts.file_size,
+            block,
+        });
     }
 
     // Node ids the jobs need, per volume.
@@ -344,7 +350,7 @@ fn run_workload(
             for q in s.queues.iter_mut() {
                 v.fhs.push(
                     q.open(v.file_node, flags)
-                        .map_err(e(format!("{}OPEN", t.label())))?
+                        .map_err(Error::step(format!("{}OPEN", t.label())))?
                         .fh,
                 );
             }
@@ -411,10 +417,8 @@ fn run_workload(
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("worker thread panicked".into()))
-            })
+            .enumerate()
+            .map(|(queue, h)| h.join().unwrap_or(Err(Error::WorkerPanicked { queue })))
             .collect()
     });
     let elapsed = start.elapsed();
@@ -442,14 +446,18 @@ fn run_workload(
         }
     }
     if let Some(err) = first_err {
-        return Err(format!("{}: {err}", named.name()));
+        return Err(Error::Workload {
+            workload: named,
+            source: Box::new(err),
+        });
     }
 
     // Teardown (not timed): handles, lookups, host-side checks, cleanup.
     for v in &setups {
         if v.file_node != 0 {
             for (q, fh) in s.queues.iter_mut().zip(&v.fhs) {
-                q.release(v.file_node, *fh, flags).map_err(e("RELEASE"))?;
+                q.release(v.file_node, *fh, flags)
+                    .map_err(Error::step("RELEASE"))?;
             }
         }
     }
@@ -461,11 +469,10 @@ fn run_workload(
         if let (Some(path), Some(bits)) = (&v.write_path, &v.written) {
             let n = verify_write_file(path, opts.file_size, bits)?;
             if n == 0 && out.ops > 0 {
-                return Err(format!(
-                    "{}: {}no block of the write file was written",
-                    w.name(),
-                    t.label()
-                ));
+                return Err(Error::NothingWritten {
+                    workload: w,
+                    volume: t.label(),
+                });
             }
             if !opts.keep_files {
                 let _ = fs::remove_file(path);
@@ -473,19 +480,18 @@ fn run_workload(
         }
         if let Some(dir) = &v.meta_dir {
             let left: Vec<_> = fs::read_dir(dir)
-                .map_err(e(dir.display()))?
+                .map_err(Error::at(dir))?
                 .filter_map(|d| d.ok())
                 .map(|d| d.file_name())
                 .collect();
             if !left.is_empty() {
-                return Err(format!(
-                    "metadata: {} files left in {} after UNLINK (e.g. {:?})",
-                    left.len(),
-                    dir.display(),
-                    left[0]
-                ));
+                return Err(Error::FilesLeft {
+                    dir: dir.clone(),
+                    count: left.len(),
+                    example: left[0].clone(),
+                });
             }
-            fs::remove_dir(dir).map_err(e(dir.display()))?;
+            fs::remove_dir(dir).map_err(Error::at(dir))?;
         }
     }
 
@@ -544,16 +550,13 @@ pub fn run(opts: &Options) -> LgResult<Report> {
 /// the shared dir's root), cleans up; any failure is an error.
 pub fn run_volumes(opts: &Options, volumes: &[String]) -> LgResult<Report> {
     if opts.queues == 0 || opts.qd == 0 {
-        return Err("--queues and --qd must be at least 1".into());
+        return Err(Error::NoQueueOrSlot);
     }
     if opts.file_size < 4096 || !opts.file_size.is_multiple_of(4096) {
-        return Err("--file-size must be a positive multiple of 4096".into());
+        return Err(Error::FileSizeNotBlocks(opts.file_size));
     }
     if !opts.shared_dir.is_dir() {
-        return Err(format!(
-            "shared dir {} is not a directory",
-            opts.shared_dir.display()
-        ));
+        return Err(Error::SharedDirNotDir(opts.shared_dir.clone()));
     }
     let targets = volumes::targets(&opts.shared_dir, volumes)?;
     if opts.workloads.iter().any(|w| !w.is_qd1()) {
@@ -561,14 +564,13 @@ pub fn run_volumes(opts: &Options, volumes: &[String]) -> LgResult<Report> {
     }
     for t in &targets {
         if !t.host_dir.is_dir() {
-            return Err(format!(
-                "volume {}: {} is not a directory",
-                t.name,
-                t.host_dir.display()
-            ));
+            return Err(Error::VolumeNotDir {
+                volume: t.name.clone(),
+                path: t.host_dir.clone(),
+            });
         }
         let wd = t.work_dir();
-        fs::create_dir_all(&wd).map_err(e(wd.display()))?;
+        fs::create_dir_all(&wd).map_err(Error::at(&wd))?;
     }
     let mut session = Session::connect(opts)?;
     // For start-up measured to the first INIT reply (benches/footprint.py): the

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::driver::SlotQueue;
-use super::{e, LgResult, Options, LARGE_BLOCK};
+use super::{Error, LgResult, Options, LARGE_BLOCK};
 use crate::frontend::fuse::UniqueSource;
 use crate::frontend::{DeviceConfig, FuseOps, FuseQueue, InitParams, VhostUserFsDevice};
 
@@ -36,12 +36,12 @@ impl Session {
             connect_timeout: Duration::from_secs(10),
             load_state: None,
         };
-        let mut device = VhostUserFsDevice::connect(&cfg).map_err(e("connecting"))?;
+        let mut device = VhostUserFsDevice::connect(&cfg).map_err(Error::step("connecting"))?;
         let memory = device.memory().clone();
         let uniques = UniqueSource::default();
         let mut qs = device.take_queues().into_iter();
         let hiprio = FuseQueue::new(
-            qs.next().ok_or("device has no queue")?,
+            qs.next().ok_or(Error::NoQueue)?,
             memory.clone(),
             uniques.clone(),
         );
@@ -49,12 +49,12 @@ impl Session {
         for q in qs {
             queues.push(
                 SlotQueue::new(q, &memory, uniques.clone(), slots, payload)
-                    .map_err(e("setting up request queue"))?,
+                    .map_err(Error::step("setting up request queue"))?,
             );
         }
         let init = queues[0]
             .init(&InitParams::default())
-            .map_err(e("FUSE_INIT"))?;
+            .map_err(Error::step("FUSE_INIT"))?;
         // 1 MiB workloads use min(1 MiB, max_write), as the guest would split.
         let max_write = init.max_write.max(4096);
         Ok(Session {
@@ -74,7 +74,7 @@ pub(super) fn forget_batch(hiprio: &Mutex<FuseQueue>, forgets: HashMap<u64, u64>
     let list: Vec<(u64, u64)> = forgets.into_iter().collect();
     let mut q = hiprio.lock().expect("hiprio lock");
     for chunk in list.chunks(256) {
-        q.batch_forget(chunk).map_err(e("BATCH_FORGET"))?;
+        q.batch_forget(chunk).map_err(Error::step("BATCH_FORGET"))?;
     }
     Ok(())
 }

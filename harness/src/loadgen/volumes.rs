@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::driver::SlotQueue;
-use super::{e, Latency, LgResult, Options, WORK_DIR};
+use super::{Error, Latency, LgResult, Options, WORK_DIR};
 use crate::frontend::FuseOps;
 
 /// Width of the intervals of the per-volume time series.
@@ -69,12 +69,10 @@ pub fn targets(shared_dir: &Path, volumes: &[String]) -> LgResult<Vec<Target>> {
                 .iter()
                 .any(|p| p.is_empty() || p == "." || p == ".." || p.contains('\0'))
         {
-            return Err(format!(
-                "bad volume name '{name}' (a relative path under the shared dir, e.g. data or rw/vol-a)"
-            ));
+            return Err(Error::BadVolumeName(name.clone()));
         }
         if out.iter().any(|t| t.name == *name) {
-            return Err(format!("volume '{name}' given twice"));
+            return Err(Error::VolumeTwice(name.clone()));
         }
         out.push(Target {
             name: name.clone(),
@@ -102,10 +100,10 @@ pub fn slot_volume(slot: usize, volumes: usize) -> usize {
 /// Checks that each volume gets at least one slot of QD `qd`.
 pub fn check_qd(opts: &Options, volumes: usize) -> LgResult<()> {
     if volumes > opts.qd {
-        return Err(format!(
-            "--qd {} is less than the {volumes} volumes: each volume needs a slot",
-            opts.qd
-        ));
+        return Err(Error::QdBelowVolumes {
+            qd: opts.qd,
+            volumes,
+        });
     }
     Ok(())
 }
@@ -210,13 +208,13 @@ pub(super) fn lookup_work_dir(
     for part in &t.guest_path {
         node = q
             .lookup(node, part)
-            .map_err(e(format!("LOOKUP volume /{}", t.name)))?
+            .map_err(Error::step(format!("LOOKUP volume /{}", t.name)))?
             .nodeid;
         *forgets.entry(node).or_default() += 1;
     }
     node = q
         .lookup(node, WORK_DIR)
-        .map_err(e(format!("{}LOOKUP work dir", t.label())))?
+        .map_err(Error::step(format!("{}LOOKUP work dir", t.label())))?
         .nodeid;
     *forgets.entry(node).or_default() += 1;
     Ok(node)

@@ -2,6 +2,7 @@
 //! that issues the requests of one operation and validates every reply.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -99,38 +100,138 @@ impl Ctx {
     }
 }
 
-pub type JobResult = Result<Step, String>;
+pub type JobResult = Result<Step, ReplyError>;
 
 pub trait Job: Send {
     fn begin(&mut self, ctx: &mut Ctx) -> (Req, Option<Fill>);
     fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult;
 }
 
-fn errno(what: &str, error: i32) -> String {
-    format!(
-        "{what}: errno {error} ({})",
-        std::io::Error::from_raw_os_error(error)
-    )
+/// A reply a job does not accept: the operation (`WRITE at 4096`, `LOOKUP f000012`,
+/// `Create m0-1-3`, `Read at offset 0`) and what was wrong with it.
+#[derive(Debug)]
+pub struct ReplyError {
+    pub op: String,
+    pub problem: Problem,
 }
 
-fn parse<T: ByteValued>(what: &str, body: &[u8]) -> Result<T, String> {
+/// What was wrong with a reply.
+#[derive(Debug)]
+pub enum Problem {
+    /// The backend answered with an errno.
+    Errno(i32),
+    /// A body of another size than the reply's struct(s).
+    BodySize { got: usize, expected: usize },
+    /// A node that is not a regular file (the mode).
+    NotRegular(u32),
+    /// A file of another size than the one prepared.
+    FileSize { got: u64, expected: u64 },
+    /// WRITE wrote less than it was given.
+    ShortWrite { wrote: u32, of: u32 },
+    /// READ answered another number of bytes than asked for.
+    ShortRead { got: usize, expected: u32 },
+    /// READ's data is not the pattern, from this file offset on.
+    DataMismatch { at: u64 },
+    /// An entry with node id 0.
+    NodeIdZero,
+    /// A body where none is expected.
+    UnexpectedBytes(usize),
+    /// READDIRPLUS's body does not split into entries.
+    Dirents(crate::frontend::Error),
+    /// A listed name that is not one of the prepared directory's.
+    UnexpectedEntry(String),
+    /// A prepared entry listed a second time.
+    ListedTwice(String),
+    /// A listed entry without a node id.
+    EntryWithoutNode(String),
+    /// The listing's count of entries.
+    Listed { got: usize, expected: usize },
+}
+
+impl ReplyError {
+    fn new(op: impl Into<String>, problem: Problem) -> ReplyError {
+        ReplyError {
+            op: op.into(),
+            problem,
+        }
+    }
+}
+
+impl fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op, self.problem)
+    }
+}
+
+impl std::error::Error for ReplyError {}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::Errno(errno) => write!(
+                f,
+                "errno {errno} ({})",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            Problem::BodySize { got, expected } => {
+                write!(f, "reply body of {got} bytes, expected {expected}")
+            }
+            Problem::NotRegular(mode) => write!(f, "mode {mode:o} is not a regular file"),
+            Problem::FileSize { got, expected } => write!(f, "size {got}, expected {expected}"),
+            Problem::ShortWrite { wrote, of } => write!(f, "wrote {wrote} of {of} bytes"),
+            Problem::ShortRead { got, expected } => write!(f, "{got} bytes, expected {expected}"),
+            Problem::DataMismatch { at } => write!(f, "data mismatch at file offset {at}"),
+            Problem::NodeIdZero => write!(f, "node id 0"),
+            Problem::UnexpectedBytes(n) => write!(f, "{n} unexpected reply bytes"),
+            Problem::Dirents(e) => write!(f, "{e}"),
+            Problem::UnexpectedEntry(name) => write!(f, "unexpected entry {name:?}"),
+            Problem::ListedTwice(name) => write!(f, "entry {name} listed twice"),
+            Problem::EntryWithoutNode(name) => write!(f, "entry {name} without node id"),
+            Problem::Listed { got, expected } => {
+                write!(f, "listing had {got} entries, expected {expected}")
+            }
+        }
+    }
+}
+
+/// The reply's errno as an error of `op`, if it is one.
+fn check_errno(op: &str, error: i32) -> Result<(), ReplyError> {
+    match error {
+        0 => Ok(()),
+        errno => Err(ReplyError::new(op, Problem::Errno(errno))),
+    }
+}
+
+fn parse<T: ByteValued>(op: &str, body: &[u8]) -> Result<T, ReplyError> {
     T::from_slice(body).copied().ok_or_else(|| {
-        format!(
-            "{what}: reply body of {} bytes, expected {}",
-            body.len(),
-            std::mem::size_of::<T>()
-        )
+        let problem = Problem::BodySize {
+            got: body.len(),
+            expected: std::mem::size_of::<T>(),
+        };
+        ReplyError::new(op, problem)
     })
 }
 
-fn check_regular(what: &str, mode: u32, size: u64, want_size: u64) -> Result<(), String> {
+fn check_regular(op: &str, mode: u32, size: u64, want_size: u64) -> Result<(), ReplyError> {
     if mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(format!("{what}: mode {mode:o} is not a regular file"));
+        return Err(ReplyError::new(op, Problem::NotRegular(mode)));
     }
     if size != want_size {
-        return Err(format!("{what}: size {size}, expected {want_size}"));
+        let problem = Problem::FileSize {
+            got: size,
+            expected: want_size,
+        };
+        return Err(ReplyError::new(op, problem));
     }
     Ok(())
+}
+
+/// An error of `op` unless the body is empty.
+fn check_empty(op: &str, body: &[u8]) -> Result<(), ReplyError> {
+    match body.len() {
+        0 => Ok(()),
+        n => Err(ReplyError::new(op, Problem::UnexpectedBytes(n))),
+    }
 }
 
 // ------------------------------------------------------------- data I/O
@@ -236,34 +337,29 @@ impl Job for DataJob {
 
     fn reply(&mut self, _ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
         if self.write {
-            if error != 0 {
-                return Err(errno(&format!("WRITE at {}", self.off), error));
-            }
-            let out: WriteOut = parse("WRITE", body)?;
+            let op = format!("WRITE at {}", self.off);
+            check_errno(&op, error)?;
+            let out: WriteOut = parse(&op, body)?;
             if out.size != self.block {
-                return Err(format!(
-                    "WRITE at {}: wrote {} of {} bytes",
-                    self.off, out.size, self.block
-                ));
+                let problem = Problem::ShortWrite {
+                    wrote: out.size,
+                    of: self.block,
+                };
+                return Err(ReplyError::new(op, problem));
             }
             self.mark_written(self.off, u64::from(self.block));
         } else {
-            if error != 0 {
-                return Err(errno(&format!("READ at {}", self.off), error));
-            }
+            let op = format!("READ at {}", self.off);
+            check_errno(&op, error)?;
             if body.len() != self.block as usize {
-                return Err(format!(
-                    "READ at {}: {} bytes, expected {}",
-                    self.off,
-                    body.len(),
-                    self.block
-                ));
+                let problem = Problem::ShortRead {
+                    got: body.len(),
+                    expected: self.block,
+                };
+                return Err(ReplyError::new(op, problem));
             }
             if let Err(at) = pattern::verify(SEED_READ, self.off, body) {
-                return Err(format!(
-                    "READ at {}: data mismatch at file offset {at}",
-                    self.off
-                ));
+                return Err(ReplyError::new(op, Problem::DataMismatch { at }));
             }
         }
         Ok(Step::Done(u64::from(self.block)))
@@ -299,15 +395,13 @@ impl Job for LookupJob {
     }
 
     fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
-        let what = format!("LOOKUP {}", entry_name(self.index));
-        if error != 0 {
-            return Err(errno(&what, error));
-        }
-        let e: EntryOut = parse(&what, body)?;
+        let op = format!("LOOKUP {}", entry_name(self.index));
+        check_errno(&op, error)?;
+        let e: EntryOut = parse(&op, body)?;
         if e.nodeid == 0 {
-            return Err(format!("{what}: node id 0"));
+            return Err(ReplyError::new(op, Problem::NodeIdZero));
         }
-        check_regular(&what, e.attr.mode, e.attr.size, entry_size(self.index))?;
+        check_regular(&op, e.attr.mode, e.attr.size, entry_size(self.index))?;
         ctx.forget(e.nodeid);
         Ok(Step::Done(0))
     }
@@ -335,12 +429,10 @@ impl Job for GetattrJob {
     }
 
     fn reply(&mut self, _ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
-        let what = format!("GETATTR {}", entry_name(self.index));
-        if error != 0 {
-            return Err(errno(&what, error));
-        }
-        let a: AttrOut = parse(&what, body)?;
-        check_regular(&what, a.attr.mode, a.attr.size, entry_size(self.index))?;
+        let op = format!("GETATTR {}", entry_name(self.index));
+        check_errno(&op, error)?;
+        let a: AttrOut = parse(&op, body)?;
+        check_regular(&op, a.attr.mode, a.attr.size, entry_size(self.index))?;
         Ok(Step::Done(0))
     }
 }
@@ -399,22 +491,25 @@ impl Job for MetaJob {
     }
 
     fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
-        let what = format!("{:?} {}", self.state, self.name);
-        if error != 0 {
-            return Err(errno(&what, error));
-        }
+        let op = format!("{:?} {}", self.state, self.name);
+        check_errno(&op, error)?;
         match self.state {
             MetaState::Create => {
                 let n = std::mem::size_of::<EntryOut>();
-                if body.len() != n + std::mem::size_of::<OpenOut>() {
-                    return Err(format!("{what}: reply body of {} bytes", body.len()));
+                let expected = n + std::mem::size_of::<OpenOut>();
+                if body.len() != expected {
+                    let problem = Problem::BodySize {
+                        got: body.len(),
+                        expected,
+                    };
+                    return Err(ReplyError::new(op, problem));
                 }
-                let e: EntryOut = parse(&what, &body[..n])?;
-                let o: OpenOut = parse(&what, &body[n..])?;
+                let e: EntryOut = parse(&op, &body[..n])?;
+                let o: OpenOut = parse(&op, &body[n..])?;
                 if e.nodeid == 0 {
-                    return Err(format!("{what}: node id 0"));
+                    return Err(ReplyError::new(op, Problem::NodeIdZero));
                 }
-                check_regular(&what, e.attr.mode, e.attr.size, 0)?;
+                check_regular(&op, e.attr.mode, e.attr.size, 0)?;
                 self.nodeid = e.nodeid;
                 self.fh = o.fh;
                 self.state = MetaState::Write;
@@ -436,9 +531,13 @@ impl Job for MetaJob {
                 Ok(Step::More(req, Some(fill)))
             }
             MetaState::Write => {
-                let out: WriteOut = parse(&what, body)?;
+                let out: WriteOut = parse(&op, body)?;
                 if out.size != 4096 {
-                    return Err(format!("{what}: wrote {} of 4096 bytes", out.size));
+                    let problem = Problem::ShortWrite {
+                        wrote: out.size,
+                        of: 4096,
+                    };
+                    return Err(ReplyError::new(op, problem));
                 }
                 self.state = MetaState::Release;
                 let req = Req::new(OP_RELEASE, self.nodeid).arg(&ReleaseIn {
@@ -449,17 +548,13 @@ impl Job for MetaJob {
                 Ok(Step::More(req, None))
             }
             MetaState::Release => {
-                if !body.is_empty() {
-                    return Err(format!("{what}: {} unexpected reply bytes", body.len()));
-                }
+                check_empty(&op, body)?;
                 self.state = MetaState::Unlink;
                 let req = Req::new(OP_UNLINK, self.dir).name(self.name.as_bytes());
                 Ok(Step::More(req, None))
             }
             MetaState::Unlink => {
-                if !body.is_empty() {
-                    return Err(format!("{what}: {} unexpected reply bytes", body.len()));
-                }
+                check_empty(&op, body)?;
                 ctx.forget(self.nodeid);
                 Ok(Step::Done(4096))
             }
@@ -535,13 +630,11 @@ impl Job for ReaddirJob {
     }
 
     fn reply(&mut self, ctx: &mut Ctx, error: i32, body: &[u8]) -> JobResult {
-        let what = format!("{:?} at offset {}", self.state, self.offset);
-        if error != 0 {
-            return Err(errno(&what, error));
-        }
+        let op = format!("{:?} at offset {}", self.state, self.offset);
+        check_errno(&op, error)?;
         match self.state {
             DirState::Open => {
-                let o: OpenOut = parse(&what, body)?;
+                let o: OpenOut = parse(&op, body)?;
                 self.fh = o.fh;
                 self.state = DirState::Read;
                 Ok(Step::More(self.readdirplus(), None))
@@ -557,25 +650,27 @@ impl Job for ReaddirJob {
                     return Ok(Step::More(req, None));
                 }
                 self.bytes += body.len() as u64;
-                let entries = parse_direntplus(&what, body).map_err(|e| e.to_string())?;
+                let entries = parse_direntplus("READDIRPLUS reply", body)
+                    .map_err(|e| ReplyError::new(&op, Problem::Dirents(e)))?;
                 for e in &entries {
                     let name = &e.dirent.name;
                     if name == b"." || name == b".." {
                         continue;
                     }
                     let idx = parse_entry_index(name, self.files).ok_or_else(|| {
-                        format!("{what}: unexpected entry {:?}", e.dirent.name_str())
+                        ReplyError::new(&op, Problem::UnexpectedEntry(e.dirent.name_str()))
                     })?;
                     let (w, bit) = (idx / 64, 1u64 << (idx % 64));
                     if self.seen[w] & bit != 0 {
-                        return Err(format!("{what}: entry {} listed twice", entry_name(idx)));
+                        return Err(ReplyError::new(op, Problem::ListedTwice(entry_name(idx))));
                     }
                     self.seen[w] |= bit;
                     self.count += 1;
                     if e.entry.nodeid == 0 {
-                        return Err(format!("{what}: entry {} without node id", entry_name(idx)));
+                        let problem = Problem::EntryWithoutNode(entry_name(idx));
+                        return Err(ReplyError::new(op, problem));
                     }
-                    check_regular(&what, e.entry.attr.mode, e.entry.attr.size, entry_size(idx))?;
+                    check_regular(&op, e.entry.attr.mode, e.entry.attr.size, entry_size(idx))?;
                     ctx.forget(e.entry.nodeid);
                 }
                 let last = entries.last().expect("non-empty body has entries");
@@ -584,10 +679,11 @@ impl Job for ReaddirJob {
             }
             DirState::Release => {
                 if self.count != self.files {
-                    return Err(format!(
-                        "listing had {} entries, expected {}",
-                        self.count, self.files
-                    ));
+                    let problem = Problem::Listed {
+                        got: self.count,
+                        expected: self.files,
+                    };
+                    return Err(ReplyError::new(op, problem));
                 }
                 Ok(Step::Done(self.bytes))
             }
