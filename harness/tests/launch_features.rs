@@ -102,11 +102,13 @@ fn the_guests_o_noatime_reaches_the_host_only_with_preserve_noatime() {
     );
 }
 
-fn init_with(daemon: &Daemon, flags: FsOptions) -> Result<u64, String> {
-    let mut fc = FuseClient::connect(&daemon.config()).map_err(|e| e.to_string())?;
+/// FUSE INIT with `flags` offered: the flags granted, or the frontend's error (the
+/// connection or the INIT's reply).
+fn init_with(daemon: &Daemon, flags: FsOptions) -> volfsd_harness::frontend::Result<u64> {
+    let mut fc = FuseClient::connect(&daemon.config())?;
     let mut params = InitParams::default();
     params.flags |= flags.bits();
-    let out = fc.init_session(&params).map_err(|e| e.to_string())?;
+    let out = fc.init_session(&params)?;
     Ok(u64::from(out.flags) | (u64::from(out.flags2) << 32))
 }
 
@@ -120,7 +122,8 @@ fn posix_acl_is_negotiated_as_asked() {
         &Daemon::start("acl-always-old", &["--posix-acl=always"]),
         FsOptions::empty(),
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("71") || e.to_lowercase().contains("protocol"),
         "{e}"

@@ -386,7 +386,7 @@ fn run_case(binary: &Path, daemon: &str, case: &Case) -> (Outcome, String) {
             }
             match run.exited() {
                 Some(code) => Outcome::Refused(code, first_error(&run.log())),
-                None => Outcome::Failed(why),
+                None => Outcome::Failed(why.to_string()),
             }
         }
     };
@@ -405,11 +405,29 @@ fn run_case(binary: &Path, daemon: &str, case: &Case) -> (Outcome, String) {
     (outcome, command)
 }
 
+/// Why a launcher line's daemon did not serve the read: the step, with the
+/// frontend's error, or the bytes it read instead of the file's.
+#[derive(Debug)]
+enum ServeError {
+    Step(&'static str, volfsd_harness::frontend::Error),
+    WrongData(Vec<u8>),
+}
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServeError::Step(step, e) => write!(f, "{step}: {e}"),
+            ServeError::WrongData(d) => write!(f, "READ: {:?}", String::from_utf8_lossy(d)),
+        }
+    }
+}
+
 /// A vhost-user handshake, FUSE INIT as a Linux 6.12 guest offers it, and one read.
-fn serve_one_read(socket: &Path, content: &str) -> Result<(), String> {
+fn serve_one_read(socket: &Path, content: &str) -> Result<(), ServeError> {
+    let at = |step| move |e| ServeError::Step(step, e);
     let mut cfg = DeviceConfig::new(socket);
     cfg.connect_timeout = START_LIMIT;
-    let mut fc = FuseClient::connect(&cfg).map_err(|e| format!("vhost-user: {e}"))?;
+    let mut fc = FuseClient::connect(&cfg).map_err(at("vhost-user"))?;
     let mut params = InitParams::default();
     params.flags |= (FsOptions::POSIX_ACL
         | FsOptions::DONT_MASK
@@ -419,18 +437,12 @@ fn serve_one_read(socket: &Path, content: &str) -> Result<(), String> {
         .bits()
         // FUSE_SETXATTR_EXT (7.33), which fuse-backend-rs 0.14 does not name.
         | (1 << 29);
-    fc.init_session(&params)
-        .map_err(|e| format!("FUSE INIT: {e}"))?;
-    let node = fc
-        .lookup(ROOT, "hello.txt")
-        .map_err(|e| format!("LOOKUP: {e}"))?
-        .nodeid;
-    let fh = fc.open(node, RDONLY).map_err(|e| format!("OPEN: {e}"))?.fh;
-    let data = fc
-        .read(node, fh, 0, 4096)
-        .map_err(|e| format!("READ: {e}"))?;
+    fc.init_session(&params).map_err(at("FUSE INIT"))?;
+    let node = fc.lookup(ROOT, "hello.txt").map_err(at("LOOKUP"))?.nodeid;
+    let fh = fc.open(node, RDONLY).map_err(at("OPEN"))?.fh;
+    let data = fc.read(node, fh, 0, 4096).map_err(at("READ"))?;
     if data != content.as_bytes() {
-        return Err(format!("READ: {:?}", String::from_utf8_lossy(&data)));
+        return Err(ServeError::WrongData(data));
     }
     Ok(())
 }

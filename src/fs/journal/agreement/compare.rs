@@ -208,7 +208,7 @@ pub(super) fn compare(
     saved: &SessionState,
     journal: &SessionState,
     dirs: &BTreeMap<String, PathBuf>,
-) -> Result<(), String> {
+) -> Result<(), Disagreement> {
     let (s, j) = (agreed(saved), agreed(journal));
     let mut out = String::new();
     if s.fuse != j.fuse {
@@ -267,6 +267,16 @@ pub(super) fn compare(
     if out.is_empty() {
         Ok(())
     } else {
-        Err(out)
+        Err(Disagreement(out))
+    }
+}
+
+/// Where the two records differ, a line per difference (what, snapshot vs journal).
+#[derive(Debug)]
+pub(super) struct Disagreement(String);
+
+impl std::fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
