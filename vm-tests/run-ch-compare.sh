@@ -24,6 +24,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=vm-tests/runner-lib.sh
+. "$HERE/runner-lib.sh"
 OUT="" BUILD=1 RUN=1 ARGS="$*" VOLFSD_FROM=""
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 die() { echo "run-ch-compare: error: $*" >&2; exit 2; }
@@ -51,16 +53,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 if ((RUN)); then
 	echo "vm-tests/run-ch-compare.sh $ARGS" >"$OUT/cmd.txt"
-	{
-		echo "date: $(date -u +%FT%TZ)"
-		echo "commit: $COMMIT$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-		echo "host_kernel: $(uname -r)"
-		echo "cores: $(nproc)"
-		echo "qemu (L1, TCG): $(qemu-system-x86_64 --version | head -n 1)"
-		echo "volfsd: $(target/release/volfsd --version 2>&1 | head -n 1)"
-		echo "virtiofsd: $("$VIRTIOFSD" --version 2>&1 | head -n 1)"
-		echo "cloud-hypervisor: ${CH_BIN:-built by ../shared/cloud-hypervisor/build.sh ${CH_VERSION:-v53.0}}"
-	} >"$OUT/env.txt"
+	compare_env "$VIRTIOFSD" "$COMMIT" "qemu (L1, TCG)" \
+		"cloud-hypervisor: ${CH_BIN:-built by ../shared/cloud-hypervisor/build.sh ${CH_VERSION:-v53.0}}" >"$OUT/env.txt"
 	side() { # side NAME RUN-CH-ARGS...
 		local name=$1
 		shift

@@ -19,6 +19,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=vm-tests/runner-lib.sh
+. "$HERE/runner-lib.sh"
 OUT="" BUILD=1 RUN=1 ARGS="$*"
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 die() { echo "run-crash-compare: error: $*" >&2; exit 2; }
@@ -43,16 +45,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 if ((RUN)); then
 	echo "vm-tests/run-crash-compare.sh $ARGS" >"$OUT/cmd.txt"
-	{
-		echo "date: $(date -u +%FT%TZ)"
-		echo "commit: $COMMIT$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-		echo "host_kernel: $(uname -r)"
-		echo "cores: $(nproc)"
-		echo "qemu: $(qemu-system-x86_64 --version | head -n 1)"
-		echo "volfsd: $(target/release/volfsd --version 2>&1 | head -n 1)"
-		echo "virtiofsd: $("$VIRTIOFSD" --version 2>&1 | head -n 1)"
-		echo "crashes: ${VMTEST_CRASHES:-20} every ${VMTEST_CRASH_INTERVAL:-2} s (volfsd); 1 (virtiofsd)"
-	} >"$OUT/env.txt"
+	compare_env "$VIRTIOFSD" "$COMMIT" "qemu" \
+		"crashes: ${VMTEST_CRASHES:-20} every ${VMTEST_CRASH_INTERVAL:-2} s (volfsd); 1 (virtiofsd)" >"$OUT/env.txt"
 
 	side() { # side NAME RUN-VM-ARGS...: the suite's output in OUT/NAME/run.txt
 		local name=$1

@@ -53,3 +53,44 @@ stop_pid() { # stop_pid PID [SECONDS]: TERM, then KILL after SECONDS (default 5)
 	kill -KILL "$pid" 2>/dev/null || true
 	wait "$pid" 2>/dev/null || true
 }
+
+# compare_env VIRTIOFSD COMMIT QEMU_LABEL [LINE...]: the env.txt of a side-by-side
+# comparison (run-ch-compare.sh, run-crash-compare.sh) on standard output: date,
+# commit, host, the two daemons' versions, then the comparison's own lines. Run
+# from the repository's top.
+compare_env() {
+	local virtiofsd=$1 commit=$2 qemu_label=$3
+	shift 3
+	echo "date: $(date -u +%FT%TZ)"
+	echo "commit: $commit$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+	echo "host_kernel: $(uname -r)"
+	echo "cores: $(nproc)"
+	echo "$qemu_label: $(qemu-system-x86_64 --version | head -n 1)"
+	echo "volfsd: $(target/release/volfsd --version 2>&1 | head -n 1)"
+	echo "virtiofsd: $("$virtiofsd" --version 2>&1 | head -n 1)"
+	local line
+	for line in "$@"; do echo "$line"; done
+}
+
+# clone_share_checks SUM WHO SUB SHARE COPY...: after clones of one snapshot ran
+# on copies of the share (COPY ends in copyN: cloneN), each side's SUB directory
+# holds only its own written-by-* file (WHO: the side on SHARE), and SHARE's files
+# still hash to SUM (the clones left it alone).
+clone_share_checks() {
+	local sum=$1 original=$2 sub=$3 share=$4 d who written
+	shift 4
+	for d in "$share" "$@"; do
+		case $d in "$share") who=$original ;; *) who=clone${d##*copy} ;; esac
+		written=$(find "$d/$sub" -maxdepth 1 -name 'written-by-*' -printf '%f ' | sort)
+		if [[ $written == "written-by-$who " ]]; then
+			pass "$who/host-writes-in-own-share-only"
+		else
+			fail "$who/host-writes-in-own-share-only" "$d/$sub has: ${written:-nothing}"
+		fi
+	done
+	if [[ $(cd "$share" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum) == "$sum" ]]; then
+		pass "$original/host-share-untouched-by-clones"
+	else
+		fail "$original/host-share-untouched-by-clones" "the share changed while the clones ran"
+	fi
+}

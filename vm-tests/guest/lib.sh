@@ -145,3 +145,30 @@ pair_await() {
 		usleep 50000
 	done
 }
+
+# bg NAME CMD...: CMD in the background, its output in $T/NAME.out and, once it
+# ends, its exit status in $T/NAME.rc (the suites' holders and loops).
+bg() {
+	_n=$1
+	shift
+	(
+		"$@"
+		echo $? >"$T/$_n.rc"
+	) >"$T/$_n.out" 2>&1 </dev/null &
+}
+
+# fio_verify_loop NAME: fio random writes with crc32c verify on $W/fio, run after
+# run until $STOP exists; the first run that fails or reports an error ends it
+# (exit 1, saying which run and why), else it prints "runs N".
+fio_verify_loop() {
+	n=0
+	while [ ! -e "$STOP" ]; do
+		n=$((n + 1))
+		fio --name="$1" --directory="$W/fio" --size=4M --bs=4k --rw=randwrite \
+			--ioengine=psync --verify=crc32c --verify_fatal=1 --do_verify=1 \
+			--output="$T/fio-$n.txt" >/dev/null 2>&1 ||
+			{ echo "fio run $n failed: $(grep -iE 'err|verify' "$T/fio-$n.txt" | head -n 3 | tr '\n' ' ')"; exit 1; }
+		grep -q 'err= 0' "$T/fio-$n.txt" || { echo "fio run $n: $(grep -E 'err=' "$T/fio-$n.txt" | head -n 2)"; exit 1; }
+	done
+	echo "runs $n"
+}

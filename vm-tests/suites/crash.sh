@@ -35,28 +35,6 @@ t_setup() {
 		die "fio layout: $(tail -n 3 "$T/fio-layout.txt")"
 }
 
-bg() { # bg NAME CMD...: output in $T/NAME.out, exit status in $T/NAME.rc
-	_n=$1
-	shift
-	(
-		"$@"
-		echo $? >"$T/$_n.rc"
-	) >"$T/$_n.out" 2>&1 </dev/null &
-}
-
-fio_loop() {
-	n=0
-	while [ ! -e "$STOP" ]; do
-		n=$((n + 1))
-		fio --name=crash --directory="$W/fio" --size=4M --bs=4k --rw=randwrite \
-			--ioengine=psync --verify=crc32c --verify_fatal=1 --do_verify=1 \
-			--output="$T/fio-$n.txt" >/dev/null 2>&1 ||
-			{ echo "fio run $n failed: $(grep -iE 'err|verify' "$T/fio-$n.txt" | head -n 3 | tr '\n' ' ')"; exit 1; }
-		grep -q 'err= 0' "$T/fio-$n.txt" || { echo "fio run $n: $(grep -E 'err=' "$T/fio-$n.txt" | head -n 2)"; exit 1; }
-	done
-	echo "runs $n"
-}
-
 # Lines to the console while tasks are blocked in D state for long (what a guest
 # sees of a daemon that never comes back: virtiofsd's run of this suite).
 blocked_monitor() {
@@ -76,7 +54,7 @@ blocked_monitor() {
 
 t_start_workload() {
 	(blocked_monitor) >/dev/null 2>&1 </dev/null &
-	bg fio fio_loop
+	bg fio fio_verify_loop crash
 	bg meta fsops metaloop "$W/meta" "$STOP"
 	bg durable fsops durable "$W/durable" "$STOP" "$T/durable.done"
 	wait_until 30 test -e "$W/meta/progress"

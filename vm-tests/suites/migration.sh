@@ -92,19 +92,7 @@ waitfor() {
 	done
 }
 
-# Every holder runs in the background with its output in $T/NAME.out and its
-# exit status in $T/NAME.rc once it ends.
-# (The whole subshell's output goes to the file: run's command substitution
-# must not wait for it.)
-bg() { # bg NAME CMD...
-	_n=$1
-	shift
-	(
-		"$@"
-		echo $? >"$T/$_n.rc"
-	) >"$T/$_n.out" 2>&1 </dev/null &
-}
-
+# Every holder runs in the background (bg, /lib/vmtest.sh).
 appender() {
 	exec 3>>"$W/append.log"
 	i=0
@@ -128,19 +116,6 @@ in_cwd() {
 	stat -c '%F' .
 }
 
-fio_loop() {
-	n=0
-	while [ ! -e "$STOP" ]; do
-		n=$((n + 1))
-		fio --name=mig --directory="$W/fio" --size=4M --bs=4k --rw=randwrite \
-			--ioengine=psync --verify=crc32c --verify_fatal=1 --do_verify=1 \
-			--output="$T/fio-$n.txt" >/dev/null 2>&1 ||
-			{ echo "fio run $n failed: $(grep -iE 'err|verify' "$T/fio-$n.txt" | head -n 3 | tr '\n' ' ')"; exit 1; }
-		grep -q 'err= 0' "$T/fio-$n.txt" || { echo "fio run $n: $(grep -E 'err=' "$T/fio-$n.txt" | head -n 2)"; exit 1; }
-	done
-	echo "runs $n"
-}
-
 t_start_workload() {
 	bg append appender
 	bg read fsops readhold "$W/read.dat" $SEED "$STOP"
@@ -152,7 +127,7 @@ t_start_workload() {
 	bg mmap fsops mmaphold "$W/mapped" "$STOP"
 	bg victim1 fsops holdio "$W/victim1" "$STOP"
 	bg victim2 fsops holdio "$W/victim2" "$STOP"
-	bg fio fio_loop
+	bg fio fio_verify_loop mig
 	if [ "$MODE" = variants ]; then
 		bg ro fsops readhold "$M/ro/ro.dat" 7 "$STOP"
 		bg slow fsops readhold "$M/slow/slow.dat" 9 "$STOP"

@@ -30,30 +30,6 @@ t_setup() {
 	echo "lock me" >"$W/locked"
 }
 
-# Holders run in the background with their output in $T/NAME.out and their
-# exit status in $T/NAME.rc once they end.
-bg() { # bg NAME CMD...
-	_n=$1
-	shift
-	(
-		"$@"
-		echo $? >"$T/$_n.rc"
-	) >"$T/$_n.out" 2>&1 </dev/null &
-}
-
-fio_loop() {
-	n=0
-	while [ ! -e "$STOP" ]; do
-		n=$((n + 1))
-		fio --name=upg --directory="$W/fio" --size=4M --bs=4k --rw=randwrite \
-			--ioengine=psync --verify=crc32c --verify_fatal=1 --do_verify=1 \
-			--output="$T/fio-$n.txt" >/dev/null 2>&1 ||
-			{ echo "fio run $n failed: $(grep -iE 'err|verify' "$T/fio-$n.txt" | head -n 3 | tr '\n' ' ')"; exit 1; }
-		grep -q 'err= 0' "$T/fio-$n.txt" || { echo "fio run $n: $(grep -E 'err=' "$T/fio-$n.txt" | head -n 2)"; exit 1; }
-	done
-	echo "runs $n"
-}
-
 # step WHAT CMD...: one step of the metadata loop; a failure is counted
 step() {
 	_what=$1
@@ -92,7 +68,7 @@ t_start_workload() {
 	wait_until 20 grep -q locked "$T/lock.out"
 	errno EAGAIN trylock posix "$W/locked"
 	errno EAGAIN trylock flock "$W/locked"
-	bg fio fio_loop
+	bg fio fio_verify_loop upg
 	bg meta meta_loop
 	wait_until 20 test -e "$W/meta/progress"
 }
