@@ -2,7 +2,10 @@
 # Run the VM suites CI needs and print one summary line "N passed, N failed".
 #
 # Usage: vm-tests/run-all.sh [--daemon PATH] [--require-cloud-hypervisor] [--weekly]
+#                            [--only LABEL[,LABEL]] [--except LABEL[,LABEL]]
 #   --daemon PATH   daemon under test (default target/release/volfsd)
+#   --only, --except  run only these suites, or all but these (labels as below;
+#                   tests/run.sh runs the cloud-hypervisor line last, on its own)
 #   --require-cloud-hypervisor  the cloud-hypervisor lines fail (saying why)
 #                   instead of skipping when it cannot run a guest (.ci/run)
 #   --weekly        run WEEKLY_SUITES instead: those too slow for every CI run
@@ -20,6 +23,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 DAEMON="$REPO/target/release/volfsd"
 CH_REQUIRE=()
+ONLY=""
+EXCEPT=""
 
 SUITES=(
 	"basic-qemu-2q       --vmm qemu --suite basic --queues 2 --smp 2"
@@ -100,6 +105,8 @@ while [[ $# -gt 0 ]]; do
 	--daemon) DAEMON=${2:?}; shift ;;
 	--require-cloud-hypervisor) CH_REQUIRE=(--require) ;;
 	--weekly) SUITES=("${WEEKLY_SUITES[@]}") ;;
+	--only) ONLY=",${2:?}," ; shift ;;
+	--except) EXCEPT=",${2:?}," ; shift ;;
 	-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "run-all: unknown option: $1" >&2; exit 2 ;;
 	esac
@@ -113,6 +120,8 @@ start=$SECONDS
 
 for entry in "${SUITES[@]}"; do
 	read -r label args <<<"$entry"
+	[[ -z $ONLY || $ONLY == *",$label,"* ]] || continue
+	[[ -z $EXCEPT || $EXCEPT != *",$label,"* ]] || continue
 	script=run-vm.sh
 	if [[ $args == run:* ]]; then
 		read -r script args <<<"$args"
