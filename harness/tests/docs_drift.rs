@@ -1,5 +1,5 @@
 //! Docs that cannot drift: every path into the daemon's source that README.md, a
-//! document in docs/ or a comment in Cargo.toml names exists, README.md's layout block names every module, and
+//! document in docs/ or a comment in Cargo.toml names exists, docs/ARCHITECTURE.md's layout block names every module, and
 //! the generated docs/BENCHMARKS.md shows every kept run.
 //!
 //! A `src/...` path counts as the daemon's when its first component is (or, as
@@ -99,13 +99,14 @@ fn every_source_path_the_docs_name_exists() {
     );
 }
 
-/// README.md's layout block: the fenced block that starts with `Cargo.toml`.
+/// docs/ARCHITECTURE.md's layout block: the fenced block that starts with
+/// `Cargo.toml`.
 fn layout_block() -> String {
-    let readme = fs::read_to_string(repo().join("README.md")).unwrap();
-    let start = readme
+    let page = fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).unwrap();
+    let start = page
         .find("```\nCargo.toml")
-        .expect("README.md has a layout block starting with Cargo.toml");
-    let rest = &readme[start + 3..];
+        .expect("docs/ARCHITECTURE.md has a layout block starting with Cargo.toml");
+    let rest = &page[start + 3..];
     rest[..rest.find("```").expect("the layout block ends")].to_string()
 }
 
@@ -158,7 +159,7 @@ fn the_readme_layout_names_every_module() {
     }
     assert!(
         left_out.is_empty(),
-        "modules README.md's layout block leaves out:\n{}",
+        "modules docs/ARCHITECTURE.md's layout block leaves out:\n{}",
         left_out.join("\n")
     );
 }
