@@ -1,8 +1,8 @@
 //! A popped chain's buffers in guest memory, found in one walk of its descriptors:
 //! the readable ones (the request, a WRITE's data) and the writable ones (the
-//! reply). The reply is written into them in place ([`GuestReply`]) and a WRITE's
-//! data read from them in place ([`GuestData`]), each write setting the dirty-page
-//! log's bits of the pages it touched (the slices carry their region's log).
+//! reply). `guest_io.rs` writes the reply into them in place (`GuestReply`) and
+//! reads a WRITE's data from them in place (`GuestData`), each write setting the
+//! dirty-page log's bits of the pages it touched (the slices carry their region's log).
 //!
 //! fuse-backend-rs's `VirtioFsWriter` and `Reader` do the same over a queue of
 //! slices they allocate per request (room for 64), after a walk of their own:

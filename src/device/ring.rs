@@ -4,7 +4,7 @@
 //!
 //! Every write to a ring and its buffers happens under the vring's lock, after
 //! [`QueueHealth::answer_to`] said the ring runs and is still the one the chain came
-//! from (see `queue/mod.rs` for why).
+//! from (see `queue.rs` for why).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //!
 //! A reply is written into a [`Reply`]: the room for its header first, then its
 //! body (bytes, or a READ's data straight from the file), then the header, once the
-//! body's length is known. The guest's buffers are one kind (`device/buffers.rs`,
+//! body's length is known. The guest's buffers are one kind (`device/guest_io.rs`,
 //! written in place, no copy), a local buffer another ([`LocalReply`], for
 //! `/dev/fuse`, which takes a reply in a single write). A WRITE's data is read from
 //! the guest's buffers in place (`device/guest_buffers.rs`), or from the request's

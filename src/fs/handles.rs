@@ -2,7 +2,7 @@
 //!
 //! A handle is registered only while its node's share is attached and its node
 //! belongs to the current session, within the per-volume handle limit and the fd
-//! budget (see `session.rs`).
+//! budget (see `limits.rs`).
 
 use std::fs::File;
 use std::io;

@@ -8,7 +8,7 @@
 //!     VolumeFs     virtual directories, else down to the volume          (volumes.rs)
 //!       PassthroughFs  fd-relative host syscalls inside each volume      (passthrough/)
 //!         InodeStore / HandleStore / LockTable   what the guest holds    (inodes/,
-//!                                                 handles.rs, locks.rs, session.rs)
+//!                                                 handles.rs, locks.rs, limits.rs)
 //! ```
 //! Each FUSE operation is listed once (`ops.rs`): its signature, its node, read or
 //! write. Each layer is generated from that list (`layer.rs`) and names only the

@@ -4,7 +4,7 @@
 //! Node ids come from a 64-bit counter and are never reused, so a stale or forged id
 //! can only miss (ENOENT/ESTALE), never alias a newer inode. A node is registered only
 //! while its share is attached and its parent belongs to the current session (see
-//! `session.rs`), and only within the per-volume limit and the fd budget.
+//! `limits.rs`), and only within the per-volume limit and the fd budget.
 //!
 //! A guest may hold a million nodes, so a node is kept small: 72 bytes behind its
 //! `Arc` (`node.rs`), and one pointer in each of the two indexes (`maps.rs`). With a

@@ -1,3 +1,6 @@
+//! The journal's tests: every kind of record read back as written, counts changed in
+//! place, slots reused, what fits nowhere, a record torn by a writer that died.
+
 use super::records::Kind;
 use super::*;
 use crate::region::{Region, SlotClass};
