@@ -12,8 +12,10 @@
 #              run-crash-compare.sh does). Its outcome is recorded, not judged.
 #
 # Usage: vm-tests/run-ch-compare.sh [--out DIR] [--virtiofsd PATH] [--no-build]
-#                                   [--volfsd-from LOG_DIR]
+#                                   [--volfsd-from LOG_DIR] [--virtiofsd-only L[,L]]
 #        vm-tests/run-ch-compare.sh --summary-only --out DIR   (summary.md again)
+#   --virtiofsd-only L[,L]  run only these of the virtiofsd side's scenarios (the
+#                           vfs-* labels; the rest show as "not run")
 #   --volfsd-from LOG_DIR   take the volfsd side from an earlier nested
 #                           `run-ch.sh --group ci --log-dir LOG_DIR` (its output is
 #                           LOG_DIR/l1/run.log) instead of running it again
@@ -26,7 +28,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=vm-tests/runner-lib.sh
 . "$HERE/runner-lib.sh"
-OUT="" BUILD=1 RUN=1 ARGS="$*" VOLFSD_FROM=""
+OUT="" BUILD=1 RUN=1 ARGS="$*" VOLFSD_FROM="" VFS_ONLY=()
 VIRTIOFSD=$(command -v virtiofsd || echo "$HOME/.cargo/bin/virtiofsd")
 die() { echo "run-ch-compare: error: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -36,6 +38,7 @@ while [[ $# -gt 0 ]]; do
 	--no-build) BUILD=0 ;;
 	--summary-only) RUN=0 ;;
 	--volfsd-from) VOLFSD_FROM=${2:?}; shift ;;
+	--virtiofsd-only) VFS_ONLY=(--only "${2:?}"); shift ;;
 	-h | --help) sed -n '2,/^set -uo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown option $1" ;;
 	esac
@@ -76,7 +79,7 @@ if ((RUN)); then
 	else
 		side volfsd --group ci
 	fi
-	side virtiofsd --group virtiofsd --daemon "$VIRTIOFSD"
+	side virtiofsd --group virtiofsd "${VFS_ONLY[@]}" --daemon "$VIRTIOFSD"
 	grep -m 1 'cloud-hypervisor v' "$OUT/volfsd/run.txt" | sed 's/^.*(\(cloud-hypervisor v[^;]*\);.*/cloud-hypervisor: \1/' >>"$OUT/env.txt"
 	[[ -z $VOLFSD_FROM ]] || echo "volfsd side: taken from a run of the same commit's run-ch.sh --group ci ($VOLFSD_FROM)" >>"$OUT/env.txt"
 	# The bulky parts of the logs stay out of the repository.
