@@ -321,6 +321,14 @@ AB_RUNS = {
                   "which polled only when the drain's first request came within the window "
                   "of the ring running dry.",
                   None),
+    "issue35-house": ("The house rebuilt (issue 35): one table of operations, one record of the "
+                      "session, one struct per queue, no globals",
+                      "Two binaries with the same flags, both defaults: A is the daemon after "
+                      "issue 35's changes (the FUSE operations' table, `device/queues.rs`, the "
+                      "journal and region handed down instead of globals, the rename's journal "
+                      "record), B 2001ce4, main before them (issues 33 and 34). Nothing on the "
+                      "request path was meant to change: every ratio should be inside its spread.",
+                      None),
     "aa-calibration": ("The A/B method itself: volfsd against itself",
                        "A and B are the same daemon with the same flags (its defaults): what the "
                        "method reads when nothing differs, so a ratio elsewhere can be told from "
