@@ -260,14 +260,14 @@ l1_initramfs() {
 	echo "$L1_DIR/initramfs.cpio.gz"
 }
 
-# l1_visible PATH: PATH as L1 sees it. L1 has tmpfs on /tmp, /var/tmp and /run:
-# a file there is copied into OUT/l1/bin (OUT: L1's output directory, which L1
+# l1_visible PATH: PATH as L1 sees it. L1 has tmpfs on /tmp, /var/tmp, /run and
+# /root (virtiofsd's `cargo install` puts it in /root/.cargo/bin): a file there is copied into OUT/l1/bin (OUT: L1's output directory, which L1
 # shares with the host) and that copy's path printed.
 l1_visible() { # l1_visible PATH OUT
 	local p
 	p=$(readlink -f "$1")
 	case "$p" in
-	/tmp/* | /var/tmp/* | /run/*)
+	/tmp/* | /var/tmp/* | /run/* | /root/*)
 		mkdir -p "$2/l1/bin"
 		cp -f "$p" "$2/l1/bin/" || die "cannot copy $p for L1"
 		echo "$2/l1/bin/$(basename "$p")"
@@ -297,7 +297,7 @@ ch_l1_run() {
 	shift 4
 	L1_FAILURE=""
 	[[ $out == /* && $out != *[[:space:],]* ]] || die "L1's output directory must be an absolute path without spaces or commas: $out"
-	case "$out/" in /tmp/* | /var/tmp/* | /run/*) die "L1's output directory cannot be under /tmp, /var/tmp or /run (tmpfs in L1): $out" ;; esac
+	case "$out/" in /tmp/* | /var/tmp/* | /run/* | /root/*) die "L1's output directory cannot be under /tmp, /var/tmp, /run or /root (tmpfs in L1): $out" ;; esac
 	initrd=$(l1_initramfs) || { L1_FAILURE="cannot build L1's initramfs (above)"; return 90; }
 	VMTEST_FSOPS_HOST=$(ch_fsops_host) || { L1_FAILURE="cannot build fsops for the host"; return 90; }
 	export VMTEST_FSOPS_HOST
