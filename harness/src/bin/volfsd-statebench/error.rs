@@ -2,10 +2,10 @@
 //! underlying error; `main` prints it after `FAILED:`.
 
 use std::fmt;
-use std::io::{self};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use volfsd_harness::frontend::{self};
+use volfsd_harness::frontend;
 
 /// What a run failed at: the step, the file, request or upgrade it concerned, and
 /// the error of the call that failed. `main` prints it as

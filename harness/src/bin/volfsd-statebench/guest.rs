@@ -1,7 +1,7 @@
 //! The guest's side: looking the tree up to hold its nodes, GETATTRs of the root that
 //! tell a stall, and the check that sampled files answer with their inodes.
 
-use std::fs::{self};
+use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! What a run measures of a daemon's process tree: CPU time, anonymous memory, open
 //! fds, when it became idle; and the units the JSON lines use.
 
-use std::fs::{self};
+use std::fs;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
