@@ -16,14 +16,17 @@
 //! benches/qos.sh changes a volume's limits while the load runs and reads when
 //! the rate follows).
 
+mod drive;
 pub mod driver;
 mod error;
 pub mod floor;
 mod hold;
+mod latency;
 pub mod pattern;
 mod prepare;
 mod run;
 mod session;
+mod setup;
 pub mod volumes;
 pub mod workloads;
 
