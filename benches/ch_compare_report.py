@@ -68,6 +68,18 @@ def section(P, d, readings):
       "each move (run-ch-migration.sh: an appending fd, a reading fd, a directory half read, "
       "locks, a shared map, fio with verify); virtiofsd gets `--allow-mmap` and its locks stay in "
       "the guest's kernel.\n")
+    if env.get("volfsd side"):
+        P(f"How the two sides ran: {env['volfsd side']}.\n")
+    P("What differs in the moves: virtiofsd locks a pid file beside its socket (`SOCKET.pid`), "
+      "so a second virtiofsd on the VM's socket path (a restore's or a migration's destination "
+      "on the same host) cannot start while the source's runs. Its snapshot scenario therefore "
+      "stops the source's VMM and virtiofsd before the restore (the guest's locks are free in "
+      "between; volfsd's restored daemon starts beside the source's and takes its lock files "
+      "over), and its live scenario ends at the first migration, whose destination virtiofsd "
+      "exits at its start (`Error creating pid file`; virtiofsd has no `--keep-serving` for "
+      "`local=on` either). virtiofsd offers one request queue: cloud-hypervisor refuses "
+      "`num_queues=2` with it (`CreateVirtioFs(BadQueueNum)`), so its 2-queue basic run never "
+      "boots.\n")
     P("| what (seconds) | volfsd | virtiofsd 1.14 | volfsd / virtiofsd |")
     P("|---|---:|---:|---:|")
     for label, (v, o) in figures(d).items():
