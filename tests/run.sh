@@ -49,7 +49,9 @@ fi
 
 # cloud-hypervisor and its VM suites, in the background. Its build (from its source
 # once per machine: about 4 minutes of both cores the first time; or found: CH_BIN,
-# PATH) starts now at the lowest priority, on the CPU the stages before leave idle.
+# PATH) starts now, beside the host stages: its suites, the longest stage, wait for
+# it, so it must be done when those stages are (at the lowest priority it got little
+# CPU before the QEMU suites and would hold its suites back on a fresh machine).
 # Its suites (nested under QEMU TCG here: one core) wait for the go of the VM stage
 # and run beside the QEMU suites (one core most of the time): the two together take
 # about as long as the QEMU suites alone took with the other core idle. Each has
@@ -61,7 +63,7 @@ if [[ $RUN_VM == 1 ]]; then
 	[[ ${#CH_REQUIRE[@]} == 0 ]] || ch_all=(--require-cloud-hypervisor)
 	(
 		t0=$SECONDS
-		nice -n 19 bash vm-tests/ch-build.sh "${CH_REQUIRE[@]}" >"$ch_dir/build.log" 2>&1
+		bash vm-tests/ch-build.sh "${CH_REQUIRE[@]}" >"$ch_dir/build.log" 2>&1
 		echo $? >"$ch_dir/build.rc"
 		echo $((SECONDS - t0)) >"$ch_dir/build.seconds"
 		until [[ -e $ch_dir/go ]]; do sleep 2; done
@@ -156,7 +158,7 @@ if [[ $RUN_VM == 1 ]]; then
 	run_counted "VM suites (QEMU)" bash vm-tests/run-all.sh --daemon "$REPO/target/release/volfsd" \
 		--except cloud-hypervisor
 	wait "$ch_pid"
-	stage "cloud-hypervisor build (vm-tests/ch-build.sh, in the background from $t_ch s, at nice 19)"
+	stage "cloud-hypervisor build (vm-tests/ch-build.sh, in the background from $t_ch s)"
 	cat "$ch_dir/build.log"
 	record_log "cloud-hypervisor build" "$ch_dir/build.log" "$ch_dir/build.rc"
 	echo "cloud-hypervisor build stage: $(cat "$ch_dir/build.seconds" 2>/dev/null || echo '?') s"
