@@ -318,13 +318,7 @@ impl Handoff {
         let Some(offer) = offer.as_ref() else {
             return Err(HandoffError::NothingOffered);
         };
-        // Constant time: the comparison tells nothing of the token.
-        if token
-            .iter()
-            .zip(&offer.token)
-            .fold(0u8, |d, (a, b)| d | (a ^ b))
-            != 0
-        {
+        if !same_token(&token, &offer.token) {
             return Err(HandoffError::WrongToken);
         }
         for batch in offer.files.chunks(BATCH) {
@@ -417,7 +411,6 @@ impl Handoff {
     }
 }
 
-/// The peer of `s` must run as this daemon's user.
 impl Handoff {
     /// A state this daemon saved and now loads itself (`--keep-serving`: the same
     /// daemon serves a local migration's destination, as cloud-hypervisor's
@@ -430,12 +423,7 @@ impl Handoff {
         let Some(offer) = offer.as_ref() else {
             return Err(HandoffError::NothingOffered);
         };
-        if token
-            .iter()
-            .zip(&offer.token)
-            .fold(0u8, |d, (a, b)| d | (a ^ b))
-            != 0
-        {
+        if !same_token(token, &offer.token) {
             return Err(HandoffError::WrongToken);
         }
         let files = offer
@@ -453,6 +441,13 @@ impl Handoff {
         );
         Ok(files)
     }
+}
+
+/// Whether `token` is the offer's, compared in constant time (the comparison tells
+/// nothing of the token) and of the same length.
+fn same_token(token: &[u8], offered: &[u8]) -> bool {
+    token.len() == offered.len()
+        && token.iter().zip(offered).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
 }
 
 mod peer;
