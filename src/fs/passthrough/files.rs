@@ -136,9 +136,8 @@ impl PassthroughFs {
     ) -> io::Result<usize> {
         let h = self.handle(handle, inode)?;
         let share = &h.inode.share;
-        let mut f = borrow_file(&h.file);
-        // Reads go straight from the file into the guest's buffers (preadv).
-        let n = w.write_from(&mut *f, size as usize, offset)?;
+        // Reads go straight from the file into the guest's buffers (one preadv).
+        let n = w.write_from(&mut HostFile::of(&h.file), size as usize, offset)?;
         ShareStats::add(&share.stats.bytes_read, n as u64);
         Ok(n)
     }
@@ -161,12 +160,11 @@ impl PassthroughFs {
         if fuse_flags & WRITE_KILL_PRIV != 0 && h.inode.file_type() == libc::S_IFREG {
             kill_suidgid_fd(h.file.as_raw_fd())?;
         }
-        let mut f = borrow_file(&h.file);
         // As the caller with translation: a writer without CAP_FSETID has the host
         // clear setuid and setgid, whatever the guest's flags say.
         let caller = self.as_caller(ctx)?;
-        // Writes go straight from the guest's buffers into the file (pwritev).
-        let n = r.read_to(&mut *f, size as usize, offset)?;
+        // Writes go straight from the guest's buffers into the file (one pwritev).
+        let n = r.read_to(&mut HostFile::of(&h.file), size as usize, offset)?;
         drop(caller);
         ShareStats::add(&share.stats.bytes_written, n as u64);
         Ok(n)

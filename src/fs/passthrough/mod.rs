@@ -9,8 +9,6 @@
 //!   resolves to the inode itself, not to a path that a rename could redirect.
 
 use std::collections::HashSet;
-use std::mem::ManuallyDrop;
-use std::os::fd::FromRawFd;
 use std::sync::RwLock;
 
 use super::handles::HandleStore;
@@ -111,13 +109,6 @@ pub struct PassthroughFs {
 /// default overflow id, `nobody`, which owns nothing a guest should reach.
 pub const OVERFLOW_ID: u32 = 65534;
 
-/// Borrows a raw fd as a `File` without taking ownership.
-fn borrow_file(f: &impl AsRawFd) -> ManuallyDrop<File> {
-    // SAFETY: the ManuallyDrop wrapper never closes the fd, and the caller keeps the
-    // owner alive for as long as the borrowed File is used.
-    ManuallyDrop::new(unsafe { File::from_raw_fd(f.as_raw_fd()) })
-}
-
 /// ELOOP for a symlink (as O_NOFOLLOW gives), EBADF for a FIFO, socket or device
 /// node: only regular files and directories are ever opened (see `reopen`).
 fn check_openable(inode: &InodeData) -> io::Result<()> {
@@ -169,7 +160,8 @@ mod prelude {
     pub(super) use super::super::share::ShareStats;
     pub(super) use super::super::sys::{self, cvt, cvt64, errno, FsCredsGuard, ProcFdName};
     pub(super) use super::super::xattrs;
-    pub(super) use super::{borrow_file, PassthroughFs};
+    pub(super) use super::host_file::HostFile;
+    pub(super) use super::PassthroughFs;
     pub(super) use std::sync::atomic::{AtomicBool, Ordering};
 
     pub(super) use crate::sandbox::caps::{CapSet, EffectiveLowered, CAP_SETFCAP, CAP_SYS_ADMIN};
@@ -177,6 +169,7 @@ mod prelude {
 
 mod dirs;
 mod files;
+mod host_file;
 mod identity;
 mod locking;
 mod nodes;
