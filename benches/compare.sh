@@ -25,6 +25,10 @@
 #   --allow-busy       measure even if the machine is not quiet (the report says so)
 #   --no-build         use the binaries as they are (target/release)
 #   --volfsd BIN / --loadgen BIN / --virtiofsd BIN   binaries to use
+#   --workloads LIST   loadgen workloads, comma-separated (default all); the floor
+#                      runs the same ones
+#   --configs LIST     loadgen configurations, comma-separated (default all six
+#                      below)
 #   --skip-loadgen / --skip-fio / --skip-footprint   leave parts out (footprint
 #                      includes scale: start-up to INIT, held inodes, density)
 #
@@ -69,6 +73,8 @@ FIO_RUNTIME=5
 FIO_SIZE=128M
 META_FILES=10000
 WORK=/var/tmp/volfsd-bench
+LG_WORKLOADS=all
+LG_CONFIG_LIST=""
 OUT=$REPO/build/bench
 DOC=$REPO/docs/BENCHMARKS.md
 BUILD=1
@@ -99,6 +105,8 @@ while [[ $# -gt 0 ]]; do
 	--fio-size) FIO_SIZE=${2:?}; shift ;;
 	--meta-files) META_FILES=${2:?}; shift ;;
 	--work) WORK=${2:?}; shift ;;
+	--workloads) LG_WORKLOADS=${2:?}; shift ;;
+	--configs) LG_CONFIG_LIST=${2:?}; shift ;;
 	--out) OUT=${2:?}; shift ;;
 	--doc) DOC=${2:?}; shift ;;
 	--no-build) BUILD=0 ;;
@@ -157,6 +165,7 @@ T0=$SECONDS
 	echo "fio_runtime_s: $FIO_RUNTIME"
 	echo "fio_size: $FIO_SIZE"
 	echo "meta_files: $META_FILES"
+	echo "loadgen_workloads: $LG_WORKLOADS"
 } >"$OUT/env.txt"
 
 # ---------------------------------------------------------------- quiet machine
@@ -173,6 +182,9 @@ virtiofsd_cmd() { echo "$VIRTIOFSD --socket-path=$1 --shared-dir=$2 --cache=neve
 
 # ---------------------------------------------------------------- loadgen
 LOADGEN_CONFIGS=(volfsd volfsd-open virtiofsd virtiofsd-matched volfsd-q2 volfsd-fh)
+if [[ -n $LG_CONFIG_LIST ]]; then
+	IFS=, read -r -a LOADGEN_CONFIGS <<<"$LG_CONFIG_LIST"
+fi
 
 # loadgen_run NAME REP: one daemon on a fresh socket, every workload.
 loadgen_run() {
@@ -193,7 +205,7 @@ loadgen_run() {
 	$cmd >"$OUT/loadgen/$name-rep$rep.daemon.log" 2>&1 &
 	pid=$!
 	local lg=("$LOADGEN" --socket "$sock" --shared-dir "$SHARE" --queues "$queues" --qd 32
-		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload all --keep-files
+		--duration "$DURATION" --file-size "$FILE_SIZE" --files 10000 --workload "$LG_WORKLOADS" --keep-files
 		--json "$OUT/loadgen/$name-rep$rep.json" --daemon-pid "$pid")
 	echo "${lg[*]}" | sed "s/--daemon-pid $pid/--daemon-pid PID/" >"$OUT/loadgen/$name.loadgen-cmd"
 	"${lg[@]}" >"$OUT/loadgen/$name-rep$rep.txt" 2>&1 || rc=$?
@@ -226,7 +238,7 @@ floor_run() {
 	local rep=$1
 	mkdir -p "$OUT/floor"
 	local lg=("$LOADGEN" --floor --shared-dir "$SHARE" --duration "$DURATION" --file-size "$FILE_SIZE"
-		--files 10000 --workload all --keep-files --json "$OUT/floor/floor-rep$rep.json")
+		--files 10000 --workload "$LG_WORKLOADS" --keep-files --json "$OUT/floor/floor-rep$rep.json")
 	echo "${lg[*]}" >"$OUT/floor/floor.cmd"
 	note_run loadgen floor "$rep"
 	"${lg[@]}" >"$OUT/floor/floor-rep$rep.txt" 2>&1 || die "the floor failed (rep $rep): $(tail -n 2 "$OUT/floor/floor-rep$rep.txt")"

@@ -394,6 +394,71 @@ def ab_section(P, d, targets, readings):
                         f"{min(rc):.2f}–{max(rc):.2f}, a spread of {spread * 100:.0f} points).")
 
 
+# Issue 36: the workloads where volfsd was not ahead, against the same limits.
+SUBSET_LIMITS = {
+    "metadata": ("virtiofsd-matched", 0.7),
+    "seqread1m": ("virtiofsd", 0.8),
+    "seqwrite1m": ("virtiofsd", 0.8),
+}
+
+
+def subset_section(P, d, targets, readings):
+    """A benches/compare.sh run of some workloads and configurations (--workloads,
+    --configs), e.g. on another file system: CPU per request, throughput and the
+    host floor of what it ran, and issue 36's targets from them."""
+    env = load_env(d)
+    lg = Series(load_loadgen(d))
+    floor = load_floor(d)
+    rel = os.path.relpath(d, REPO)
+    fs = env.get("work_dir", "?")
+    m = re.search(r"\((\S+) on ", fs)
+    fstype = m.group(1) if m else "?"
+    P(f"## Churn and large I/O: {os.path.basename(d)}\n")
+    P(f"`{env.get('command', 'benches/compare.sh')}`, commit `{env.get('commit', '?')[:12]}`, raw "
+      f"results in [`{rel}`](../{rel}); the share on {fs}. The load generator as above (1 queue, "
+      f"QD 32, {env.get('reps', '?')} alternated repetitions of {env.get('loadgen_duration_s', '?')} s), "
+      "only these workloads and configurations, and the host floor of each in the same rotation.\n")
+    cfgs = [c for c in FOUR if lg.runs.get(c)]
+    work = [w for w in WORKLOADS + QD1 if any(lg.vals(c, w, "cpu") for c in cfgs)]
+    pairs = [(a, b) for a, b in (("volfsd", "virtiofsd"), ("volfsd", "virtiofsd-matched"),
+                                 ("volfsd-open", "virtiofsd-matched")) if a in cfgs and b in cfgs]
+    P("| workload | metric | " + " | ".join(cfgs) + " | floor | " + " | ".join(f"{a}/{b}" for a, b in pairs) + " |")
+    P("|---|---|" + "---|" * (len(cfgs) + 1 + len(pairs)))
+    for w in work:
+        key, unit = unit_of(w)
+        fl = [floor[r][w]["cpu"] for r in sorted(floor) if w in floor[r]]
+        # The floor is per operation; a metadata operation is 4 requests.
+        per = 4 if w == "metadata" else 1
+        P(f"| {w} | CPU µs/request | " + " | ".join(cell(lg.vals(c, w, "cpu"), 2) for c in cfgs)
+          + f" | {cell([x / per for x in fl], 2)} | "
+          + " | ".join(rcell(lg.ratios(a, b, w, "cpu")) for a, b in pairs) + " |")
+        P(f"| {w} | {unit} | " + " | ".join(cell(lg.vals(c, w, key)) for c in cfgs) + " | – | "
+          + " | ".join(rcell(lg.ratios(a, b, w, key)) for a, b in pairs) + " |")
+    P("")
+    if floor:
+        P("Floor: " + "; ".join(f"{w}: {next(floor[r][w]['syscalls'] for r in sorted(floor) if w in floor[r])}"
+                                for w in work if any(w in floor[r] for r in floor))
+          + " (`volfsd-loadgen --floor`, one thread, CPU per request).\n")
+    for w in work:
+        if w not in SUBSET_LIMITS:
+            continue
+        ref, limit = SUBSET_LIMITS[w]
+        key, unit = unit_of(w)
+        r = lg.ratios("volfsd", ref, w, "cpu")
+        if r:
+            targets.append((f"{w} ({fstype}): CPU per request volfsd ≤ "
+                            f"{limit}× {ref}", r, med(r) <= limit))
+        t = lg.ratios("volfsd", ref, w, key)
+        if t:
+            targets.append((f"{w} ({fstype}): {unit} volfsd ≥ {ref}",
+                            t, med(t) >= 1.0))
+        fl = [floor[r2][w]["cpu"] / (4 if w == "metadata" else 1) for r2 in sorted(floor) if w in floor[r2]]
+        v = lg.vals("volfsd", w, "cpu")
+        if fl and v:
+            readings.append(f"{w} on {fs}: volfsd {med(v):.2f} µs per request, {ref} "
+                            f"{med(lg.vals(ref, w, 'cpu')):.2f}, the host floor {med(fl):.2f}.")
+
+
 def qos_section(P, d, targets, readings):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import qos_report
@@ -522,6 +587,9 @@ def main():
     ap.add_argument("--ch-compare", metavar="DIR",
                     help="a vm-tests/run-ch-compare.sh run (cloud-hypervisor, nested: snapshot, "
                          "restore, live migration, volfsd against virtiofsd)")
+    ap.add_argument("--subset", action="append", default=[], metavar="DIR",
+                    help="a benches/compare.sh run of some workloads and configurations "
+                         "(--workloads, --configs): issue 36's churn and large I/O; repeatable")
     ap.add_argument("--workloads", metavar="DIR",
                     help="a benches/workloads.sh run (untar, find, git, npm-style, SQLite, rm in a guest)")
     args = ap.parse_args()
@@ -563,6 +631,7 @@ def main():
     extra += "".join(f" --downtime {os.path.relpath(d.rstrip('/'), REPO)}" for d in args.downtime)
     extra += "".join(f" --upgrade-pause {os.path.relpath(d.rstrip('/'), REPO)}"
                      for d in args.upgrade_pause)
+    extra += "".join(f" --subset {os.path.relpath(d.rstrip('/'), REPO)}" for d in args.subset)
     if args.crash_compare:
         extra += f" --crash-compare {os.path.relpath(args.crash_compare.rstrip('/'), REPO)}"
     if args.ch_compare:
@@ -641,6 +710,8 @@ def main():
               f"{r['worker_filter_ns'] - r['no_filter_ns']:+.0f} |")
         P("")
 
+    for subset_dir in args.subset:
+        subset_section(P, subset_dir.rstrip("/"), targets, readings)
     for ab_dir in args.ab:
         ab_section(P, ab_dir.rstrip("/"), targets, readings)
     if args.qos:

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::prepare::{prepare_dir, prepare_read_file, prepare_write_file, say};
 use super::workloads::entry_name;
-use super::{Error, LgResult, Options, Workload, DIR_10K, READ_FILE, WORK_DIR};
+use super::{Error, LgResult, Options, Workload, DIR_10K, LARGE_BLOCK, READ_FILE, WORK_DIR};
 
 /// One workload's floor.
 #[derive(Clone, Debug, Serialize)]
@@ -37,8 +37,10 @@ pub struct FloorReport {
     pub floors: Vec<Floor>,
 }
 
-/// The floor of each of `opts.workloads` that has one (the sequential 1 MiB ones
-/// and READDIRPLUS are left out: their requests are not one system call's worth).
+/// The floor of each of `opts.workloads` that has one (READDIRPLUS is left out: its
+/// requests are not one system call's worth). The 1 MiB ones are one `preadv` or
+/// `pwritev` of 1 MiB, sequential, into or from one buffer: the kernel's copy
+/// between the page cache and memory, which no daemon can avoid without DAX.
 pub fn measure(opts: &Options) -> LgResult<FloorReport> {
     let wd = opts.shared_dir.join(WORK_DIR);
     std::fs::create_dir_all(&wd).map_err(Error::at(&wd))?;
@@ -95,11 +97,16 @@ fn syscalls(w: Workload) -> Option<&'static str> {
         Workload::Metadata => {
             "openat(dir, name, O_CREAT|O_EXCL|O_RDWR) + pwrite 4 KiB + close + unlinkat"
         }
+        Workload::SeqRead1m => "preadv 1 MiB (one iovec), sequential",
+        Workload::SeqWrite1m => "pwritev 1 MiB (one iovec), sequential",
         _ => return None,
     })
 }
 
 type Op = Box<dyn FnMut() -> LgResult<()>>;
+
+/// The 1 MiB floors' buffers: one per request the workloads keep in flight (QD 32).
+const FLOOR_BUFFERS: usize = 32;
 
 fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
     let blocks = (opts.file_size / 4096).max(1);
@@ -197,6 +204,50 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
                 };
                 w?;
                 check("unlinkat", u as isize)
+            })
+        }
+        Workload::SeqRead1m | Workload::SeqWrite1m => {
+            let write = w == Workload::SeqWrite1m;
+            let (f, path) = if write {
+                let o = Options {
+                    workloads: Vec::new(),
+                    ..opts.clone()
+                };
+                let path = prepare_write_file(&o, wd)?;
+                let target = wd.join("floor-write.dat");
+                std::fs::rename(&path, &target).map_err(Error::at(&target))?;
+                let f = File::options().write(true).open(&target);
+                (f, target)
+            } else {
+                let path = wd.join(READ_FILE);
+                (File::open(&path), path)
+            };
+            let f = f.map_err(Error::at(&path))?;
+            let blocks = (opts.file_size / LARGE_BLOCK as u64).max(1);
+            // As many buffers as the daemons' requests in flight (QD 32), each touched
+            // once as guest memory is: the loop measures the copy over the same
+            // working set, not faults, and not a buffer that stays in the cache.
+            let mut bufs: Vec<Vec<u8>> = (0..FLOOR_BUFFERS)
+                .map(|_| vec![0x5au8; LARGE_BLOCK])
+                .collect();
+            let mut block = 0u64;
+            Box::new(move || {
+                let off = (block * LARGE_BLOCK as u64) as libc::off_t;
+                let big = &mut bufs[block as usize % FLOOR_BUFFERS];
+                block = (block + 1) % blocks;
+                let iov = libc::iovec {
+                    iov_base: big.as_mut_ptr().cast(),
+                    iov_len: big.len(),
+                };
+                // SAFETY: one iovec over our own 1 MiB buffer.
+                let r = unsafe {
+                    if write {
+                        libc::pwritev(f.as_raw_fd(), &iov, 1, off)
+                    } else {
+                        libc::preadv(f.as_raw_fd(), &iov, 1, off)
+                    }
+                };
+                check(if write { "pwritev" } else { "preadv" }, r)
             })
         }
         other => return Err(Error::NoFloor(other)),
