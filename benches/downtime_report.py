@@ -16,7 +16,9 @@ import sys
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DAEMONS = ("volfsd", "virtiofsd")
 GOAL_NODES = 100000
-GOAL_MS = 1000.0
+GOAL_MS = 500.0
+# Issue 36: at most half of virtiofsd's save + load (issue 24 asked for no slower).
+GOAL_RATIO = 0.5
 
 
 def med(v):
@@ -217,16 +219,17 @@ def goal(P, runs, targets):
     if not sums:
         return
     within = med(sums) <= GOAL_MS
-    not_slower = bool(rs) and med(rs) <= 1.0
-    P(f"**Goal: {GOAL_NODES:,} nodes saved and loaded in at most 1 s, and no slower than "
-      f"virtiofsd: {'met' if within and not_slower else 'not met'}.** volfsd's save + load at "
+    not_slower = bool(rs) and med(rs) <= GOAL_RATIO
+    P(f"**Goal (issue 36): {GOAL_NODES:,} nodes saved and loaded in at most {GOAL_MS / 1000:g} s, "
+      f"and in at most {GOAL_RATIO}× virtiofsd's time: "
+      f"{'met' if within and not_slower else 'not met'}.** volfsd's save + load at "
       f"{GOAL_NODES:,} nodes: {cell(sums)} ms ({sum(1 for s in sums if s <= GOAL_MS)} of "
-      f"{len(sums)} runs within 1 s: {'met' if within else 'not met'}); against virtiofsd "
-      f"{rcell(rs)} ({sum(1 for r in rs if r <= 1.0)} of {len(rs)} pairs no slower: "
-      f"{'met' if not_slower else 'not met'}).\n")
-    targets.append((f"device state at {GOAL_NODES:,} nodes: (save + load) / 1 s ≤ 1.00×",
+      f"{len(sums)} runs within {GOAL_MS:.0f} ms: {'met' if within else 'not met'}); against "
+      f"virtiofsd {rcell(rs)} ({sum(1 for r in rs if r <= GOAL_RATIO)} of {len(rs)} pairs at "
+      f"most {GOAL_RATIO}×: {'met' if not_slower else 'not met'}).\n")
+    targets.append((f"device state at {GOAL_NODES:,} nodes: (save + load) / {GOAL_MS:.0f} ms ≤ 1.00×",
                     [s / GOAL_MS for s in sums], within))
-    targets.append((f"device state at {GOAL_NODES:,} nodes: save + load volfsd ≤ virtiofsd",
+    targets.append((f"device state at {GOAL_NODES:,} nodes: save + load volfsd ≤ {GOAL_RATIO}× virtiofsd",
                     rs, not_slower))
 
 
