@@ -255,7 +255,8 @@ if [[ $DO_LOADGEN == 1 ]]; then
 fi
 
 # ---------------------------------------------------------------- seccomp per call
-if [[ $DO_LOADGEN == 1 ]]; then
+# (a full run's: a run of some workloads leaves it out)
+if [[ $DO_LOADGEN == 1 && $LG_WORKLOADS == all ]]; then
 	say "seccomp filter cost per system call (harness/benches/seccomp_cost.rs)"
 	(cd "$REPO" && cargo bench --quiet -p volfsd-harness --bench seccomp_cost -- --json "$OUT/seccomp_cost.json") >&2
 fi
