@@ -178,10 +178,12 @@ struct sock_fprog {
 /*
  * Its own allow-list, stacked on the one volfsd installed before the exec (all
  * filters apply, the strictest answer wins): the calls of the loop below, and none
- * to execute, name or signal another process, or change its filters again.
- * `mismatch` is filled in from MODE.
+ * to execute, name or signal another process, or change its filters again. Copied
+ * onto the stack with the mismatch action of MODE as its last instruction: read-only
+ * here, so that no page of data is ever written (each one written is 4 KiB more of
+ * RssAnon).
  */
-static struct sock_filter filter[] = {
+static const struct sock_filter filter_template[] = {
     {BPF_LD_W_ABS, 0, 0, 4}, /* seccomp_data.arch */
     {BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64},
     {BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS},
@@ -242,8 +244,11 @@ __attribute__((noreturn, used)) void tiny_main(long *sp) {
     /* The exec named it after the memfd: named as the daemon again. */
     sys(SYS_prctl, PR_SET_NAME, comm, 0, 0);
     if (mismatch) {
-        filter[sizeof filter / sizeof filter[0] - 1].k = mismatch;
-        struct sock_fprog prog = {sizeof filter / sizeof filter[0], filter};
+        enum { N = sizeof filter_template / sizeof filter_template[0] };
+        struct sock_filter filter[N];
+        memcpy(filter, filter_template, sizeof filter);
+        filter[N - 1].k = mismatch;
+        struct sock_fprog prog = {N, filter};
         long e = sys(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog, 0);
         if (e < 0) {
             static const char msg[] = "volfsd: sandbox supervisor: seccomp failed\n";
