@@ -460,18 +460,29 @@ fn cmdline(pid: i32) -> Vec<String> {
         .collect()
 }
 
-/// The supervisor re-executes the binary right after the fork (so that it holds none
-/// of the pages the daemon touched before it): the same file and process name as the
-/// daemon, one thread, and the daemon's own arguments still shown after its own.
+/// The supervisor is the tiny program volfsd embeds, executed from a memfd right
+/// after the fork (src/sandbox/tiny_supervisor.rs): named as the daemon, one thread,
+/// and the daemon's own arguments still shown after its own.
 #[test]
-fn the_supervisor_is_a_fresh_image_of_the_binary() {
+fn the_supervisor_is_the_tiny_program() {
     let d = Daemon::start("supervisor-exec", &[]);
     let _c = d.client();
     let (sup, pid) = (d.launched_pid(), d.pid());
     let exe = |p: i32| std::fs::read_link(format!("/proc/{p}/exe")).unwrap();
-    assert_eq!(exe(sup), exe(pid));
+    assert!(
+        exe(sup)
+            .display()
+            .to_string()
+            .starts_with("/memfd:volfsd-supervisor"),
+        "{}",
+        exe(sup).display()
+    );
     let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap();
-    assert_eq!(comm(sup), comm(pid), "named as the daemon, not 'exe'");
+    assert_eq!(
+        comm(sup),
+        comm(pid),
+        "named as the daemon, not after the memfd"
+    );
     assert_eq!(field(&status(sup, sup), "Threads"), "1");
     let (sup_args, args) = (cmdline(sup), cmdline(pid));
     assert_eq!(
@@ -480,6 +491,61 @@ fn the_supervisor_is_a_fresh_image_of_the_binary() {
     );
     let own = sup_args.iter().position(|a| a == "--").expect("--") + 1;
     assert_eq!(sup_args[own..], args[1..], "the daemon's arguments");
+    assert!(
+        !d.log().contains("sandbox supervisor"),
+        "no fallback was taken:\n{}",
+        d.log()
+    );
+}
+
+/// The point of the tiny program: a supervisor holds a few pages (a Rust one held
+/// ~200 KiB of RssAnon), and is no less confined: no capability in any set, and
+/// two filters, volfsd's list for the exec and the program's own narrower one.
+#[test]
+fn the_supervisor_is_small_and_confined() {
+    let d = Daemon::start("supervisor-small", &[]);
+    let _c = d.client();
+    let sup = status(d.launched_pid(), d.launched_pid());
+    let kib = |name: &str| -> u64 {
+        field(&sup, name)
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(kib("RssAnon") < 64, "RssAnon {} kB", kib("RssAnon"));
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(hex(&sup, set), 0, "{set}");
+    }
+    assert_eq!(field(&sup, "NoNewPrivs"), "1");
+    assert_eq!(field(&sup, "Seccomp"), "2");
+    assert_eq!(field(&sup, "Seccomp_filters"), "2");
+}
+
+/// The tiny program's own filter is stacked on volfsd's: `prctl(PR_SET_NAME)`, on
+/// volfsd's list for the program's first call, is on the program's own list no
+/// more. A call outside it kills the supervisor, and the daemon dies with it.
+#[test]
+fn a_call_outside_the_tiny_supervisors_own_list_kills_it() {
+    let mut d = Daemon::start("supervisor-own-filter", &[]);
+    let _c = d.client();
+    let (sup, pid) = (d.launched_pid(), d.pid());
+    match inject_syscall(
+        sup,
+        libc::SYS_prctl,
+        [libc::PR_SET_NAME as u64, 0, 0, 0, 0, 0],
+    )
+    .expect("inject")
+    {
+        Injected::ProcessDied(how) => assert_eq!(how.signal(), Some(libc::SIGSYS), "{how:?}"),
+        other => panic!("the supervisor survived a call outside its list: {other:?}"),
+    }
+    d.wait_exit(Duration::from_secs(5))
+        .expect("the supervisor is gone");
+    let gone = poll(Duration::from_secs(5), || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(gone, "the daemon dies with its supervisor");
 }
 
 /// The supervisor's mode run by hand finds no child of its own to supervise, and

@@ -28,6 +28,8 @@ pub mod seccomp;
 pub mod socket_path;
 pub mod supervisor;
 pub mod threads;
+#[cfg(target_arch = "x86_64")]
+mod tiny_supervisor;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -6,8 +6,8 @@
 //! the host's namespaces as a small supervisor (as virtiofsd does). It forwards
 //! SIGTERM/SIGINT/SIGHUP, exits with the child's status, and removes the sockets if
 //! the child could not. The child dies with it (PR_SET_PDEATHSIG). Right after the
-//! fork the parent executes this binary afresh in a mode of its own
-//! ([`reexec_supervisor`]), so that it holds none of the memory the daemon touched
+//! fork the parent executes a tiny program of its own (or this binary afresh: see
+//! `supervisor::start`), so that it holds none of the memory the daemon touched
 //! before the fork.
 //!
 //! Started by a non-root user, the parent first unshares a user namespace in which
@@ -27,9 +27,7 @@ use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::supervisor::{
-    forwarded_and_sigchld, reexec_supervisor, supervise, SELF_EXE, SUPERVISOR_CONFINED,
-};
+use super::supervisor::{forwarded_and_sigchld, SUPERVISOR_CONFINED};
 use super::{SandboxError, SeccompMode};
 
 /// One line of a user namespace's uid_map or gid_map: `count` ids from `inside`
@@ -207,12 +205,7 @@ pub fn enter(
                 unsafe { libc::close(fd) };
             }
             drop(confined_rx);
-            let e = reexec_supervisor(child, seccomp_mode, &sockets, &confined_tx);
-            // The forked copy supervises instead, confined the same way, only larger.
-            eprintln!(
-                "volfsd: sandbox supervisor: executing {SELF_EXE}: {e}; supervising from the forked process"
-            );
-            supervise(child, forwarded, seccomp_mode, &sockets, confined_tx)
+            super::supervisor::start(child, forwarded, seccomp_mode, &sockets, confined_tx)
         }
         ForkResult::Child => {
             drop(confined_tx);

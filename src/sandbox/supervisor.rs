@@ -1,9 +1,11 @@
 //! The namespace mode's supervisor: the parent left in the host's namespaces when
 //! the daemon's child enters its own (`namespaces.rs`). It forwards
 //! SIGTERM/SIGINT/SIGHUP/SIGQUIT, exits with the child's status, and removes the
-//! sockets if the child could not; right after the fork it executes this binary
-//! afresh in a mode of its own ([`reexec_supervisor`]), so that it holds none of the
-//! memory the daemon touched before the fork, and confines itself to that work.
+//! sockets if the child could not. Right after the fork it becomes the tiny
+//! program of `tiny_supervisor.rs` (x86_64; a few pages of memory), else executes
+//! this binary afresh in a mode of its own ([`reexec_supervisor`]), so that it holds
+//! none of the memory the daemon touched before the fork; it is confined to that
+//! work before the child serves ([`start`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -93,7 +95,7 @@ pub(super) fn reexec_supervisor(
     }
 }
 
-fn seccomp_name(mode: SeccompMode) -> &'static str {
+pub(super) fn seccomp_name(mode: SeccompMode) -> &'static str {
     match mode {
         SeccompMode::Kill => "kill",
         SeccompMode::Trap => "trap",
@@ -192,6 +194,44 @@ pub(super) fn forwarded_and_sigchld() -> SigSet {
     set
 }
 
+/// The forked parent becomes the supervisor of `child`, the smallest way that
+/// works: the tiny program (x86_64: `tiny_supervisor.rs`), else a fresh image of
+/// this binary ([`reexec_supervisor`]), else this process as it is; each fallback
+/// says why on stderr. Never returns.
+pub(super) fn start(
+    child: Pid,
+    signals: SigSet,
+    seccomp_mode: SeccompMode,
+    sockets: &[PathBuf],
+    confined: OwnedFd,
+) -> ! {
+    #[cfg(target_arch = "x86_64")]
+    match super::tiny_supervisor::exec(child, seccomp_mode, sockets, &confined) {
+        super::tiny_supervisor::NotExecuted::Unconfined(e) => {
+            eprintln!("volfsd: sandbox supervisor: {e}; executing {SELF_EXE} instead");
+        }
+        super::tiny_supervisor::NotExecuted::Confined { error, pidfd } => {
+            eprintln!(
+                "volfsd: sandbox supervisor: executing the tiny supervisor: {error}; supervising from the forked process"
+            );
+            serve(child, signals, sockets, confined, pidfd)
+        }
+    }
+    let e = reexec_supervisor(child, seccomp_mode, sockets, &confined);
+    // The forked copy supervises instead, confined the same way, only larger.
+    eprintln!(
+        "volfsd: sandbox supervisor: executing {SELF_EXE}: {e}; supervising from the forked process"
+    );
+    supervise(child, signals, seccomp_mode, sockets, confined)
+}
+
+/// Ends a supervisor that could not confine itself, and its child with it.
+pub(super) fn give_up(child: Pid, e: SandboxError) -> ! {
+    eprintln!("volfsd: sandbox supervisor: {e}");
+    let _ = kill(child, Signal::SIGKILL);
+    std::process::exit(1);
+}
+
 /// The supervisor: confined to waiting, forwarding signals and removing the sockets.
 /// It signals the daemon through a pidfd opened before its filter, which allows no
 /// other way to name a process: it can signal nothing else.
@@ -215,10 +255,16 @@ pub(super) fn supervise(
     })
     .and_then(|()| seccomp::apply_alone(ThreadRole::Supervisor, seccomp_mode));
     if let Err(e) = confined_now {
-        eprintln!("volfsd: sandbox supervisor: {e}");
-        let _ = kill(child, Signal::SIGKILL);
-        std::process::exit(1);
+        give_up(child, e)
     }
+    // SAFETY: a new fd (checked above), owned here only.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+    serve(child, signals, sockets, confined, pidfd)
+}
+
+/// The confined supervisor's work: tells the child it may serve, then waits,
+/// forwards and reaps (the tiny program's loop, in Rust).
+fn serve(child: Pid, signals: SigSet, sockets: &[PathBuf], confined: OwnedFd, pidfd: OwnedFd) -> ! {
     // The child may serve now (a write is on the list; the fd stays open, unused).
     let _ = nix::unistd::write(&confined, b"1");
     loop {
@@ -231,7 +277,7 @@ pub(super) fn supervise(
             unsafe {
                 libc::syscall(
                     libc::SYS_pidfd_send_signal,
-                    pidfd as libc::c_int,
+                    pidfd.as_raw_fd(),
                     sig as libc::c_int,
                     std::ptr::null::<libc::siginfo_t>(),
                     0,

@@ -10,7 +10,9 @@
 //! supervisor compiles its own role's alone ([`apply_alone`]).
 //!
 //! No process can be started by any thread: there is no `fork`, `vfork`, `execve` or
-//! `execveat` in any list, `clone` is allowed only with `CLONE_THREAD`, and `clone3`
+//! `execveat` in any list (the one `execveat` allowed, of the tiny supervisor's
+//! memfd, is in the supervisor's filter for its exec only:
+//! [`apply_for_tiny_supervisor`]), `clone` is allowed only with `CLONE_THREAD`, and `clone3`
 //! (whose flags live in memory a filter cannot read) fails with ENOSYS from a second,
 //! stacked filter, so that glibc falls back to `clone`.
 //!
@@ -55,6 +57,51 @@ pub fn apply_alone(role: ThreadRole, mode: SeccompMode) -> Result<(), SandboxErr
     };
     let programs = compile_role(role, mismatch, own_pid())?;
     install_programs(&programs)
+}
+
+/// The supervisor's list plus what the forked parent needs to become the tiny
+/// supervisor (`tiny_supervisor.rs`): `execveat` of that one memfd only (its fd,
+/// AT_EMPTY_PATH), and the program's first two calls, `prctl(PR_SET_NAME)` and
+/// `seccomp(SECCOMP_SET_MODE_FILTER)` of the allow-list it stacks on this one,
+/// which has neither of the three.
+pub fn apply_for_tiny_supervisor(
+    mode: SeccompMode,
+    program: std::os::fd::RawFd,
+) -> Result<(), SandboxError> {
+    let Some(mismatch) = mismatch_for(ThreadRole::Supervisor, mode)? else {
+        return Ok(());
+    };
+    let list = tiny_supervisor_exec_filter(mismatch, program, own_pid())?;
+    install_programs(&Programs { list, clone3: None })
+}
+
+fn tiny_supervisor_exec_filter(
+    mismatch: Mismatch,
+    program: std::os::fd::RawFd,
+    pid: u32,
+) -> Result<BpfProgram, FilterError> {
+    let mut map = role_rules(ThreadRole::Supervisor, mismatch, pid)?;
+    let compiled = (|| -> Result<BpfProgram, BackendError> {
+        let dword = |arg, value: i32| {
+            SeccompCondition::new(
+                arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                value as u32 as u64,
+            )
+        };
+        let execveat = SeccompRule::new(vec![dword(0, program)?, dword(4, libc::AT_EMPTY_PATH)?])?;
+        map.insert(libc::SYS_execveat, vec![execveat]);
+        map.entry(libc::SYS_prctl)
+            .or_default()
+            .extend(rules(Args::Prctl(&[libc::PR_SET_NAME]), pid)?);
+        map.insert(libc::SYS_seccomp, rules(Args::SetModeFilter, pid)?);
+        SeccompFilter::new(map, mismatch.action(), SeccompAction::Allow, ARCH)?.try_into()
+    })();
+    compiled.map_err(|e| FilterError {
+        filter: "tiny supervisor's exec filter".to_string(),
+        why: e.to_string(),
+    })
 }
 
 /// Compiles every role's programs for `mode` now, on the calling thread, rather than

@@ -1,5 +1,6 @@
 //! The lists' tests: each role's program, the argument rules, the docs table.
 use super::*;
+use std::os::fd::AsRawFd;
 
 const DOC: &str = "docs/SECCOMP.md";
 const BEGIN: &str =
@@ -41,6 +42,78 @@ fn no_role_may_start_a_process() {
             assert!(matches!(a.args, Args::Thread));
         }
     }
+}
+
+/// The forked parent's filter before it executes the tiny supervisor: the
+/// supervisor's list, plus `execveat` of the program's fd only (with AT_EMPTY_PATH)
+/// and `prctl` for PR_SET_NAME only.
+#[test]
+fn the_tiny_supervisors_exec_filter_allows_that_exec_only() {
+    // Not an open fd: an allowed execveat fails with EBADF, executing nothing.
+    const PROGRAM: i32 = 9999;
+    let mismatch = Mismatch::Errno(libc::EPERM as u32);
+    let list = tiny_supervisor_exec_filter(mismatch, PROGRAM, own_pid()).unwrap();
+    // In a forked child: a thread under this list could not even end (no `exit`).
+    // The child makes raw system calls only, and writes their errnos to a pipe.
+    let (rx, tx) = nix::unistd::pipe().unwrap();
+    // SAFETY: the child calls only async-signal-safe code (system calls; the filter
+    // was compiled before the fork) and ends with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let execveat = |fd: i32, flags: i32| {
+            let argv: [*const libc::c_char; 1] = [std::ptr::null()];
+            // SAFETY: execveat of a closed fd or refused by the filter: it returns.
+            errno_of(unsafe {
+                libc::syscall(
+                    libc::SYS_execveat,
+                    fd,
+                    c"".as_ptr(),
+                    argv.as_ptr(),
+                    argv.as_ptr(),
+                    flags,
+                )
+            })
+        };
+        let name = c"sup-test";
+        let installed = install_programs(&Programs { list, clone3: None }).is_ok();
+        // SAFETY: system calls of the child itself; the name is NUL-terminated.
+        let errnos = unsafe {
+            [
+                execveat(PROGRAM, libc::AT_EMPTY_PATH),
+                execveat(PROGRAM - 1, libc::AT_EMPTY_PATH),
+                execveat(PROGRAM, 0),
+                errno_of(libc::syscall(libc::SYS_execve, c"/bin/true".as_ptr(), 0, 0)),
+                errno_of(libc::syscall(
+                    libc::SYS_prctl,
+                    libc::PR_SET_NAME,
+                    name.as_ptr(),
+                )),
+                errno_of(libc::syscall(libc::SYS_prctl, libc::PR_SET_DUMPABLE, 0)),
+                errno_of(libc::syscall(libc::SYS_getpid)),
+            ]
+        };
+        let bytes = errnos.map(|e| e.unwrap_or(0) as u8);
+        // SAFETY: write of a local buffer, then the child ends.
+        unsafe {
+            if installed {
+                libc::write(tx.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            }
+            libc::_exit(0)
+        }
+    }
+    drop(tx);
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(rx), &mut got).unwrap();
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+    let errnos: Vec<Option<i32>> = got.iter().map(|&e| (e != 0).then_some(e as i32)).collect();
+    let (ebadf, eperm) = (Some(libc::EBADF), Some(libc::EPERM));
+    assert_eq!(
+        errnos,
+        [ebadf, eperm, eperm, eperm, None, eperm, eperm],
+        "execveat of the program; of another fd; without AT_EMPTY_PATH; execve; \
+         PR_SET_NAME; another prctl; a call the supervisor's list lacks"
+    );
 }
 
 #[test]
