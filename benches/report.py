@@ -418,6 +418,14 @@ def subset_section(P, d, targets, readings):
       f"results in [`{rel}`](../{rel}); the share on {fs}. The load generator as above (1 queue, "
       f"QD 32, {env.get('reps', '?')} alternated repetitions of {env.get('loadgen_duration_s', '?')} s), "
       "only these workloads and configurations, and the host floor of each in the same rotation.\n")
+    qpath = os.path.join(d, "quiet.tsv")
+    if os.path.exists(qpath):
+        with open(qpath) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+        busy = [r for r in rows if len(r) > 4 and r[4]]
+        P(f"Quiet: {len(rows) - len(busy)} of {len(rows)} runs alone"
+          + (f"; **{len(busy)} had company** ("
+             + "; ".join(f"{r[1]} rep {r[2]}: {r[4]}" for r in busy) + ")" if busy else "") + ".\n")
     cfgs = [c for c in FOUR if lg.runs.get(c)]
     work = [w for w in WORKLOADS + QD1 if any(lg.vals(c, w, "cpu") for c in cfgs)]
     pairs = [(a, b) for a, b in (("volfsd", "virtiofsd"), ("volfsd", "virtiofsd-matched"),
@@ -817,6 +825,29 @@ PROFILE_CAUSES = [
      "virtiofsd's file handles add `open_by_handle_at` and `close`, which is why volfsd is "
      "further ahead of its defaults than of its matched configuration (strace -c, "
      "[PROFILING.md](PROFILING.md))"),
+    (r"^metadata \(ext4\)",
+     "on ext4 the kernel's inode allocator is ~45% of either daemon's CPU per create "
+     "(`find_inode_bit`, `recently_deleted`, `__find_get_block`: perf, cpu-clock), and it "
+     "grows with the inodes freed in the last seconds to minutes, so a run slows with every "
+     "file the runs before it deleted (files/s fell from ~30,000 to ~4,000 over one run) and "
+     "the faster daemon pays more per file. On tmpfs, where the file system's cost does not "
+     "depend on that history, the same daemons compare without it (the tmpfs run). volfsd "
+     "makes 7 system calls a file against virtiofsd's 15 (strace -c, "
+     "[PROFILING.md](PROFILING.md), \"Issue 36\")"),
+    (r"^seq(read|write)1m \(",
+     "95% of either daemon's CPU per 1 MiB request is the kernel's copy between the page "
+     "cache and guest memory (`_copy_to_iter`, perf); volfsd makes one `preadv`/`pwritev` "
+     "per request over the guest's buffers with no allocation and ~3,000 instructions of its "
+     "own (callgrind), within 1.1× of the floor (the same call in a tight loop). 0.8× of "
+     "virtiofsd would be below that floor: only a path without the copy (DAX, which QEMU "
+     "and cloud-hypervisor do not offer for virtio-fs) gets there "
+     "([PROFILING.md](PROFILING.md), \"Issue 36\")"),
+    (r"^start-up to the first INIT",
+     "per-thread seccomp: volfsd confines each thread for its role (7 filters loaded before "
+     "the first reply, ~1.1 ms, the launcher's 538-instruction union of every role's list "
+     "alone 0.4-0.5 ms: loading a filter costs the kernel time that grows with its length), "
+     "where virtiofsd loads one filter for the process; `--seccomp none` starts 1.9 ms "
+     "sooner ([PROFILING.md](PROFILING.md), \"Issue 36\")"),
     (r"^CPU per request on metadata",
      "the file system's create and unlink (ext4: journal, page cache) dominate the "
      "create-write-close-unlink set for both daemons: volfsd makes 7 system calls a file "

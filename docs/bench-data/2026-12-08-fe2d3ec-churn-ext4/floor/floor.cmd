@@ -1,0 +1,1 @@
+/work/main/target/release/volfsd-loadgen --floor --shared-dir /var/tmp/volfsd-bench/share --duration 4 --file-size 1G --files 10000 --workload metadata,seqread1m,seqwrite1m --keep-files --json /var/tmp/churn-ext4-out/floor/floor-rep4.json

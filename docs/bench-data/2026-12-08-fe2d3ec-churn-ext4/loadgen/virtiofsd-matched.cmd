@@ -1,0 +1,1 @@
+/root/.cargo/bin/virtiofsd --socket-path=/var/tmp/volfsd-bench/virtiofsd-matched.sock --shared-dir=/var/tmp/volfsd-bench/share --cache=never --log-level=warn --sandbox=none --seccomp=none --inode-file-handles=never
