@@ -100,8 +100,9 @@ impl FsServer {
     ) -> Result<LoadReport, LoadError> {
         let passthrough = self.volumes.passthrough();
         let acl = passthrough.acl_on();
-        let found = self.plan_load(state, view).and_then(|plan| {
-            let found = passthrough.find_tables(state, &plan.shares, &plan.roots, opts, handed)?;
+        let found = self.plan_load(state, view, &[]).and_then(|plan| {
+            let found =
+                passthrough.find_tables(state, &plan.shares, &plan.roots, opts, handed, None)?;
             Ok((plan, found))
         });
         let (plan, found) = match found {
@@ -115,8 +116,67 @@ impl FsServer {
         self.apply_load(plan, found)
     }
 
-    /// Step 1: the state checked against this daemon, nothing changed.
-    fn plan_load(&self, state: &SessionState, view: &GuestView) -> Result<LoadPlan, LoadError> {
+    /// Serves an upgrade's state after a preview (`passthrough/state/preview.rs`):
+    /// loaded as [`Self::load_session`] loads a state, its previewed nodes taken from
+    /// what [`Self::preload_session`] preloaded (each one must be).
+    pub fn load_upgrade(
+        &self,
+        up: &format::UpgradeState,
+        view: &GuestView,
+        opts: &LoadOptions,
+        handed: HandedFiles,
+    ) -> Result<LoadReport, LoadError> {
+        let passthrough = self.volumes.passthrough();
+        let acl = passthrough.acl_on();
+        let state = &up.state;
+        let found = self.plan_load(state, view, &up.previewed).and_then(|plan| {
+            let previewed = Some((up.preview, up.previewed.as_slice()));
+            let found = passthrough.find_tables(
+                state,
+                &plan.shares,
+                &plan.roots,
+                opts,
+                handed,
+                previewed,
+            )?;
+            Ok((plan, found))
+        });
+        let (plan, found) = match found {
+            Ok(v) => v,
+            Err(e) => {
+                passthrough.drop_preloaded();
+                passthrough.set_acl_on(acl);
+                return Err(e);
+            }
+        };
+        self.apply_load(plan, found)
+    }
+
+    /// Preloads an upgrade's preview: its volumes checked as a state's are, its nodes
+    /// opened and kept aside for [`Self::load_upgrade`]. Changes nothing served.
+    /// Returns how many nodes were kept, and how many not.
+    pub fn preload_session(
+        &self,
+        preview: &format::Preview,
+        view: &GuestView,
+    ) -> Result<(usize, usize), LoadError> {
+        if preview.state.fuse.is_some() {
+            return Err(invalid("a preview with a FUSE session"));
+        }
+        let plan = self.plan_load(&preview.state, view, &[])?;
+        self.volumes
+            .passthrough()
+            .preload(preview, &plan.shares, &plan.roots)
+    }
+
+    /// Step 1: the state checked against this daemon, nothing changed. `previewed`:
+    /// the node ids an upgrade's state names only as previewed.
+    fn plan_load(
+        &self,
+        state: &SessionState,
+        view: &GuestView,
+        previewed: &[format::Previewed],
+    ) -> Result<LoadPlan, LoadError> {
         check_view(&state.config, view)?;
         crate::state::check_counters(state.next_node_id, state.next_handle_id)?;
         let registry = self.volumes.registry();
@@ -209,6 +269,7 @@ impl FsServer {
             }
         }
         let mut state_ids: HashSet<u64> = state.nodes.iter().map(|n| n.id).collect();
+        state_ids.extend(previewed.iter().map(|p| p.id));
         state_ids.extend(&root_ids);
         for d in &state.virtual_dirs {
             if d.nodeid & VIRTUAL_BIT == 0 || d.nodeid == ROOT_ID || !state_ids.insert(d.nodeid) {

@@ -12,12 +12,13 @@ use super::super::super::registry::{ROOT_ID, VIRTUAL_BIT};
 use super::super::super::share::Share;
 use super::super::prelude::*;
 use super::load_parts::PendingLock;
+use super::preview::PreNode;
 use super::*;
 use crate::state::format::{self, Location};
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError};
 
 /// A node found on the host, not registered yet.
-struct FoundNode {
+pub(super) struct FoundNode {
     data: Arc<InodeData>,
     lookups: u64,
     /// Its parent and name, for the journal (0 and empty: none).
@@ -66,11 +67,56 @@ fn node_id_ok(id: u64, next: u64) -> bool {
     id != 0 && id & VIRTUAL_BIT == 0 && id < next
 }
 
+/// What could not be found again: with `guest-error`, answered ESTALE (counted, and
+/// logged unless `quiet`); with `abort`, the load's error.
+fn lose(
+    opts: &LoadOptions,
+    l: Lost,
+    report: &mut LoadReport,
+    quiet: bool,
+) -> Result<(), LoadError> {
+    match opts.on_error {
+        OnError::Abort => Err(l.into_error()),
+        OnError::GuestError => {
+            match l.what {
+                LostKind::Node => report.lost_nodes += 1,
+                LostKind::Handle => report.lost_handles += 1,
+                LostKind::Lock => {}
+            }
+            if quiet {
+                log::debug!("{}: not preloaded", l.into_error());
+            } else {
+                log::warn!("{}: the guest gets ESTALE for it", l.into_error());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The nodes of a state found on the host (see [`PassthroughFs::find_nodes`]).
+pub(super) struct NodesFound {
+    pub nodes: Vec<FoundNode>,
+    /// Node id to (its data, its path below its volume's root).
+    pub restored: HashMap<u64, Restored>,
+    /// Every node id the state names (lost ones too).
+    pub seen: HashSet<u64>,
+    pub lost_ids: Vec<u64>,
+}
+
+impl FoundNode {
+    /// Its parent and name (0 and empty: none), and its data.
+    pub(super) fn parts(self) -> (Arc<InodeData>, u64, Vec<u8>) {
+        (self.data, self.parent, self.name)
+    }
+}
+
 impl PassthroughFs {
     /// Checks the state's nodes, handles and locks and finds each again on the host.
     /// `volumes` gives each state volume's share here, `roots` its root node here
     /// (under the id it has now: the caller gives it the state's id at commit). The
-    /// tables are not touched: an error leaves the daemon as it was.
+    /// tables are not touched: an error leaves the daemon as it was. `previewed`: an
+    /// upgrade's state after a preview (`preview.rs`): the preview's id, and its nodes
+    /// named as previewed, taken from what this process preloaded (each one must be).
     pub fn find_tables(
         &self,
         state: &format::SessionState,
@@ -78,159 +124,29 @@ impl PassthroughFs {
         roots: &[Arc<InodeData>],
         opts: &LoadOptions,
         mut handed: HandedFiles,
+        previewed: Option<(u64, &[format::Previewed])>,
     ) -> Result<FoundTables, LoadError> {
         let mut report = LoadReport::default();
-        // Node id to (its data, its path below its volume's root).
-        let mut restored: HashMap<u64, Restored> = HashMap::new();
+        let first = match previewed {
+            Some((id, named)) => self.take_preloaded(id, named, volumes)?,
+            None => {
+                self.drop_preloaded();
+                Vec::new()
+            }
+        };
         let root_index: HashMap<u64, usize> = state
             .volumes
             .iter()
             .enumerate()
             .map(|(i, v)| (v.root, i))
             .collect();
-        let mut seen = HashSet::new();
-        // What could not be found again, with `guest-error`: answered ESTALE.
-        let lost = |l: Lost, report: &mut LoadReport| -> Result<(), LoadError> {
-            match opts.on_error {
-                OnError::Abort => Err(l.into_error()),
-                OnError::GuestError => {
-                    match l.what {
-                        LostKind::Node => report.lost_nodes += 1,
-                        LostKind::Handle => report.lost_handles += 1,
-                        LostKind::Lock => {}
-                    }
-                    log::warn!("{}: the guest gets ESTALE for it", l.into_error());
-                    Ok(())
-                }
-            }
-        };
-        let mut lost_ids = Vec::new();
-        let mut nodes = Vec::with_capacity(state.nodes.len());
-        for node in &state.nodes {
-            // What any writer must get right, checked before anything is opened.
-            if !node_id_ok(node.id, state.next_node_id) {
-                return Err(invalid(format!("node id {:#x} out of range", node.id)));
-            }
-            if !seen.insert(node.id) {
-                return Err(invalid(format!("node id {} named twice", node.id)));
-            }
-            if node.lookups == 0 {
-                return Err(invalid(format!("node {} held with 0 lookups", node.id)));
-            }
-            if !valid_file_type(node.file_type) {
-                return Err(invalid(format!(
-                    "node {}: file type {:#o}",
-                    node.id, node.file_type
-                )));
-            }
-            let Some(share) = volumes.get(node.volume as usize) else {
-                return Err(invalid(format!(
-                    "node {}: volume index {}",
-                    node.id, node.volume
-                )));
-            };
-            let is_root = root_index.get(&node.id) == Some(&(node.volume as usize));
-            if (node.location == Location::Root) != is_root || (node.id == ROOT_ID && !is_root) {
-                return Err(invalid(format!(
-                    "node {}: a volume root only at its volume's root id",
-                    node.id
-                )));
-            }
-            if is_root {
-                let data = roots[node.volume as usize].clone();
-                if data.file_type() != node.file_type {
-                    return Err(invalid(format!("volume root {}: not a directory", node.id)));
-                }
-                restored.insert(
-                    node.id,
-                    Restored {
-                        data,
-                        path: Vec::new(),
-                    },
-                );
-                continue;
-            }
-            // Where to open it from, checked as hostile input.
-            let (from, components, path) = match &node.location {
-                // A parent the load lost: no path leads here (its file handle may).
-                Location::Child { parent, .. } if lost_ids.contains(parent) => {
-                    (None, Vec::new(), Vec::new())
-                }
-                Location::Child { parent, name } => {
-                    let parent = restored.get(parent).ok_or_else(|| {
-                        invalid(format!(
-                            "node {} names parent {parent}, which is no node before it",
-                            node.id
-                        ))
-                    })?;
-                    if !parent.data.is_dir() || !Arc::ptr_eq(&parent.data.share, share) {
-                        return Err(invalid(format!(
-                            "node {}: its parent is no directory of its volume",
-                            node.id
-                        )));
-                    }
-                    let c = check_component(name)
-                        .map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
-                    let mut path = parent.path.clone();
-                    if !path.is_empty() {
-                        path.push(b'/');
-                    }
-                    path.extend_from_slice(name);
-                    (Some(parent.data.clone()), vec![c], path)
-                }
-                Location::Path(p) => {
-                    let c = check_path(p).map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
-                    (None, c, p.clone())
-                }
-                Location::Unknown => (None, Vec::new(), Vec::new()),
-                Location::Root => unreachable!("checked above"),
-            };
-            let root = Some(&*roots[node.volume as usize]);
-            let result = self
-                .find_node(root, from.as_deref(), &components, node)
-                .or_else(|why| {
-                    // After a crash the path is where the node was found, and a
-                    // rename may have moved it since: its file handle finds it.
-                    let by_handle = opts.after_crash && node.file_handle.is_some();
-                    if by_handle && !components.is_empty() {
-                        self.find_node(root, None, &[], node)
-                    } else {
-                        Err(why)
-                    }
-                });
-            match result.and_then(|file| self.found_node(share, file, node)) {
-                Ok(data) => {
-                    let (parent, name) = match &node.location {
-                        Location::Child { parent, name } => (*parent, name.clone()),
-                        _ => (0, Vec::new()),
-                    };
-                    nodes.push(FoundNode {
-                        data: data.clone(),
-                        lookups: node.lookups,
-                        parent,
-                        name,
-                    });
-                    restored.insert(node.id, Restored { data, path });
-                    report.nodes += 1;
-                }
-                Err(why) => {
-                    lost(
-                        Lost {
-                            what: LostKind::Node,
-                            volume: share.name.clone(),
-                            path: if path.is_empty() {
-                                format!("node {}", node.id)
-                            } else {
-                                display(&path)
-                            },
-                            why,
-                        },
-                        &mut report,
-                    )?;
-                    lost_ids.push(node.id);
-                }
-            }
-        }
+        let NodesFound {
+            mut nodes,
+            restored,
+            seen,
+            mut lost_ids,
+        } = self.find_nodes(state, volumes, roots, opts, first, &mut report, false)?;
+        let lost = |l: Lost, report: &mut LoadReport| lose(opts, l, report, false);
 
         let mut handle_ids = HashSet::new();
         let mut handles: Vec<FoundHandle> = Vec::new();
@@ -564,5 +480,196 @@ impl PassthroughFs {
             self.wait_for_pending(pending);
         }
         Ok(report)
+    }
+}
+
+impl PassthroughFs {
+    /// The state's nodes checked and found again on the host, after `first` (an
+    /// upgrade's previewed nodes, found before: see `preview.rs`). What is lost goes
+    /// by `opts.on_error` (logged unless `quiet`). Nothing is registered.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn find_nodes(
+        &self,
+        state: &format::SessionState,
+        volumes: &[Arc<Share>],
+        roots: &[Arc<InodeData>],
+        opts: &LoadOptions,
+        first: Vec<(format::Previewed, PreNode)>,
+        report: &mut LoadReport,
+        quiet: bool,
+    ) -> Result<NodesFound, LoadError> {
+        let mut restored: HashMap<u64, Restored> = HashMap::new();
+        let root_index: HashMap<u64, usize> = state
+            .volumes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.root, i))
+            .collect();
+        let mut seen = HashSet::new();
+        let mut lost_ids = Vec::new();
+        let mut nodes = Vec::with_capacity(state.nodes.len() + first.len());
+        for (p, pre) in first {
+            // As a full record's id and lookups are checked below.
+            if !node_id_ok(p.id, state.next_node_id) || root_index.contains_key(&p.id) {
+                return Err(invalid(format!(
+                    "previewed node id {:#x} out of range",
+                    p.id
+                )));
+            }
+            if !seen.insert(p.id) {
+                return Err(invalid(format!("node id {} named twice", p.id)));
+            }
+            if p.lookups == 0 {
+                return Err(invalid(format!("node {} held with 0 lookups", p.id)));
+            }
+            nodes.push(FoundNode {
+                data: pre.data.clone(),
+                lookups: p.lookups,
+                parent: pre.parent,
+                name: pre.name,
+            });
+            restored.insert(
+                p.id,
+                Restored {
+                    data: pre.data,
+                    path: pre.path,
+                },
+            );
+            report.nodes += 1;
+        }
+        for node in &state.nodes {
+            // What any writer must get right, checked before anything is opened.
+            if !node_id_ok(node.id, state.next_node_id) {
+                return Err(invalid(format!("node id {:#x} out of range", node.id)));
+            }
+            if !seen.insert(node.id) {
+                return Err(invalid(format!("node id {} named twice", node.id)));
+            }
+            if node.lookups == 0 {
+                return Err(invalid(format!("node {} held with 0 lookups", node.id)));
+            }
+            if !valid_file_type(node.file_type) {
+                return Err(invalid(format!(
+                    "node {}: file type {:#o}",
+                    node.id, node.file_type
+                )));
+            }
+            let Some(share) = volumes.get(node.volume as usize) else {
+                return Err(invalid(format!(
+                    "node {}: volume index {}",
+                    node.id, node.volume
+                )));
+            };
+            let is_root = root_index.get(&node.id) == Some(&(node.volume as usize));
+            if (node.location == Location::Root) != is_root || (node.id == ROOT_ID && !is_root) {
+                return Err(invalid(format!(
+                    "node {}: a volume root only at its volume's root id",
+                    node.id
+                )));
+            }
+            if is_root {
+                let data = roots[node.volume as usize].clone();
+                if data.file_type() != node.file_type {
+                    return Err(invalid(format!("volume root {}: not a directory", node.id)));
+                }
+                restored.insert(
+                    node.id,
+                    Restored {
+                        data,
+                        path: Vec::new(),
+                    },
+                );
+                continue;
+            }
+            // Where to open it from, checked as hostile input.
+            let (from, components, path) = match &node.location {
+                // A parent the load lost: no path leads here (its file handle may).
+                Location::Child { parent, .. } if lost_ids.contains(parent) => {
+                    (None, Vec::new(), Vec::new())
+                }
+                Location::Child { parent, name } => {
+                    let parent = restored.get(parent).ok_or_else(|| {
+                        invalid(format!(
+                            "node {} names parent {parent}, which is no node before it",
+                            node.id
+                        ))
+                    })?;
+                    if !parent.data.is_dir() || !Arc::ptr_eq(&parent.data.share, share) {
+                        return Err(invalid(format!(
+                            "node {}: its parent is no directory of its volume",
+                            node.id
+                        )));
+                    }
+                    let c = check_component(name)
+                        .map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
+                    let mut path = parent.path.clone();
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(name);
+                    (Some(parent.data.clone()), vec![c], path)
+                }
+                Location::Path(p) => {
+                    let c = check_path(p).map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
+                    (None, c, p.clone())
+                }
+                Location::Unknown => (None, Vec::new(), Vec::new()),
+                Location::Root => unreachable!("checked above"),
+            };
+            let root = Some(&*roots[node.volume as usize]);
+            let result = self
+                .find_node(root, from.as_deref(), &components, node)
+                .or_else(|why| {
+                    // After a crash the path is where the node was found, and a
+                    // rename may have moved it since: its file handle finds it.
+                    let by_handle = opts.after_crash && node.file_handle.is_some();
+                    if by_handle && !components.is_empty() {
+                        self.find_node(root, None, &[], node)
+                    } else {
+                        Err(why)
+                    }
+                });
+            match result.and_then(|file| self.found_node(share, file, node)) {
+                Ok(data) => {
+                    let (parent, name) = match &node.location {
+                        Location::Child { parent, name } => (*parent, name.clone()),
+                        _ => (0, Vec::new()),
+                    };
+                    nodes.push(FoundNode {
+                        data: data.clone(),
+                        lookups: node.lookups,
+                        parent,
+                        name,
+                    });
+                    restored.insert(node.id, Restored { data, path });
+                    report.nodes += 1;
+                }
+                Err(why) => {
+                    lose(
+                        opts,
+                        Lost {
+                            what: LostKind::Node,
+                            volume: share.name.clone(),
+                            path: if path.is_empty() {
+                                format!("node {}", node.id)
+                            } else {
+                                display(&path)
+                            },
+                            why,
+                        },
+                        report,
+                        quiet,
+                    )?;
+                    lost_ids.push(node.id);
+                }
+            }
+        }
+
+        Ok(NodesFound {
+            nodes,
+            restored,
+            seen,
+            lost_ids,
+        })
     }
 }

@@ -18,6 +18,8 @@ use super::prelude::*;
 mod load;
 mod load_parts;
 pub use load::FoundTables;
+mod preview;
+pub use preview::PreviewSide;
 mod save;
 #[cfg(test)]
 mod tests;
@@ -32,6 +34,8 @@ const MAX_DEPTH: usize = 4096;
 /// What the tables gave the device state.
 pub struct SavedTables {
     pub nodes: Vec<format::Node>,
+    /// The nodes an upgrade's preview named, still held (empty in a migration's).
+    pub previewed: Vec<format::Previewed>,
     pub handles: Vec<format::Handle>,
     pub locks: Vec<format::Lock>,
     pub next_node_id: u64,

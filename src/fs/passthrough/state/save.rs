@@ -9,10 +9,41 @@ use super::*;
 use crate::state::format::{self, FileHandle, Location};
 use crate::state::{MigrationMode, SaveOptions, VolumeLabel};
 
+/// The nodes of a save: each with its inode's `(st_dev, st_ino)`, and those an
+/// upgrade's preview named (as [`format::Previewed`]).
+pub(super) struct SavedNodes {
+    pub nodes: Vec<format::Node>,
+    pub keys: Vec<(u64, u64)>,
+    pub previewed: Vec<format::Previewed>,
+}
+
 impl PassthroughFs {
     /// The nodes, handles and locks the guest holds, for the device state.
-    /// `volumes` lists each volume's share at its index in the state.
-    pub fn save_tables(&self, volumes: &[Arc<Share>], opts: &SaveOptions) -> SavedTables {
+    /// `volumes` lists each volume's share at its index in the state. `previewed`:
+    /// the node ids an upgrade's preview named, saved as such (no system call each);
+    /// None: every node in full, as a migration's state has them.
+    pub fn save_tables(
+        &self,
+        volumes: &[Arc<Share>],
+        opts: &SaveOptions,
+        previewed: Option<&HashSet<u64>>,
+    ) -> SavedTables {
+        let SavedNodes {
+            nodes, previewed, ..
+        } = self.save_nodes(volumes, opts, previewed);
+        let mut saved: HashSet<u64> = nodes.iter().map(|n| n.id).collect();
+        saved.extend(previewed.iter().map(|p| p.id));
+        self.save_open_files(nodes, previewed, saved)
+    }
+
+    /// The nodes the guest holds, named by path (and handle); a node of `previewed`
+    /// (no volume root) only by its id and lookups.
+    pub(super) fn save_nodes(
+        &self,
+        volumes: &[Arc<Share>],
+        opts: &SaveOptions,
+        previewed: Option<&HashSet<u64>>,
+    ) -> SavedNodes {
         let index_of = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
         let mut root_links: HashMap<usize, Vec<u8>> = HashMap::new();
         let mut root_fds: HashMap<usize, File> = HashMap::new();
@@ -31,11 +62,21 @@ impl PassthroughFs {
         }
         let want_handles = opts.verify_handles || opts.mode == MigrationMode::FileHandles;
         // (node, volume, path) with the path below the volume's root; roots first.
-        let mut found: Vec<(format::Node, Option<Vec<u8>>)> = Vec::with_capacity(all.len());
+        let mut found: Vec<(format::Node, Option<Vec<u8>>, (u64, u64))> =
+            Vec::with_capacity(all.len());
+        let mut as_previewed = Vec::new();
         for data in &all {
             let Some(volume) = index_of(&data.share) else {
                 continue; // detached while the guest was stopped: not the guest's any more
             };
+            if !data.is_share_root() && previewed.is_some_and(|p| p.contains(&data.nodeid)) {
+                as_previewed.push(format::Previewed {
+                    id: data.nodeid,
+                    lookups: data.lookups(),
+                });
+                continue;
+            }
+            let key = data.key();
             let fd = data.fd().ok();
             let file_handle = match (&fd, want_handles) {
                 (Some(fd), true) => raw_handle_of(&**fd)
@@ -53,7 +94,6 @@ impl PassthroughFs {
                         let components = check_path(&path).ok()?;
                         let again = self.walk(root_fds.get(&volume)?, &components).ok()?;
                         let st = sys::stat_fd(&again).ok()?;
-                        let key = data.key();
                         if (st.st_dev, st.st_ino) != (key.dev, key.ino) {
                             log::warn!(
                                 "{}: {:?} no longer leads to node {}: saved without a path",
@@ -95,10 +135,11 @@ impl PassthroughFs {
                     file_handle,
                 },
                 path,
+                (key.dev, key.ino),
             ));
         }
         // Parents before children: a directory's path is shorter than its entries'.
-        found.sort_by_key(|(n, p)| {
+        found.sort_by_key(|(n, p, _)| {
             (
                 n.location != Location::Root,
                 p.as_ref()
@@ -108,7 +149,8 @@ impl PassthroughFs {
         });
         let mut dirs: HashMap<(u32, Vec<u8>), u64> = HashMap::new();
         let mut nodes = Vec::with_capacity(found.len());
-        for (mut node, path) in found {
+        let mut keys = Vec::with_capacity(found.len());
+        for (mut node, path, key) in found {
             if let Some(path) = path {
                 let (parent_path, name) = match path.iter().rposition(|&b| b == b'/') {
                     Some(i) => (&path[..i], &path[i + 1..]),
@@ -138,8 +180,22 @@ impl PassthroughFs {
                 }
             }
             nodes.push(node);
+            keys.push(key);
         }
-        let saved: HashSet<u64> = nodes.iter().map(|n| n.id).collect();
+        SavedNodes {
+            nodes,
+            keys,
+            previewed: as_previewed,
+        }
+    }
+
+    /// The handles and locks on the nodes `saved` names, with the nodes.
+    fn save_open_files(
+        &self,
+        nodes: Vec<format::Node>,
+        previewed: Vec<format::Previewed>,
+        saved: HashSet<u64>,
+    ) -> SavedTables {
         let mut handles = Vec::new();
         let mut flock_handles = Vec::new();
         let mut locks = Vec::new();
@@ -191,6 +247,7 @@ impl PassthroughFs {
         }
         SavedTables {
             nodes,
+            previewed,
             handles,
             locks,
             next_node_id: self.inodes.next_id(),
