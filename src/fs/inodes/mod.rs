@@ -397,6 +397,13 @@ impl InodeStore {
         ))
     }
 
+    /// Makes room for `n` more nodes at once (a load registers many: the tables do
+    /// not grow step by step under it).
+    pub fn reserve_room(&self, n: usize) {
+        let mut maps = self.maps.write().unwrap();
+        maps.reserve(n);
+    }
+
     /// Registers a node of [`Self::found`] in the current session under its id, with
     /// `lookups` lookups (the caller holds the only reference). EEXIST if the id is
     /// taken; ENOENT if its share was detached; ENFILE past the limits.

@@ -97,9 +97,9 @@ fn lose(
 pub(super) struct NodesFound {
     pub nodes: Vec<FoundNode>,
     /// Node id to (its data, its path below its volume's root).
-    pub restored: HashMap<u64, Restored>,
+    pub restored: IdMap<Restored>,
     /// Every node id the state names (lost ones too).
-    pub seen: HashSet<u64>,
+    pub seen: IdSet,
     pub lost_ids: Vec<u64>,
 }
 
@@ -358,7 +358,7 @@ impl PassthroughFs {
         lock_files: &[FoundLockFile],
     ) -> Result<(), LoadError> {
         let index = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
-        let volume_of: HashMap<u64, usize> = nodes
+        let volume_of: IdMap<usize> = nodes
             .iter()
             .filter_map(|n| Some((n.data.nodeid, index(&n.data.share)?)))
             .collect();
@@ -422,7 +422,9 @@ impl PassthroughFs {
             next_handle_id,
             report,
         } = found;
-        let mut live: HashMap<u64, Arc<InodeData>> = HashMap::with_capacity(nodes.len());
+        self.inodes.reserve_room(nodes.len());
+        let mut live: IdMap<Arc<InodeData>> =
+            IdMap::with_capacity_and_hasher(nodes.len(), Default::default());
         for n in nodes {
             let at = if n.name.is_empty() {
                 FoundAt::NOWHERE
@@ -498,16 +500,18 @@ impl PassthroughFs {
         report: &mut LoadReport,
         quiet: bool,
     ) -> Result<NodesFound, LoadError> {
-        let mut restored: HashMap<u64, Restored> = HashMap::new();
+        let count = state.nodes.len() + first.len();
+        let mut restored: IdMap<Restored> =
+            IdMap::with_capacity_and_hasher(count, Default::default());
         let root_index: HashMap<u64, usize> = state
             .volumes
             .iter()
             .enumerate()
             .map(|(i, v)| (v.root, i))
             .collect();
-        let mut seen = HashSet::new();
+        let mut seen = IdSet::with_capacity_and_hasher(count, Default::default());
         let mut lost_ids = Vec::new();
-        let mut nodes = Vec::with_capacity(state.nodes.len() + first.len());
+        let mut nodes = Vec::with_capacity(count);
         for (p, pre) in first {
             // As a full record's id and lookups are checked below.
             if !node_id_ok(p.id, state.next_node_id) || root_index.contains_key(&p.id) {

@@ -14,7 +14,7 @@
 //!   ones by id (`load.rs`). A node named as previewed that was not preloaded here,
 //!   or another preview's state, fails the whole load: the old process serves on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::super::super::share::Share;
 use super::load::{FoundNode, NodesFound};
@@ -35,7 +35,7 @@ pub(super) struct PreNode {
 /// What a new process preloaded from a preview.
 struct Preloaded {
     id: u64,
-    nodes: HashMap<u64, PreNode>,
+    nodes: IdMap<PreNode>,
 }
 
 /// A process's side of an upgrade's preview.
@@ -122,15 +122,14 @@ impl PassthroughFs {
         let NodesFound {
             nodes, restored, ..
         } = self.find_nodes(state, volumes, roots, &opts, Vec::new(), &mut report, true)?;
-        let keys: HashMap<u64, (u64, u64)> = state
+        let keys: IdMap<(u64, u64)> = state
             .nodes
             .iter()
             .zip(&preview.keys)
             .map(|(n, k)| (n.id, *k))
             .collect();
-        let mut paths: HashMap<u64, Vec<u8>> =
-            restored.into_iter().map(|(id, r)| (id, r.path)).collect();
-        let mut kept = HashMap::with_capacity(nodes.len());
+        let mut paths: IdMap<Vec<u8>> = restored.into_iter().map(|(id, r)| (id, r.path)).collect();
+        let mut kept = IdMap::with_capacity_and_hasher(nodes.len(), Default::default());
         let mut other = 0;
         for n in nodes {
             let (data, parent, name) = FoundNode::parts(n);
