@@ -117,8 +117,10 @@ impl FsServer {
     }
 
     /// Serves an upgrade's state after a preview (`passthrough/state/preview.rs`):
-    /// loaded as [`Self::load_session`] loads a state, its previewed nodes taken from
-    /// what [`Self::preload_session`] preloaded (each one must be).
+    /// its previewed nodes are the ones [`Self::preload_session`] registered (each
+    /// one must be), the rest is loaded as [`Self::load_session`] loads a state. A
+    /// refusal leaves the preloaded nodes registered, served by no session: a load
+    /// of a whole state (the keeper's next step then) replaces them.
     pub fn load_upgrade(
         &self,
         up: &format::UpgradeState,
@@ -130,43 +132,83 @@ impl FsServer {
         let acl = passthrough.acl_on();
         let state = &up.state;
         let found = self.plan_load(state, view, &up.previewed).and_then(|plan| {
-            let previewed = Some((up.preview, up.previewed.as_slice()));
+            if !plan.root_moves.is_empty() || plan.vdir_ids.iter().any(|(a, b)| a != b) {
+                return Err(invalid(
+                    "the volumes' roots here are not those of the preview preloaded",
+                ));
+            }
+            crate::state::check_counters(state.next_node_id, state.next_handle_id)?;
+            let matched =
+                passthrough.match_preloaded(up.preview, &up.previewed, state.next_node_id)?;
             let found = passthrough.find_tables(
                 state,
                 &plan.shares,
                 &plan.roots,
                 opts,
                 handed,
-                previewed,
+                Some(&matched.named),
             )?;
-            Ok((plan, found))
+            Ok((plan, matched, found))
         });
-        let (plan, found) = match found {
+        let (plan, matched, found) = match found {
             Ok(v) => v,
             Err(e) => {
-                passthrough.drop_preloaded();
                 passthrough.set_acl_on(acl);
                 return Err(e);
             }
         };
-        self.apply_load(plan, found)
+        // Applied: no new session (the preloaded nodes are in this one).
+        passthrough.apply_matched(&matched);
+        let named = matched.named.len();
+        drop(matched);
+        for (&id, &n) in &plan.root_lookups {
+            let _ = passthrough.renumber_root(id, id, n);
+        }
+        passthrough.advance_node_ids(plan.next_node_id);
+        let mut report = match passthrough.commit_tables(found) {
+            Ok(report) => report,
+            Err(e) => {
+                self.start_over();
+                return Err(LoadError::Io(format!(
+                    "registering the loaded session (an empty session now): {e}"
+                )));
+            }
+        };
+        report.nodes += named;
+        for (share, limit) in plan.limits {
+            share.stats.qos.set(Some(limit));
+        }
+        if let Some(fuse) = plan.fuse {
+            self.set_session(Some(fuse));
+            self.initialized.store(true, Ordering::Release);
+        }
+        Ok(report)
     }
 
-    /// Preloads an upgrade's preview: its volumes checked as a state's are, its nodes
-    /// opened and kept aside for [`Self::load_upgrade`]. Changes nothing served.
-    /// Returns how many nodes were kept, and how many not.
+    /// Preloads an upgrade's preview into this process, which serves no session yet:
+    /// its volumes checked and its nodes found as a state's are, and registered under
+    /// their ids (no FUSE session is served from them: no INIT, no rings) for
+    /// [`Self::load_upgrade`]. Returns how many nodes were kept, and how many not.
     pub fn preload_session(
         &self,
         preview: &format::Preview,
         view: &GuestView,
     ) -> Result<(usize, usize), LoadError> {
+        let passthrough = self.volumes.passthrough();
         if preview.state.fuse.is_some() {
             return Err(invalid("a preview with a FUSE session"));
         }
+        if self.initialized.load(Ordering::Acquire) || !passthrough.serves_nothing() {
+            return Err(invalid(
+                "a preview is preloaded only by a process that serves no session yet",
+            ));
+        }
         let plan = self.plan_load(&preview.state, view, &[])?;
-        self.volumes
-            .passthrough()
-            .preload(preview, &plan.shares, &plan.roots)
+        let (found, not) = passthrough.find_preview(preview, &plan.shares, &plan.roots)?;
+        let ids = found.node_ids();
+        self.apply_load(plan, found)?;
+        passthrough.stage(preview.id, &ids);
+        Ok((ids.len(), not))
     }
 
     /// Step 1: the state checked against this daemon, nothing changed. `previewed`:

@@ -397,6 +397,25 @@ impl InodeStore {
         ))
     }
 
+    /// The session the table serves now (it changes when a session ends).
+    pub fn epoch(&self) -> u32 {
+        self.session.current()
+    }
+
+    /// Gives each node its lookups (an upgrade's nodes registered before its state
+    /// said how many the guest holds now), under one hold of the table's lock.
+    pub fn set_lookups<'a>(&self, nodes: impl Iterator<Item = (&'a InodeData, u64)>) {
+        let _maps = self.maps.write().unwrap();
+        for (data, n) in nodes {
+            let n = n.max(1);
+            if data.refcount.swap(n, Ordering::AcqRel) != n {
+                if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
+                    j.set_lookups(slot, n);
+                }
+            }
+        }
+    }
+
     /// Makes room for `n` more nodes at once (a load registers many: the tables do
     /// not grow step by step under it).
     pub fn reserve_room(&self, n: usize) {

@@ -12,14 +12,14 @@ use super::super::super::registry::{ROOT_ID, VIRTUAL_BIT};
 use super::super::super::share::Share;
 use super::super::prelude::*;
 use super::load_parts::PendingLock;
-use super::preview::PreNode;
+use super::preview::Staged;
 use super::*;
 use crate::state::format::{self, Location};
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError};
 
 /// A node found on the host, not registered yet.
 pub(super) struct FoundNode {
-    data: Arc<InodeData>,
+    pub(super) data: Arc<InodeData>,
     lookups: u64,
     /// Its parent and name, for the journal (0 and empty: none).
     parent: u64,
@@ -60,6 +60,26 @@ pub struct FoundTables {
     next_node_id: u64,
     next_handle_id: u64,
     report: LoadReport,
+}
+
+impl FoundTables {
+    /// Nodes found, nothing else (an upgrade's preview).
+    pub(super) fn nodes_only(nodes: Vec<FoundNode>, next_node_id: u64, report: LoadReport) -> Self {
+        FoundTables {
+            nodes,
+            handles: Vec::new(),
+            lock_files: Vec::new(),
+            lost: Vec::new(),
+            next_node_id,
+            next_handle_id: 1,
+            report,
+        }
+    }
+
+    /// The ids of the nodes found.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.data.nodeid).collect()
+    }
 }
 
 /// The ids a load may not give a node or a handle, and what it checks them against.
@@ -103,20 +123,13 @@ pub(super) struct NodesFound {
     pub lost_ids: Vec<u64>,
 }
 
-impl FoundNode {
-    /// Its parent and name (0 and empty: none), and its data.
-    pub(super) fn parts(self) -> (Arc<InodeData>, u64, Vec<u8>) {
-        (self.data, self.parent, self.name)
-    }
-}
-
 impl PassthroughFs {
     /// Checks the state's nodes, handles and locks and finds each again on the host.
     /// `volumes` gives each state volume's share here, `roots` its root node here
     /// (under the id it has now: the caller gives it the state's id at commit). The
-    /// tables are not touched: an error leaves the daemon as it was. `previewed`: an
-    /// upgrade's state after a preview (`preview.rs`): the preview's id, and its nodes
-    /// named as previewed, taken from what this process preloaded (each one must be).
+    /// tables are not touched: an error leaves the daemon as it was. `staged`: an
+    /// upgrade's state after a preview (`preview.rs`): the previewed nodes it names,
+    /// registered already; the state's nodes, handles and locks may name them.
     pub fn find_tables(
         &self,
         state: &format::SessionState,
@@ -124,16 +137,12 @@ impl PassthroughFs {
         roots: &[Arc<InodeData>],
         opts: &LoadOptions,
         mut handed: HandedFiles,
-        previewed: Option<(u64, &[format::Previewed])>,
+        staged: Option<&Staged>,
     ) -> Result<FoundTables, LoadError> {
         let mut report = LoadReport::default();
-        let first = match previewed {
-            Some((id, named)) => self.take_preloaded(id, named, volumes)?,
-            None => {
-                self.drop_preloaded();
-                Vec::new()
-            }
-        };
+        if staged.is_none() {
+            self.drop_preloaded();
+        }
         let root_index: HashMap<u64, usize> = state
             .volumes
             .iter()
@@ -145,7 +154,7 @@ impl PassthroughFs {
             restored,
             seen,
             mut lost_ids,
-        } = self.find_nodes(state, volumes, roots, opts, first, &mut report, false)?;
+        } = self.find_nodes(state, volumes, roots, opts, staged, &mut report, false)?;
         let lost = |l: Lost, report: &mut LoadReport| lose(opts, l, report, false);
 
         let mut handle_ids = HashSet::new();
@@ -336,7 +345,7 @@ impl PassthroughFs {
             );
         }
         drop(restored);
-        self.check_room(volumes, &nodes, &handles, &lock_files)?;
+        self.check_room(volumes, &nodes, &handles, &lock_files, staged)?;
         Ok(FoundTables {
             nodes,
             handles,
@@ -356,25 +365,44 @@ impl PassthroughFs {
         nodes: &[FoundNode],
         handles: &[FoundHandle],
         lock_files: &[FoundLockFile],
+        staged: Option<&Staged>,
     ) -> Result<(), LoadError> {
         let index = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
         let volume_of: IdMap<usize> = nodes
             .iter()
             .filter_map(|n| Some((n.data.nodeid, index(&n.data.share)?)))
             .collect();
-        // Per volume: nodes (its root included), handles, lock files.
-        let mut counts = vec![[1usize, 0, 0]; volumes.len()];
+        let volume = |node: u64| {
+            volume_of.get(&node).copied().or_else(|| {
+                staged
+                    .and_then(|s| s.get(node))
+                    .and_then(|d| index(&d.share))
+            })
+        };
+        // Per volume: nodes (its root included), handles, lock files; the staged
+        // nodes are registered already (counted by their volume).
+        let mut counts: Vec<[usize; 3]> = volumes
+            .iter()
+            .map(|v| {
+                let registered = if staged.is_some() {
+                    self.inodes.count_share(v)
+                } else {
+                    0
+                };
+                [1 + registered, 0, 0]
+            })
+            .collect();
         for v in volume_of.values() {
             counts[*v][0] += 1;
         }
         for node in handles.iter().map(|h| h.node) {
-            if let Some(v) = volume_of.get(&node) {
-                counts[*v][1] += 1;
+            if let Some(v) = volume(node) {
+                counts[v][1] += 1;
             }
         }
         for node in lock_files.iter().map(|l| l.node) {
-            if let Some(v) = volume_of.get(&node) {
-                counts[*v][2] += 1;
+            if let Some(v) = volume(node) {
+                counts[v][2] += 1;
             }
         }
         let limits = &self.cfg.limits;
@@ -399,7 +427,8 @@ impl PassthroughFs {
                 .iter()
                 .filter(|n| n.data.inode_ref().holds_fd())
                 .count();
-        let (_, max) = self.fd_budget();
+        let (used, max) = self.fd_budget();
+        let fds = fds + if staged.is_some() { used } else { 0 };
         if fds > max {
             return Err(LoadError::Invalid(format!(
                 "the guest holds {fds} open files, more than this daemon's budget of {max}"
@@ -438,13 +467,19 @@ impl PassthroughFs {
             live.insert(data.nodeid, data);
         }
         self.inodes.advance_next_id(next_node_id);
+        // A registered node the load lost (its lock): it goes too.
+        for &id in &lost {
+            self.inodes.forget(id, u64::MAX);
+        }
         self.mark_lost(&lost);
         let mut pending = Vec::new();
+        // A node registered before (an upgrade's preloaded one) is in the table.
+        let node_of = |id: u64| live.get(&id).cloned().or_else(|| self.inodes.get(id).ok());
         for h in handles {
-            let Some(node) = live.get(&h.node) else {
+            let Some(node) = node_of(h.node) else {
                 continue;
             };
-            let data = self.handles.insert_restored(h.id, node.clone(), h.file)?;
+            let data = self.handles.insert_restored(h.id, node, h.file)?;
             if let Some(off) = h.dir_offset {
                 // The stream's position, where the guest's next READDIR names it again
                 // anyway.
@@ -464,7 +499,7 @@ impl PassthroughFs {
         }
         self.handles.advance_next_id(next_handle_id);
         for l in lock_files {
-            let Some(node) = live.get(&l.node) else {
+            let Some(node) = node_of(l.node) else {
                 continue;
             };
             let own = l.file.try_clone()?;
@@ -486,9 +521,10 @@ impl PassthroughFs {
 }
 
 impl PassthroughFs {
-    /// The state's nodes checked and found again on the host, after `first` (an
-    /// upgrade's previewed nodes, found before: see `preview.rs`). What is lost goes
-    /// by `opts.on_error` (logged unless `quiet`). Nothing is registered.
+    /// The state's nodes checked and found again on the host (`staged`: nodes an
+    /// upgrade's preload registered, which its parents, handles and locks may name).
+    /// What is lost goes by `opts.on_error` (logged unless `quiet`). Nothing is
+    /// registered.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn find_nodes(
         &self,
@@ -496,11 +532,11 @@ impl PassthroughFs {
         volumes: &[Arc<Share>],
         roots: &[Arc<InodeData>],
         opts: &LoadOptions,
-        first: Vec<(format::Previewed, PreNode)>,
+        staged: Option<&Staged>,
         report: &mut LoadReport,
         quiet: bool,
     ) -> Result<NodesFound, LoadError> {
-        let count = state.nodes.len() + first.len();
+        let count = state.nodes.len();
         let mut restored: IdMap<Restored> =
             IdMap::with_capacity_and_hasher(count, Default::default());
         let root_index: HashMap<u64, usize> = state
@@ -512,41 +548,37 @@ impl PassthroughFs {
         let mut seen = IdSet::with_capacity_and_hasher(count, Default::default());
         let mut lost_ids = Vec::new();
         let mut nodes = Vec::with_capacity(count);
-        for (p, pre) in first {
-            // As a full record's id and lookups are checked below.
-            if !node_id_ok(p.id, state.next_node_id) || root_index.contains_key(&p.id) {
-                return Err(invalid(format!(
-                    "previewed node id {:#x} out of range",
-                    p.id
-                )));
-            }
-            if !seen.insert(p.id) {
-                return Err(invalid(format!("node id {} named twice", p.id)));
-            }
-            if p.lookups == 0 {
-                return Err(invalid(format!("node {} held with 0 lookups", p.id)));
-            }
-            nodes.push(FoundNode {
-                data: pre.data.clone(),
-                lookups: p.lookups,
-                parent: pre.parent,
-                name: pre.name,
+        if let Some(staged) = staged {
+            // The staged nodes the state's own name: parents, handles, locks.
+            let parents = state.nodes.iter().filter_map(|n| match n.location {
+                Location::Child { parent, .. } => Some(parent),
+                _ => None,
             });
-            restored.insert(
-                p.id,
-                Restored {
-                    data: pre.data,
-                    path: pre.path,
-                },
+            let named = parents.chain(state.handles.iter().map(|h| h.node)).chain(
+                state.locks.iter().filter_map(|l| match l {
+                    format::Lock::Posix { node, .. } => Some(*node),
+                    format::Lock::Flock { .. } => None,
+                }),
             );
-            report.nodes += 1;
+            for id in named {
+                if let Some(d) = staged.get(id) {
+                    seen.insert(id);
+                    restored.insert(
+                        id,
+                        Restored {
+                            data: d.clone(),
+                            path: format!("node {id}").into_bytes(),
+                        },
+                    );
+                }
+            }
         }
         for node in &state.nodes {
             // What any writer must get right, checked before anything is opened.
             if !node_id_ok(node.id, state.next_node_id) {
                 return Err(invalid(format!("node id {:#x} out of range", node.id)));
             }
-            if !seen.insert(node.id) {
+            if !seen.insert(node.id) || staged.is_some_and(|s| s.get(node.id).is_some()) {
                 return Err(invalid(format!("node id {} named twice", node.id)));
             }
             if node.lookups == 0 {

@@ -5,37 +5,67 @@
 //!   ([`PassthroughFs::preview_nodes`]): every node the guest holds, named as a
 //!   state names it (deriving each path outside the inode table's lock), with its
 //!   inode's `(st_dev, st_ino)`. It keeps the ids it named.
-//! - The new process *preloads* it ([`PassthroughFs::preload`]): each node checked
-//!   and opened as a load does (the preview is as untrusted as a state), kept only
-//!   if it is the inode the preview names, and kept aside, not served.
+//! - The new process, which serves no session yet, *preloads* it
+//!   ([`PassthroughFs::find_preview`], `fs/session_load.rs`): each node checked and
+//!   opened as a load does (the preview is as untrusted as a state), kept only if it
+//!   is the inode the preview names, and registered (journal included) under its
+//!   id; no FUSE session is served from them (no INIT, no rings).
 //! - In the pause, the old process's state names each node of its preview that still
 //!   lives only by id and lookups ([`format::Previewed`]: a node id is one inode for
-//!   its whole life), the others in full; the new process's load takes the preloaded
-//!   ones by id (`load.rs`). A node named as previewed that was not preloaded here,
-//!   or another preview's state, fails the whole load: the old process serves on.
+//!   its whole life, in id order), the others in full; the new process's load
+//!   matches the named ones with those it preloaded in one walk (a node named as
+//!   previewed that was not preloaded here, or another preview's state, refuses the
+//!   whole state: the keeper then moves the state whole), lets the forgotten ones
+//!   go, gives the others their lookups, and loads the rest as a state.
 
 use std::collections::HashSet;
 
+use super::super::super::registry::VIRTUAL_BIT;
 use super::super::super::share::Share;
-use super::load::{FoundNode, NodesFound};
+use super::load::{FoundNode, FoundTables, NodesFound};
 use super::*;
 use crate::state::format;
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError, SaveOptions};
 
-/// A node of a preview, found on the host, not registered.
-pub(super) struct PreNode {
-    pub data: Arc<InodeData>,
-    /// Its parent and name in the preview (0 and empty: none), for the journal.
-    pub parent: u64,
-    pub name: Vec<u8>,
-    /// Its path below its volume's root, for messages and its children.
-    pub path: Vec<u8>,
-}
-
-/// What a new process preloaded from a preview.
+/// The preview's nodes a new process registered at its preload (sorted by id), its
+/// id, and the session they were registered in.
 struct Preloaded {
     id: u64,
-    nodes: IdMap<PreNode>,
+    epoch: u32,
+    nodes: Staged,
+}
+
+/// Registered nodes by id, sorted: looked up by binary search, matched with a
+/// state's sorted list of previewed nodes in one walk.
+#[derive(Default)]
+pub struct Staged {
+    nodes: Vec<Arc<InodeData>>,
+}
+
+impl Staged {
+    /// The node `id`, if staged.
+    pub(super) fn get(&self, id: u64) -> Option<&Arc<InodeData>> {
+        self.nodes
+            .binary_search_by_key(&id, |d| d.nodeid)
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// What a state after a preview names of the preloaded nodes: those it names (with
+/// their lookups now), and those forgotten since the preview.
+pub struct Matched {
+    pub named: Staged,
+    pub lookups: Vec<u64>,
+    pub forgotten: Vec<Arc<InodeData>>,
 }
 
 /// A process's side of an upgrade's preview.
@@ -94,14 +124,15 @@ impl PassthroughFs {
 
     /// Opens the nodes of `preview` (its volumes mapped by the caller's plan:
     /// `volumes`, `roots`, as for a load) and keeps those found that are the inode
-    /// the preview names, replacing any earlier preload. Returns how many were kept
-    /// and how many not. Nothing is registered or served.
-    pub fn preload(
+    /// the preview names, for the caller to register (a process that serves no
+    /// session yet: nothing is served from them before a state names them). Returns
+    /// them, and how many were not kept.
+    pub fn find_preview(
         &self,
         preview: &format::Preview,
         volumes: &[Arc<Share>],
         roots: &[Arc<InodeData>],
-    ) -> Result<(usize, usize), LoadError> {
+    ) -> Result<(FoundTables, usize), LoadError> {
         self.drop_preloaded();
         let state = &preview.state;
         if preview.keys.len() != state.nodes.len() {
@@ -119,55 +150,57 @@ impl PassthroughFs {
             after_crash: true,
         };
         let mut report = LoadReport::default();
-        let NodesFound {
-            nodes, restored, ..
-        } = self.find_nodes(state, volumes, roots, &opts, Vec::new(), &mut report, true)?;
+        let NodesFound { nodes, .. } =
+            self.find_nodes(state, volumes, roots, &opts, None, &mut report, true)?;
         let keys: IdMap<(u64, u64)> = state
             .nodes
             .iter()
             .zip(&preview.keys)
             .map(|(n, k)| (n.id, *k))
             .collect();
-        let mut paths: IdMap<Vec<u8>> = restored.into_iter().map(|(id, r)| (id, r.path)).collect();
-        let mut kept = IdMap::with_capacity_and_hasher(nodes.len(), Default::default());
-        let mut other = 0;
-        for n in nodes {
-            let (data, parent, name) = FoundNode::parts(n);
-            let key = data.key();
-            if keys.get(&data.nodeid) != Some(&(key.dev, key.ino)) {
-                // Renamed over since the preview was written, where the file system
-                // gives no handles: not this one.
-                log::debug!(
-                    "node {}: found inode {:?}, the preview names {:?}: not preloaded",
-                    data.nodeid,
-                    (key.dev, key.ino),
-                    keys.get(&data.nodeid)
-                );
-                other += 1;
-                continue;
-            }
-            let path = paths.remove(&data.nodeid).unwrap_or_default();
-            kept.insert(
-                data.nodeid,
-                PreNode {
-                    data,
-                    parent,
-                    name,
-                    path,
-                },
-            );
-        }
-        let not = report.lost_nodes + other;
-        let count = kept.len();
-        let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
-        side.preloaded = Some(Preloaded {
-            id: preview.id,
-            nodes: kept,
-        });
-        Ok((count, not))
+        let before = nodes.len();
+        let kept: Vec<FoundNode> = nodes
+            .into_iter()
+            .filter(|n| {
+                let key = n.data.key();
+                let same = keys.get(&n.data.nodeid) == Some(&(key.dev, key.ino));
+                if !same {
+                    // Renamed over since the preview was written, where the file
+                    // system gives no handles: not this one.
+                    log::debug!(
+                        "node {}: found inode {:?}, the preview names {:?}: not preloaded",
+                        n.data.nodeid,
+                        (key.dev, key.ino),
+                        keys.get(&n.data.nodeid)
+                    );
+                }
+                same
+            })
+            .collect();
+        let not = report.lost_nodes + before - kept.len();
+        report.nodes = kept.len();
+        let found = FoundTables::nodes_only(kept, state.next_node_id, report);
+        Ok((found, not))
     }
 
-    /// Drops what a preview preloaded (a load of a whole state, or a new preview).
+    /// Keeps the nodes of preview `id` the caller registered (`ids`), for the state
+    /// after it.
+    pub fn stage(&self, id: u64, ids: &[u64]) {
+        let mut nodes: Vec<Arc<InodeData>> = ids
+            .iter()
+            .filter_map(|&n| self.inodes.get(n).ok())
+            .collect();
+        nodes.sort_unstable_by_key(|d| d.nodeid);
+        let epoch = self.inodes.epoch();
+        let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
+        side.preloaded = Some(Preloaded {
+            id,
+            epoch,
+            nodes: Staged { nodes },
+        });
+    }
+
+    /// Forgets what a preview preloaded (a load of a whole state, a new preview).
     pub fn drop_preloaded(&self) {
         let gone = {
             let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,20 +209,27 @@ impl PassthroughFs {
         drop(gone);
     }
 
-    /// The preloaded nodes an upgrade's state names as previewed (by `preview`,
-    /// which must be the one preloaded), each in one of `volumes`; the others are
-    /// dropped. Refused whole if one was not preloaded.
-    pub(super) fn take_preloaded(
+    /// Whether this process serves no session: no FUSE node but the volume roots.
+    pub fn serves_nothing(&self) -> bool {
+        self.inodes.snapshot().iter().all(|d| d.is_share_root())
+    }
+
+    /// The preloaded nodes an upgrade's state names as previewed (`named`: by
+    /// preview `preview`, which must be the one preloaded, in the session it was
+    /// preloaded in; ids strictly increasing, below `next_node_id`, lookups at least
+    /// 1), matched in one walk: each must have been preloaded, or the whole state is
+    /// refused. The preloaded nodes it does not name were forgotten since.
+    pub fn match_preloaded(
         &self,
         preview: u64,
         named: &[format::Previewed],
-        volumes: &[Arc<Share>],
-    ) -> Result<Vec<(format::Previewed, PreNode)>, LoadError> {
+        next_node_id: u64,
+    ) -> Result<Matched, LoadError> {
         let preloaded = {
             let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
             side.preloaded.take()
         };
-        let Some(Preloaded { id, mut nodes }) = preloaded else {
+        let Some(Preloaded { id, epoch, nodes }) = preloaded else {
             return Err(invalid(format!(
                 "a state after preview {preview}, and no preview was preloaded here"
             )));
@@ -199,22 +239,64 @@ impl PassthroughFs {
                 "a state after preview {preview}; preview {id} was preloaded here"
             )));
         }
-        let mut taken = Vec::with_capacity(named.len());
+        if epoch != self.inodes.epoch() {
+            return Err(invalid("the session preloaded here was reset since"));
+        }
+        let mut have = nodes.nodes.into_iter().peekable();
+        let mut matched = Matched {
+            named: Staged {
+                nodes: Vec::with_capacity(named.len()),
+            },
+            lookups: Vec::with_capacity(named.len()),
+            forgotten: Vec::new(),
+        };
+        let mut last = 0;
         for p in named {
-            let Some(pre) = nodes.remove(&p.id) else {
+            if p.id <= last || p.id >= next_node_id || p.id & VIRTUAL_BIT != 0 {
+                return Err(invalid(format!(
+                    "previewed node id {:#x}: out of range or out of order",
+                    p.id
+                )));
+            }
+            last = p.id;
+            if p.lookups == 0 {
+                return Err(invalid(format!("node {} held with 0 lookups", p.id)));
+            }
+            while let Some(d) = have.next_if(|d| d.nodeid < p.id) {
+                matched.forgotten.push(d);
+            }
+            let Some(d) = have.next_if(|d| d.nodeid == p.id) else {
                 return Err(invalid(format!(
                     "node {} named as previewed, which this process did not preload",
                     p.id
                 )));
             };
-            if !volumes.iter().any(|v| Arc::ptr_eq(v, &pre.data.share)) {
+            if d.share.is_revoked() {
                 return Err(LoadError::Volume {
-                    name: pre.data.share.name.clone(),
-                    why: "attached again since the preview".into(),
+                    name: d.share.name.clone(),
+                    why: "detached since the preview".into(),
                 });
             }
-            taken.push((*p, pre));
+            matched.named.nodes.push(d);
+            matched.lookups.push(p.lookups);
         }
-        Ok(taken)
+        matched.forgotten.extend(have);
+        Ok(matched)
+    }
+
+    /// Applies what [`Self::match_preloaded`] matched: the forgotten nodes go, the
+    /// named ones take their lookups (and the journal with them).
+    pub fn apply_matched(&self, matched: &Matched) {
+        for d in &matched.forgotten {
+            self.inodes.forget(d.nodeid, u64::MAX);
+        }
+        self.inodes.set_lookups(
+            matched
+                .named
+                .nodes
+                .iter()
+                .zip(&matched.lookups)
+                .map(|(d, &n)| (&**d, n)),
+        );
     }
 }
