@@ -124,7 +124,7 @@ impl FsServer {
         &self,
         view: GuestView,
         opts: &SaveOptions,
-        previewed: Option<&std::collections::HashSet<u64>>,
+        previewed: Option<&super::passthrough::state::PreviewIds>,
     ) -> (SessionState, Vec<format::Previewed>, SavedFiles) {
         let (shares, volumes, virtual_dirs) = self.saved_volumes();
         let SavedTables {

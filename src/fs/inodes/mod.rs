@@ -374,6 +374,13 @@ impl InodeStore {
         all
     }
 
+    /// Calls `f` with every live node, in no order, under the table's read lock (no
+    /// copy of the list: a save in the guest's pause).
+    pub fn visit(&self, mut f: impl FnMut(&Arc<InodeData>)) {
+        let maps = self.maps.read().unwrap();
+        maps.by_id.iter().for_each(&mut f);
+    }
+
     /// A node a load found on the host, not registered: the load opens what the
     /// state's handles and locks need through it, and registers it with
     /// [`Self::commit_found`] only once everything of the state was found.

@@ -19,7 +19,7 @@ mod load;
 mod load_parts;
 pub use load::FoundTables;
 mod preview;
-pub use preview::PreviewSide;
+pub use preview::{PreviewIds, PreviewSide};
 mod save;
 #[cfg(test)]
 mod tests;

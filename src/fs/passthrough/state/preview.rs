@@ -18,8 +18,6 @@
 //!   whole state: the keeper then moves the state whole), lets the forgotten ones
 //!   go, gives the others their lookups, and loads the rest as a state.
 
-use std::collections::HashSet;
-
 use super::super::super::registry::VIRTUAL_BIT;
 use super::super::super::share::Share;
 use super::load::{FoundNode, FoundTables, NodesFound};
@@ -68,13 +66,30 @@ pub struct Matched {
     pub forgotten: Vec<Arc<InodeData>>,
 }
 
+/// The node ids a preview named (no volume root).
+pub struct PreviewIds(IdSet);
+
+impl PreviewIds {
+    pub fn contains(&self, id: u64) -> bool {
+        self.0.contains(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// A process's side of an upgrade's preview.
 #[derive(Default)]
 pub struct PreviewSide {
     /// Previews written so far.
     count: u64,
     /// The old process: the last preview's id and the node ids it named.
-    taken: Option<(u64, HashSet<u64>)>,
+    taken: Option<(u64, Arc<PreviewIds>)>,
     /// The new process: what it preloaded.
     preloaded: Option<Preloaded>,
 }
@@ -100,7 +115,7 @@ impl PassthroughFs {
             // A node forgotten while the walk ran: still the inode it named.
             n.lookups = n.lookups.max(1);
         }
-        let ids: HashSet<u64> = nodes
+        let ids: IdSet = nodes
             .iter()
             .filter(|n| n.location != format::Location::Root)
             .map(|n| n.id)
@@ -112,12 +127,12 @@ impl PassthroughFs {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let id = (nanos << 8) | (side.count & 0xff);
-        side.taken = Some((id, ids));
+        side.taken = Some((id, Arc::new(PreviewIds(ids))));
         (id, nodes, saved.keys)
     }
 
     /// The node ids the last preview named and its id (None: no preview taken).
-    pub fn previewed_ids(&self) -> Option<(u64, HashSet<u64>)> {
+    pub fn previewed_ids(&self) -> Option<(u64, Arc<PreviewIds>)> {
         let side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
         side.taken.clone()
     }

@@ -9,6 +9,13 @@ use super::*;
 use crate::state::format::{self, FileHandle, Location};
 use crate::state::{MigrationMode, SaveOptions, VolumeLabel};
 
+impl SavedTables {
+    fn with_previewed(mut self, previewed: Vec<format::Previewed>) -> Self {
+        self.previewed = previewed;
+        self
+    }
+}
+
 /// The nodes of a save: each with its inode's `(st_dev, st_ino)`, and those an
 /// upgrade's preview named (as [`format::Previewed`]).
 pub(super) struct SavedNodes {
@@ -26,14 +33,17 @@ impl PassthroughFs {
         &self,
         volumes: &[Arc<Share>],
         opts: &SaveOptions,
-        previewed: Option<&HashSet<u64>>,
+        previewed: Option<&PreviewIds>,
     ) -> SavedTables {
         let SavedNodes {
             nodes, previewed, ..
         } = self.save_nodes(volumes, opts, previewed);
-        let mut saved: HashSet<u64> = nodes.iter().map(|n| n.id).collect();
-        saved.extend(previewed.iter().map(|p| p.id));
-        self.save_open_files(nodes, previewed, saved)
+        let full: HashSet<u64> = nodes.iter().map(|n| n.id).collect();
+        // `previewed` is in id order.
+        let saved =
+            |id: u64| full.contains(&id) || previewed.binary_search_by_key(&id, |p| p.id).is_ok();
+        self.save_open_files(nodes, &previewed, saved)
+            .with_previewed(previewed)
     }
 
     /// The nodes the guest holds, named by path (and handle); a node of `previewed`
@@ -42,12 +52,35 @@ impl PassthroughFs {
         &self,
         volumes: &[Arc<Share>],
         opts: &SaveOptions,
-        previewed: Option<&HashSet<u64>>,
+        previewed: Option<&PreviewIds>,
     ) -> SavedNodes {
         let index_of = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
         let mut root_links: HashMap<usize, Vec<u8>> = HashMap::new();
         let mut root_fds: HashMap<usize, File> = HashMap::new();
-        let all = self.inodes.snapshot();
+        // After a preview, the nodes it named that still live only by id and lookups,
+        // read under the table's lock without copying the list (in the pause); the
+        // others (the volume roots, the nodes new since) in full below.
+        let mut as_previewed = Vec::new();
+        let all = match previewed {
+            None => self.inodes.snapshot(),
+            Some(ids) => {
+                let mut full = Vec::new();
+                as_previewed.reserve(ids.len());
+                self.inodes.visit(|data| {
+                    if !data.is_share_root() && ids.contains(data.nodeid) {
+                        as_previewed.push(format::Previewed {
+                            id: data.nodeid,
+                            lookups: data.lookups(),
+                        });
+                    } else {
+                        full.push(data.clone());
+                    }
+                });
+                as_previewed.sort_unstable_by_key(|p| p.id);
+                full.sort_unstable_by_key(|d| d.nodeid);
+                full
+            }
+        };
         for data in all.iter().filter(|d| d.is_share_root()) {
             if let Some(v) = index_of(&data.share) {
                 if let Ok(fd) = data.fd() {
@@ -64,18 +97,10 @@ impl PassthroughFs {
         // (node, volume, path) with the path below the volume's root; roots first.
         let mut found: Vec<(format::Node, Option<Vec<u8>>, (u64, u64))> =
             Vec::with_capacity(all.len());
-        let mut as_previewed = Vec::new();
         for data in &all {
             let Some(volume) = index_of(&data.share) else {
                 continue; // detached while the guest was stopped: not the guest's any more
             };
-            if !data.is_share_root() && previewed.is_some_and(|p| p.contains(&data.nodeid)) {
-                as_previewed.push(format::Previewed {
-                    id: data.nodeid,
-                    lookups: data.lookups(),
-                });
-                continue;
-            }
             let key = data.key();
             let fd = data.fd().ok();
             let file_handle = match (&fd, want_handles) {
@@ -193,14 +218,14 @@ impl PassthroughFs {
     fn save_open_files(
         &self,
         nodes: Vec<format::Node>,
-        previewed: Vec<format::Previewed>,
-        saved: HashSet<u64>,
+        _previewed: &[format::Previewed],
+        saved: impl Fn(u64) -> bool,
     ) -> SavedTables {
         let mut handles = Vec::new();
         let mut flock_handles = Vec::new();
         let mut locks = Vec::new();
         for (id, h) in self.handles.snapshot() {
-            if !saved.contains(&h.inode.nodeid) {
+            if !saved(h.inode.nodeid) {
                 continue;
             }
             // SAFETY: F_GETFL on an fd we own.
@@ -223,7 +248,7 @@ impl PassthroughFs {
         }
         let mut lock_files = Vec::new();
         for held in self.locks.snapshot() {
-            if !saved.contains(&held.inode.nodeid) {
+            if !saved(held.inode.nodeid) {
                 continue;
             }
             // SAFETY: F_GETFL on an fd we own.
@@ -247,7 +272,7 @@ impl PassthroughFs {
         }
         SavedTables {
             nodes,
-            previewed,
+            previewed: Vec::new(),
             handles,
             locks,
             next_node_id: self.inodes.next_id(),
