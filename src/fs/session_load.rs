@@ -100,7 +100,7 @@ impl FsServer {
     ) -> Result<LoadReport, LoadError> {
         let passthrough = self.volumes.passthrough();
         let acl = passthrough.acl_on();
-        let found = self.plan_load(state, view, &[]).and_then(|plan| {
+        let found = self.plan_load(state, view).and_then(|plan| {
             let found =
                 passthrough.find_tables(state, &plan.shares, &plan.roots, opts, handed, None)?;
             Ok((plan, found))
@@ -131,7 +131,7 @@ impl FsServer {
         let passthrough = self.volumes.passthrough();
         let acl = passthrough.acl_on();
         let state = &up.state;
-        let found = self.plan_load(state, view, &up.previewed).and_then(|plan| {
+        let found = self.plan_load(state, view).and_then(|plan| {
             if !plan.root_moves.is_empty() || plan.vdir_ids.iter().any(|(a, b)| a != b) {
                 return Err(invalid(
                     "the volumes' roots here are not those of the preview preloaded",
@@ -158,7 +158,12 @@ impl FsServer {
             }
         };
         // Applied: no new session (the preloaded nodes are in this one).
-        passthrough.apply_matched(&matched);
+        if let Err(e) = passthrough.apply_matched(&matched) {
+            self.start_over();
+            return Err(LoadError::Io(format!(
+                "the nodes preloaded here (an empty session now): {e}"
+            )));
+        }
         let named = matched.named.len();
         drop(matched);
         for (&id, &n) in &plan.root_lookups {
@@ -203,7 +208,7 @@ impl FsServer {
                 "a preview is preloaded only by a process that serves no session yet",
             ));
         }
-        let plan = self.plan_load(&preview.state, view, &[])?;
+        let plan = self.plan_load(&preview.state, view)?;
         let (found, not) = passthrough.find_preview(preview, &plan.shares, &plan.roots)?;
         let ids = found.node_ids();
         self.apply_load(plan, found)?;
@@ -211,14 +216,10 @@ impl FsServer {
         Ok((ids.len(), not))
     }
 
-    /// Step 1: the state checked against this daemon, nothing changed. `previewed`:
-    /// the node ids an upgrade's state names only as previewed.
-    fn plan_load(
-        &self,
-        state: &SessionState,
-        view: &GuestView,
-        previewed: &[format::Previewed],
-    ) -> Result<LoadPlan, LoadError> {
+    /// Step 1: the state checked against this daemon, nothing changed. (An upgrade's
+    /// previewed nodes are registered here already: the preload moved the roots off
+    /// their ids, and the table keeps ids unique.)
+    fn plan_load(&self, state: &SessionState, view: &GuestView) -> Result<LoadPlan, LoadError> {
         check_view(&state.config, view)?;
         crate::state::check_counters(state.next_node_id, state.next_handle_id)?;
         let registry = self.volumes.registry();
@@ -311,7 +312,6 @@ impl FsServer {
             }
         }
         let mut state_ids: HashSet<u64> = state.nodes.iter().map(|n| n.id).collect();
-        state_ids.extend(previewed.iter().map(|p| p.id));
         state_ids.extend(&root_ids);
         for d in &state.virtual_dirs {
             if d.nodeid & VIRTUAL_BIT == 0 || d.nodeid == ROOT_ID || !state_ids.insert(d.nodeid) {

@@ -409,11 +409,13 @@ impl InodeStore {
         self.session.current()
     }
 
-    /// Gives each node its lookups (an upgrade's nodes registered before its state
-    /// said how many the guest holds now), under one hold of the table's lock.
-    pub fn set_lookups<'a>(&self, nodes: impl Iterator<Item = (&'a InodeData, u64)>) {
-        let _maps = self.maps.write().unwrap();
-        for (data, n) in nodes {
+    /// Gives each node (by id) its lookups (an upgrade's nodes registered before its
+    /// state said how many the guest holds now), under one hold of the table's lock.
+    /// ENOENT if one is not in the table (those before it have theirs).
+    pub fn set_lookups(&self, nodes: impl Iterator<Item = (u64, u64)>) -> io::Result<()> {
+        let maps = self.maps.write().unwrap();
+        for (id, n) in nodes {
+            let data = maps.get(id).ok_or_else(|| errno(libc::ENOENT))?;
             let n = n.max(1);
             if data.refcount.swap(n, Ordering::AcqRel) != n {
                 if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
@@ -421,6 +423,7 @@ impl InodeStore {
                 }
             }
         }
+        Ok(())
     }
 
     /// Makes room for `n` more nodes at once (a load registers many: the tables do

@@ -375,7 +375,7 @@ impl PassthroughFs {
         let volume = |node: u64| {
             volume_of.get(&node).copied().or_else(|| {
                 staged
-                    .and_then(|s| s.get(node))
+                    .and_then(|s| self.staged_node(s, node))
                     .and_then(|d| index(&d.share))
             })
         };
@@ -561,12 +561,12 @@ impl PassthroughFs {
                 }),
             );
             for id in named {
-                if let Some(d) = staged.get(id) {
+                if let Some(d) = self.staged_node(staged, id) {
                     seen.insert(id);
                     restored.insert(
                         id,
                         Restored {
-                            data: d.clone(),
+                            data: d,
                             path: format!("node {id}").into_bytes(),
                         },
                     );
@@ -578,7 +578,7 @@ impl PassthroughFs {
             if !node_id_ok(node.id, state.next_node_id) {
                 return Err(invalid(format!("node id {:#x} out of range", node.id)));
             }
-            if !seen.insert(node.id) || staged.is_some_and(|s| s.get(node.id).is_some()) {
+            if !seen.insert(node.id) || staged.is_some_and(|s| s.contains(node.id)) {
                 return Err(invalid(format!("node id {} named twice", node.id)));
             }
             if node.lookups == 0 {

@@ -25,36 +25,32 @@ use super::*;
 use crate::state::format;
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError, SaveOptions};
 
-/// The preview's nodes a new process registered at its preload (sorted by id), its
-/// id, and the session they were registered in.
+/// The preview's nodes a new process registered at its preload (their ids, sorted),
+/// its id, and the session they were registered in.
 struct Preloaded {
     id: u64,
     epoch: u32,
     nodes: Staged,
 }
 
-/// Registered nodes by id, sorted: looked up by binary search, matched with a
-/// state's sorted list of previewed nodes in one walk.
+/// Registered nodes' ids, sorted: looked up by binary search, matched with a state's
+/// sorted list of previewed nodes in one walk (no node touched).
 #[derive(Default)]
 pub struct Staged {
-    nodes: Vec<Arc<InodeData>>,
+    ids: Vec<u64>,
 }
 
 impl Staged {
-    /// The node `id`, if staged.
-    pub(super) fn get(&self, id: u64) -> Option<&Arc<InodeData>> {
-        self.nodes
-            .binary_search_by_key(&id, |d| d.nodeid)
-            .ok()
-            .map(|i| &self.nodes[i])
+    pub(super) fn contains(&self, id: u64) -> bool {
+        self.ids.binary_search(&id).is_ok()
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.ids.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.ids.is_empty()
     }
 }
 
@@ -63,7 +59,7 @@ impl Staged {
 pub struct Matched {
     pub named: Staged,
     pub lookups: Vec<u64>,
-    pub forgotten: Vec<Arc<InodeData>>,
+    pub forgotten: Vec<u64>,
 }
 
 /// The node ids a preview named (no volume root).
@@ -198,20 +194,17 @@ impl PassthroughFs {
         Ok((found, not))
     }
 
-    /// Keeps the nodes of preview `id` the caller registered (`ids`), for the state
-    /// after it.
+    /// Keeps the ids of the nodes of preview `id` the caller registered, for the
+    /// state after it.
     pub fn stage(&self, id: u64, ids: &[u64]) {
-        let mut nodes: Vec<Arc<InodeData>> = ids
-            .iter()
-            .filter_map(|&n| self.inodes.get(n).ok())
-            .collect();
-        nodes.sort_unstable_by_key(|d| d.nodeid);
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
         let epoch = self.inodes.epoch();
         let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
         side.preloaded = Some(Preloaded {
             id,
             epoch,
-            nodes: Staged { nodes },
+            nodes: Staged { ids },
         });
     }
 
@@ -257,10 +250,10 @@ impl PassthroughFs {
         if epoch != self.inodes.epoch() {
             return Err(invalid("the session preloaded here was reset since"));
         }
-        let mut have = nodes.nodes.into_iter().peekable();
+        let mut have = nodes.ids.into_iter().peekable();
         let mut matched = Matched {
             named: Staged {
-                nodes: Vec::with_capacity(named.len()),
+                ids: Vec::with_capacity(named.len()),
             },
             lookups: Vec::with_capacity(named.len()),
             forgotten: Vec::new(),
@@ -277,22 +270,16 @@ impl PassthroughFs {
             if p.lookups == 0 {
                 return Err(invalid(format!("node {} held with 0 lookups", p.id)));
             }
-            while let Some(d) = have.next_if(|d| d.nodeid < p.id) {
-                matched.forgotten.push(d);
+            while let Some(id) = have.next_if(|&id| id < p.id) {
+                matched.forgotten.push(id);
             }
-            let Some(d) = have.next_if(|d| d.nodeid == p.id) else {
+            if have.next_if(|&id| id == p.id).is_none() {
                 return Err(invalid(format!(
                     "node {} named as previewed, which this process did not preload",
                     p.id
                 )));
-            };
-            if d.share.is_revoked() {
-                return Err(LoadError::Volume {
-                    name: d.share.name.clone(),
-                    why: "detached since the preview".into(),
-                });
             }
-            matched.named.nodes.push(d);
+            matched.named.ids.push(p.id);
             matched.lookups.push(p.lookups);
         }
         matched.forgotten.extend(have);
@@ -300,18 +287,28 @@ impl PassthroughFs {
     }
 
     /// Applies what [`Self::match_preloaded`] matched: the forgotten nodes go, the
-    /// named ones take their lookups (and the journal with them).
-    pub fn apply_matched(&self, matched: &Matched) {
-        for d in &matched.forgotten {
-            self.inodes.forget(d.nodeid, u64::MAX);
+    /// named ones take their lookups (and the journal with them). ENOENT if a named
+    /// one left the table since (its volume detached).
+    pub fn apply_matched(&self, matched: &Matched) -> io::Result<()> {
+        for &id in &matched.forgotten {
+            self.inodes.forget(id, u64::MAX);
         }
         self.inodes.set_lookups(
             matched
                 .named
-                .nodes
+                .ids
                 .iter()
-                .zip(&matched.lookups)
-                .map(|(d, &n)| (&**d, n)),
-        );
+                .copied()
+                .zip(matched.lookups.iter().copied()),
+        )
+    }
+
+    /// A staged node, registered.
+    pub(super) fn staged_node(&self, staged: &Staged, id: u64) -> Option<Arc<InodeData>> {
+        if staged.contains(id) {
+            self.inodes.get(id).ok()
+        } else {
+            None
+        }
     }
 }
