@@ -412,6 +412,8 @@ impl InodeStore {
     /// Gives each node (by id) its lookups (an upgrade's nodes registered before its
     /// state said how many the guest holds now), under one hold of the table's lock.
     /// ENOENT if one is not in the table (those before it have theirs).
+    // The write lock, as a FORGET's: the table's writers change lookups under it.
+    #[allow(clippy::readonly_write_lock)]
     pub fn set_lookups(&self, nodes: impl Iterator<Item = (u64, u64)>) -> io::Result<()> {
         let maps = self.maps.write().unwrap();
         for (id, n) in nodes {

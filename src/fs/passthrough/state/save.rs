@@ -16,6 +16,9 @@ impl SavedTables {
     }
 }
 
+/// A node of a save, its path below its volume's root, its `(st_dev, st_ino)`.
+type Found = (format::Node, Option<Vec<u8>>, (u64, u64));
+
 /// The nodes of a save: each with its inode's `(st_dev, st_ino)`, and those an
 /// upgrade's preview named (as [`format::Previewed`]).
 pub(super) struct SavedNodes {
@@ -95,8 +98,7 @@ impl PassthroughFs {
         }
         let want_handles = opts.verify_handles || opts.mode == MigrationMode::FileHandles;
         // (node, volume, path) with the path below the volume's root; roots first.
-        let mut found: Vec<(format::Node, Option<Vec<u8>>, (u64, u64))> =
-            Vec::with_capacity(all.len());
+        let mut found: Vec<Found> = Vec::with_capacity(all.len());
         for data in &all {
             let Some(volume) = index_of(&data.share) else {
                 continue; // detached while the guest was stopped: not the guest's any more
