@@ -367,9 +367,13 @@ impl InodeStore {
     }
 
     /// Every live node, by id (for the device state).
+    /// The lock is held only to copy the list (an upgrade's preview takes it while
+    /// the guest is served), not to sort it.
     pub fn snapshot(&self) -> Vec<Arc<InodeData>> {
-        let maps = self.maps.read().unwrap();
-        let mut all: Vec<_> = maps.by_id.iter().cloned().collect();
+        let mut all: Vec<_> = {
+            let maps = self.maps.read().unwrap();
+            maps.by_id.iter().cloned().collect()
+        };
         all.sort_unstable_by_key(|d| d.nodeid);
         all
     }
