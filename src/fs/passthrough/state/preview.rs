@@ -62,20 +62,28 @@ pub struct Matched {
     pub forgotten: Vec<u64>,
 }
 
-/// The node ids a preview named (no volume root).
-pub struct PreviewIds(IdSet);
+/// The nodes a preview named (no volume root): each carries the preview's mark (its
+/// count in this process, wrapping past 255 and never 0). A node a preview did not
+/// name is new since (a fresh node has no mark) or was dead at the preview (every
+/// live node takes each preview's mark), so an older preview's equal mark never
+/// names one wrongly.
+pub struct PreviewIds {
+    mark: u8,
+    count: usize,
+}
 
 impl PreviewIds {
-    pub fn contains(&self, id: u64) -> bool {
-        self.0.contains(&id)
+    /// Whether `data` is a node the preview named (in memory: no lookup).
+    pub fn contains(&self, data: &InodeData) -> bool {
+        data.previewed_by() == self.mark
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.count == 0
     }
 }
 
@@ -105,25 +113,29 @@ impl PassthroughFs {
             mode: crate::state::MigrationMode::FileHandles,
             ..*opts
         };
-        let saved = self.save_nodes(volumes, &opts, None);
+        // Unique beyond this process too: a new process preloads another's preview.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let count = {
+            let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
+            side.count += 1;
+            side.count
+        };
+        let id = (nanos << 8) | (count & 0xff);
+        let mark = (count % 255 + 1) as u8;
+        let saved = self.save_nodes(volumes, &opts, None, Some(mark));
         let mut nodes = saved.nodes;
         for n in &mut nodes {
             // A node forgotten while the walk ran: still the inode it named.
             n.lookups = n.lookups.max(1);
         }
-        let ids: IdSet = nodes
+        let count = nodes
             .iter()
             .filter(|n| n.location != format::Location::Root)
-            .map(|n| n.id)
-            .collect();
+            .count();
         let mut side = self.preview.lock().unwrap_or_else(|p| p.into_inner());
-        side.count += 1;
-        // Unique beyond this process too: a new process preloads another's preview.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let id = (nanos << 8) | (side.count & 0xff);
-        side.taken = Some((id, Arc::new(PreviewIds(ids))));
+        side.taken = Some((id, Arc::new(PreviewIds { mark, count })));
         (id, nodes, saved.keys)
     }
 

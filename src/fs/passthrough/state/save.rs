@@ -40,7 +40,7 @@ impl PassthroughFs {
     ) -> SavedTables {
         let SavedNodes {
             nodes, previewed, ..
-        } = self.save_nodes(volumes, opts, previewed);
+        } = self.save_nodes(volumes, opts, previewed, None);
         let full: HashSet<u64> = nodes.iter().map(|n| n.id).collect();
         // `previewed` is in id order.
         let saved =
@@ -56,6 +56,7 @@ impl PassthroughFs {
         volumes: &[Arc<Share>],
         opts: &SaveOptions,
         previewed: Option<&PreviewIds>,
+        mark: Option<u8>,
     ) -> SavedNodes {
         let index_of = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
         let mut root_links: HashMap<usize, Vec<u8>> = HashMap::new();
@@ -70,7 +71,7 @@ impl PassthroughFs {
                 let mut full = Vec::new();
                 as_previewed.reserve(ids.len());
                 self.inodes.visit(|data| {
-                    if !data.is_share_root() && ids.contains(data.nodeid) {
+                    if !data.is_share_root() && ids.contains(data) {
                         as_previewed.push(format::Previewed {
                             id: data.nodeid,
                             lookups: data.lookups(),
@@ -104,6 +105,9 @@ impl PassthroughFs {
                 continue; // detached while the guest was stopped: not the guest's any more
             };
             let key = data.key();
+            if let (Some(id), false) = (mark, data.is_share_root()) {
+                data.mark_previewed(id); // an upgrade's preview names it
+            }
             let fd = data.fd().ok();
             let file_handle = match (&fd, want_handles) {
                 (Some(fd), true) => raw_handle_of(&**fd)
