@@ -59,11 +59,12 @@ def goal(P, runs, targets, readings, label):
     P(f"**Goal (issue 26): at {GOAL_NODES:,} held nodes, pause p50 ≤ {GOAL_P50_MS:.0f} ms and "
       f"max ≤ {GOAL_MAX_MS:.0f} ms: {'met' if ok_a and ok_b else 'not met'}** (p50 {a:,.0f} ms, "
       f"max {b:,.0f} ms over {len(pauses)} upgrades). An upgrade moves the session as a "
-      "same-host migration's device state (docs/UPGRADE.md): the old process saves every "
-      "held node and the new one loads it, finding each node again on the host, inside the "
-      "pause; that part grows with the nodes held (see the device state's save and load "
-      "above). Carrying the nodes' open fds or handles to the new process instead is listed "
-      "in docs/UPGRADE.md as what is left.\n")
+      "same-host migration's device state (docs/UPGRADE.md), after a pre-copy: the old "
+      "process previews the held nodes while it serves and the new one opens and registers "
+      "them; inside the pause the old process names each previewed node still held by id "
+      "and lookups and the new one gives each its lookups, with no system call per node "
+      "(what remains grows with the nodes held as memory work; docs/UPGRADE.md, what is "
+      "left).\n")
     targets.append((f"upgrade pause at {GOAL_NODES:,} nodes: p50 / {GOAL_P50_MS:.0f} ms ≤ 1.00×",
                     [a / GOAL_P50_MS], ok_a))
     targets.append((f"upgrade pause at {GOAL_NODES:,} nodes: max / {GOAL_MAX_MS:.0f} ms ≤ 1.00×",

@@ -119,8 +119,9 @@ pub mod state {
 
     pub mod format {
         pub use crate::state::format::{
-            decode, encode, FileHandle, GuestView, Handoff, Location, Lock, ParkedRequest,
-            SessionState, VirtualDir,
+            decode, decode_preview, decode_upgrade, encode, encode_upgrade, kind, FileHandle,
+            GuestView, Handoff, Kind, Location, Lock, ParkedRequest, Previewed, SessionState,
+            UpgradeState, VirtualDir,
         };
     }
 }

@@ -10,6 +10,8 @@ mod forged;
 mod handover;
 #[path = "device_state/migration.rs"]
 mod migration;
+#[path = "device_state/preview.rs"]
+mod preview;
 
 use std::path::Path;
 

@@ -40,6 +40,51 @@ pub struct StateConfig {
     pub handoff: Option<Arc<Handoff>>,
 }
 
+/// What the keeper writes into the socket it hands over with SET_DEVICE_STATE_FD
+/// SAVE for an upgrade's preview (`fs/passthrough/state/preview.rs`): the nodes are
+/// written while the guest is served. A VMM hands over a pipe (or a socket it wrote
+/// nothing into): a save as ever.
+pub const PREVIEW_REQUEST: &[u8] = b"volfsd-preview\n";
+/// And for the state after it, in the pause: the nodes of the last preview that still
+/// live named as previewed ([`format::UpgradeState`]); without a preview, a state.
+pub const AFTER_PREVIEW_REQUEST: &[u8] = b"volfsd-after-preview\n";
+
+/// What a save was asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SaveKind {
+    State,
+    Preview,
+    AfterPreview,
+}
+
+/// The request the keeper wrote into `file` before handing it over, if it is a socket
+/// holding one (read without waiting).
+fn save_kind(file: &File) -> SaveKind {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstat into a zeroed struct, on an fd we own.
+    let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+    let is_socket = unsafe { libc::fstat64(file.as_raw_fd(), &mut st) } == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFSOCK;
+    if !is_socket {
+        return SaveKind::State;
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: recv into a buffer of its length, on an fd we own.
+    let n = unsafe {
+        libc::recv(
+            file.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    match usize::try_from(n).ok().map(|n| &buf[..n]) {
+        Some(r) if r == PREVIEW_REQUEST => SaveKind::Preview,
+        Some(r) if r == AFTER_PREVIEW_REQUEST => SaveKind::AfterPreview,
+        _ => SaveKind::State,
+    }
+}
+
 enum Job {
     Save(File),
     Load(File),
@@ -208,14 +253,51 @@ impl StateTransfer {
     }
 }
 
+/// An upgrade's preview, written while the guest is served.
+fn preview(server: &FsServer, cfg: &StateConfig, mut file: File) -> Result<(), TransferError> {
+    let start = Instant::now();
+    let preview = server.preview_session(cfg.view.clone(), &cfg.save);
+    let bytes = format::encode_preview(&preview);
+    let took = start.elapsed();
+    file.write_all(&bytes)
+        .map_err(|source| TransferError::Write {
+            bytes: bytes.len(),
+            source,
+        })?;
+    drop(file);
+    info!(
+        "upgrade preview {} taken: {} nodes, {} bytes; collected in {:.1} ms, written in {:.1} ms",
+        preview.id,
+        preview.state.nodes.len(),
+        bytes.len(),
+        took.as_secs_f64() * 1e3,
+        (start.elapsed() - took).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
 fn save(
     server: &FsServer,
     cfg: &StateConfig,
     device: &DeviceSide,
     mut file: File,
 ) -> Result<(), TransferError> {
+    let kind = save_kind(&file);
+    if kind == SaveKind::Preview {
+        return preview(server, cfg, file);
+    }
     let start = Instant::now();
-    let (mut state, files) = server.save_session(cfg.view.clone(), &cfg.save);
+    let after = match kind {
+        SaveKind::AfterPreview => server.save_after_preview(cfg.view.clone(), &cfg.save),
+        _ => None,
+    };
+    let (mut state, files, previewed) = match after {
+        Some((up, files)) => (up.state, files, Some((up.preview, up.previewed))),
+        None => {
+            let (state, files) = server.save_session(cfg.view.clone(), &cfg.save);
+            (state, files, None)
+        }
+    };
     state.parked = (device.collect)();
     if let Some(handoff) = &cfg.handoff {
         let mut offered = Vec::new();
@@ -242,7 +324,20 @@ fn save(
             None
         });
     }
-    let bytes = format::encode(&state);
+    let as_previewed = previewed.as_ref().map_or(0, |(_, p)| p.len());
+    let bytes = match previewed {
+        Some((preview, previewed)) => {
+            let up = format::UpgradeState {
+                preview,
+                previewed,
+                state,
+            };
+            let bytes = format::encode_upgrade(&up);
+            state = up.state;
+            bytes
+        }
+        None => format::encode(&state),
+    };
     let took = start.elapsed();
     file.write_all(&bytes)
         .map_err(|source| TransferError::Write {
@@ -252,9 +347,10 @@ fn save(
     // Closing the channel is the end of the data for the VMM.
     drop(file);
     info!(
-        "device state saved: {} nodes, {} handles, {} locks, {} volumes, {} unanswered \
-         requests, {} bytes; collected in {:.1} ms, written in {:.1} ms",
-        state.nodes.len(),
+        "device state saved: {} nodes ({} as previewed), {} handles, {} locks, {} volumes, \
+         {} unanswered requests, {} bytes; collected in {:.1} ms, written in {:.1} ms",
+        state.nodes.len() + as_previewed,
+        as_previewed,
         state.handles.len(),
         state.locks.len(),
         state.volumes.len(),
@@ -274,7 +370,25 @@ fn load(
 ) -> Result<(), TransferError> {
     let start = Instant::now();
     let bytes = read_bounded(file)?;
-    let state = format::decode(&bytes).map_err(LoadError::from)?;
+    let (mut state, preview) = match format::kind(&bytes) {
+        format::Kind::Preview => {
+            let preview = format::decode_preview(&bytes).map_err(LoadError::from)?;
+            let (kept, not) = server.preload_session(&preview, &cfg.view)?;
+            info!(
+                "upgrade preview {} preloaded: {kept} nodes opened, {not} not ({} bytes in \
+                 {:.1} ms)",
+                preview.id,
+                bytes.len(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+            return Ok(());
+        }
+        format::Kind::Upgrade => {
+            let up = format::decode_upgrade(&bytes).map_err(LoadError::from)?;
+            (up.state, Some((up.preview, up.previewed)))
+        }
+        _ => (format::decode(&bytes).map_err(LoadError::from)?, None),
+    };
     let read = start.elapsed();
     let handed = match (&state.handoff, &cfg.handoff) {
         (Some(offer), Some(handoff)) => match handoff.fetch(offer) {
@@ -287,7 +401,19 @@ fn load(
         _ => HandedFiles::default(),
     };
     (device.check)(&state.parked)?;
-    let report = server.load_session(&state, &cfg.view, &cfg.load, handed)?;
+    let report = match preview {
+        Some((preview, previewed)) => {
+            let up = format::UpgradeState {
+                preview,
+                previewed,
+                state,
+            };
+            let report = server.load_upgrade(&up, &cfg.view, &cfg.load, handed)?;
+            state = up.state;
+            report
+        }
+        None => server.load_session(&state, &cfg.view, &cfg.load, handed)?,
+    };
     if let Err(e) = (device.deliver)(state.parked.clone()) {
         // Checked above: only a device gone meanwhile gets here.
         server.start_over();
@@ -363,7 +489,7 @@ fn read_bounded(mut file: File) -> Result<Vec<u8>, LoadError> {
         }
     }
     header.truncate(got);
-    let length = format::body_length(&header)?;
+    let length = format::body_length_any(&header)?;
     let mut bytes = header;
     // Grows as bytes come, up to the length: a header that lies about it costs
     // nothing until the bytes are really there.

@@ -101,7 +101,8 @@ impl FsServer {
         let passthrough = self.volumes.passthrough();
         let acl = passthrough.acl_on();
         let found = self.plan_load(state, view).and_then(|plan| {
-            let found = passthrough.find_tables(state, &plan.shares, &plan.roots, opts, handed)?;
+            let found =
+                passthrough.find_tables(state, &plan.shares, &plan.roots, opts, handed, None)?;
             Ok((plan, found))
         });
         let (plan, found) = match found {
@@ -115,7 +116,109 @@ impl FsServer {
         self.apply_load(plan, found)
     }
 
-    /// Step 1: the state checked against this daemon, nothing changed.
+    /// Serves an upgrade's state after a preview (`passthrough/state/preview.rs`):
+    /// its previewed nodes are the ones [`Self::preload_session`] registered (each
+    /// one must be), the rest is loaded as [`Self::load_session`] loads a state. A
+    /// refusal leaves the preloaded nodes registered, served by no session: a load
+    /// of a whole state (the keeper's next step then) replaces them.
+    pub fn load_upgrade(
+        &self,
+        up: &format::UpgradeState,
+        view: &GuestView,
+        opts: &LoadOptions,
+        handed: HandedFiles,
+    ) -> Result<LoadReport, LoadError> {
+        let passthrough = self.volumes.passthrough();
+        let acl = passthrough.acl_on();
+        let state = &up.state;
+        let found = self.plan_load(state, view).and_then(|plan| {
+            if !plan.root_moves.is_empty() || plan.vdir_ids.iter().any(|(a, b)| a != b) {
+                return Err(invalid(
+                    "the volumes' roots here are not those of the preview preloaded",
+                ));
+            }
+            crate::state::check_counters(state.next_node_id, state.next_handle_id)?;
+            let matched =
+                passthrough.match_preloaded(up.preview, &up.previewed, state.next_node_id)?;
+            let found = passthrough.find_tables(
+                state,
+                &plan.shares,
+                &plan.roots,
+                opts,
+                handed,
+                Some(&matched.named),
+            )?;
+            Ok((plan, matched, found))
+        });
+        let (plan, matched, found) = match found {
+            Ok(v) => v,
+            Err(e) => {
+                passthrough.set_acl_on(acl);
+                return Err(e);
+            }
+        };
+        // Applied: no new session (the preloaded nodes are in this one).
+        if let Err(e) = passthrough.apply_matched(&matched) {
+            self.start_over();
+            return Err(LoadError::Io(format!(
+                "the nodes preloaded here (an empty session now): {e}"
+            )));
+        }
+        let named = matched.named.len();
+        drop(matched);
+        for (&id, &n) in &plan.root_lookups {
+            let _ = passthrough.renumber_root(id, id, n);
+        }
+        passthrough.advance_node_ids(plan.next_node_id);
+        let mut report = match passthrough.commit_tables(found) {
+            Ok(report) => report,
+            Err(e) => {
+                self.start_over();
+                return Err(LoadError::Io(format!(
+                    "registering the loaded session (an empty session now): {e}"
+                )));
+            }
+        };
+        report.nodes += named;
+        for (share, limit) in plan.limits {
+            share.stats.qos.set(Some(limit));
+        }
+        if let Some(fuse) = plan.fuse {
+            self.set_session(Some(fuse));
+            self.initialized.store(true, Ordering::Release);
+        }
+        Ok(report)
+    }
+
+    /// Preloads an upgrade's preview into this process, which serves no session yet:
+    /// its volumes checked and its nodes found as a state's are, and registered under
+    /// their ids (no FUSE session is served from them: no INIT, no rings) for
+    /// [`Self::load_upgrade`]. Returns how many nodes were kept, and how many not.
+    pub fn preload_session(
+        &self,
+        preview: &format::Preview,
+        view: &GuestView,
+    ) -> Result<(usize, usize), LoadError> {
+        let passthrough = self.volumes.passthrough();
+        if preview.state.fuse.is_some() {
+            return Err(invalid("a preview with a FUSE session"));
+        }
+        if self.initialized.load(Ordering::Acquire) || !passthrough.serves_nothing() {
+            return Err(invalid(
+                "a preview is preloaded only by a process that serves no session yet",
+            ));
+        }
+        let plan = self.plan_load(&preview.state, view)?;
+        let (found, not) = passthrough.find_preview(preview, &plan.shares, &plan.roots)?;
+        let ids = found.node_ids();
+        self.apply_load(plan, found)?;
+        passthrough.stage(preview.id, &ids);
+        Ok((ids.len(), not))
+    }
+
+    /// Step 1: the state checked against this daemon, nothing changed. (An upgrade's
+    /// previewed nodes are registered here already: the preload moved the roots off
+    /// their ids, and the table keeps ids unique.)
     fn plan_load(&self, state: &SessionState, view: &GuestView) -> Result<LoadPlan, LoadError> {
         check_view(&state.config, view)?;
         crate::state::check_counters(state.next_node_id, state.next_handle_id)?;

@@ -209,6 +209,66 @@ pub struct Handoff {
     pub token: Vec<u8>,
 }
 
+/// The first bytes of a preview (same host, an upgrade's only: [`Preview`]).
+pub const PREVIEW_MAGIC: [u8; 8] = *b"VOLFSDPV";
+/// The first bytes of an upgrade's state written after a preview ([`UpgradeState`]).
+pub const UPGRADE_MAGIC: [u8; 8] = *b"VOLFSDUP";
+/// The format of both same-host variants; a reader reads exactly this one.
+pub const UPGRADE_FORMAT_VERSION: u32 = 1;
+
+/// An upgrade's preview of the nodes the guest holds, taken while the old serving
+/// process still serves (`src/keeper/upgrade.rs`): the new process opens each one
+/// as a load does and keeps it aside. Never a migration's state: only the keeper
+/// moves it, between two processes on one host.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Preview {
+    /// Which preview (the writer's count): an [`UpgradeState`] names it.
+    pub id: u64,
+    /// The nodes as a state names them (no handles, locks, requests or INIT).
+    pub state: SessionState,
+    /// Each node's `(st_dev, st_ino)` at the writer, in the order of
+    /// `state.nodes`: the reader keeps a node only if what it opened is that inode.
+    pub keys: Vec<(u64, u64)>,
+}
+
+/// A node of an [`UpgradeState`] that is the one its preview named (a node id is
+/// one inode for its whole life): only what changes with the guest's requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Previewed {
+    pub id: u64,
+    pub lookups: u64,
+}
+
+/// An upgrade's state after a preview: the nodes of the preview that still live as
+/// [`Previewed`] records, everything else as a device state has it (the nodes new
+/// since the preview in full, handles, locks, requests, the hand-over's offer).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpgradeState {
+    /// The [`Preview::id`] the reader must have loaded.
+    pub preview: u64,
+    pub previewed: Vec<Previewed>,
+    pub state: SessionState,
+}
+
+/// Which kind of bytes a reader got, by their magic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    State,
+    Preview,
+    Upgrade,
+    Unknown,
+}
+
+/// The kind of `bytes`, from their first 8.
+pub fn kind(bytes: &[u8]) -> Kind {
+    match bytes.get(..8) {
+        Some(m) if m == MAGIC => Kind::State,
+        Some(m) if m == PREVIEW_MAGIC => Kind::Preview,
+        Some(m) if m == UPGRADE_MAGIC => Kind::Upgrade,
+        _ => Kind::Unknown,
+    }
+}
+
 /// Why a state could not be read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
@@ -257,11 +317,25 @@ impl std::error::Error for DecodeError {}
 
 /// The state as bytes: header, then the postcard body.
 pub fn encode(state: &SessionState) -> Vec<u8> {
+    encode_as(&MAGIC, FORMAT_VERSION, state)
+}
+
+/// A preview as bytes (same header, its own magic).
+pub fn encode_preview(preview: &Preview) -> Vec<u8> {
+    encode_as(&PREVIEW_MAGIC, UPGRADE_FORMAT_VERSION, preview)
+}
+
+/// An upgrade's state after a preview as bytes.
+pub fn encode_upgrade(state: &UpgradeState) -> Vec<u8> {
+    encode_as(&UPGRADE_MAGIC, UPGRADE_FORMAT_VERSION, state)
+}
+
+fn encode_as<T: Serialize>(magic: &[u8; 8], version: u32, value: &T) -> Vec<u8> {
     // Serializing plain data to a Vec cannot fail.
-    let body = postcard::to_stdvec(state).expect("a session state serializes");
+    let body = postcard::to_stdvec(value).expect("a session state serializes");
     let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&body);
     out
@@ -270,14 +344,27 @@ pub fn encode(state: &SessionState) -> Vec<u8> {
 /// Checks the header of `bytes` (at least [`HEADER_LEN`] of them) and returns the
 /// body length it names.
 pub fn body_length(header: &[u8]) -> Result<u64, DecodeError> {
-    if header.len() < HEADER_LEN || header[..8] != MAGIC {
+    body_length_as(header, &MAGIC, FORMAT_VERSION)
+}
+
+/// [`body_length`] for a state or either same-host variant, by its magic.
+pub fn body_length_any(header: &[u8]) -> Result<u64, DecodeError> {
+    match kind(header) {
+        Kind::Preview => body_length_as(header, &PREVIEW_MAGIC, UPGRADE_FORMAT_VERSION),
+        Kind::Upgrade => body_length_as(header, &UPGRADE_MAGIC, UPGRADE_FORMAT_VERSION),
+        Kind::State | Kind::Unknown => body_length(header),
+    }
+}
+
+fn body_length_as(header: &[u8], magic: &[u8; 8], supported: u32) -> Result<u64, DecodeError> {
+    if header.len() < HEADER_LEN || header[..8] != *magic {
         return Err(DecodeError::NotAState);
     }
     let version = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
+    if version != supported {
         return Err(DecodeError::Version {
             found: version,
-            supported: FORMAT_VERSION,
+            supported,
         });
     }
     let length = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
@@ -293,7 +380,25 @@ pub fn body_length(header: &[u8]) -> Result<u64, DecodeError> {
 /// Reads a whole state. Decoding allocates no more than the input's length allows:
 /// postcard's sequences grow as elements actually decode.
 pub fn decode(bytes: &[u8]) -> Result<SessionState, DecodeError> {
-    let length = body_length(bytes)?;
+    decode_as(bytes, &MAGIC, FORMAT_VERSION)
+}
+
+/// Reads a whole preview, as [`decode`] a state.
+pub fn decode_preview(bytes: &[u8]) -> Result<Preview, DecodeError> {
+    decode_as(bytes, &PREVIEW_MAGIC, UPGRADE_FORMAT_VERSION)
+}
+
+/// Reads a whole upgrade's state after a preview, as [`decode`] a state.
+pub fn decode_upgrade(bytes: &[u8]) -> Result<UpgradeState, DecodeError> {
+    decode_as(bytes, &UPGRADE_MAGIC, UPGRADE_FORMAT_VERSION)
+}
+
+fn decode_as<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    magic: &[u8; 8],
+    supported: u32,
+) -> Result<T, DecodeError> {
+    let length = body_length_as(bytes, magic, supported)?;
     let body = &bytes[HEADER_LEN..];
     let got = body.len() as u64;
     if got < length {
@@ -308,15 +413,15 @@ pub fn decode(bytes: &[u8]) -> Result<SessionState, DecodeError> {
             extra: got - length,
         });
     }
-    let (state, rest) = postcard::take_from_bytes::<SessionState>(body)
-        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if !rest.is_empty() {
         return Err(DecodeError::Malformed(format!(
             "{} bytes left after the session",
             rest.len()
         )));
     }
-    Ok(state)
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -399,6 +504,30 @@ mod tests {
     fn a_state_round_trips() {
         let s = sample();
         assert_eq!(decode(&encode(&s)).unwrap(), s);
+    }
+
+    #[test]
+    fn the_same_host_variants_round_trip_and_are_no_state() {
+        let preview = Preview {
+            id: 3,
+            state: sample(),
+            keys: vec![(1, 2), (1, 3)],
+        };
+        let bytes = encode_preview(&preview);
+        assert_eq!(kind(&bytes), Kind::Preview);
+        assert_eq!(decode_preview(&bytes).unwrap(), preview);
+        assert_eq!(decode(&bytes), Err(DecodeError::NotAState));
+        let up = UpgradeState {
+            preview: 3,
+            previewed: vec![Previewed { id: 5, lookups: 2 }],
+            state: sample(),
+        };
+        let bytes = encode_upgrade(&up);
+        assert_eq!(kind(&bytes), Kind::Upgrade);
+        assert_eq!(decode_upgrade(&bytes).unwrap(), up);
+        assert_eq!(decode(&bytes), Err(DecodeError::NotAState));
+        assert_eq!(kind(&encode(&sample())), Kind::State);
+        assert_eq!(kind(b"hello"), Kind::Unknown);
     }
 
     #[test]

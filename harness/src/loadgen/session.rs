@@ -35,6 +35,7 @@ impl Session {
             inflight: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
+            preload_state: None,
         };
         let mut device = VhostUserFsDevice::connect(&cfg).map_err(Error::step("connecting"))?;
         let memory = device.memory().clone();

@@ -40,6 +40,12 @@ impl Maps {
             .insert_unique(id_hash(data.nodeid), data, |d| id_hash(d.nodeid));
     }
 
+    /// Room for `n` more nodes in both indexes.
+    pub(super) fn reserve(&mut self, n: usize) {
+        self.by_id.reserve(n, |d| id_hash(d.nodeid));
+        self.by_key.reserve(n, |d| d.key().hash());
+    }
+
     /// Removes node `nodeid` from both indexes.
     pub(super) fn remove(&mut self, nodeid: u64) -> Option<Arc<InodeData>> {
         let gone = match self

@@ -367,11 +367,22 @@ impl InodeStore {
     }
 
     /// Every live node, by id (for the device state).
+    /// The lock is held only to copy the list (an upgrade's preview takes it while
+    /// the guest is served), not to sort it.
     pub fn snapshot(&self) -> Vec<Arc<InodeData>> {
-        let maps = self.maps.read().unwrap();
-        let mut all: Vec<_> = maps.by_id.iter().cloned().collect();
+        let mut all: Vec<_> = {
+            let maps = self.maps.read().unwrap();
+            maps.by_id.iter().cloned().collect()
+        };
         all.sort_unstable_by_key(|d| d.nodeid);
         all
+    }
+
+    /// Calls `f` with every live node, in no order, under the table's read lock (no
+    /// copy of the list: a save in the guest's pause).
+    pub fn visit(&self, mut f: impl FnMut(&Arc<InodeData>)) {
+        let maps = self.maps.read().unwrap();
+        maps.by_id.iter().for_each(&mut f);
     }
 
     /// A node a load found on the host, not registered: the load opens what the
@@ -395,6 +406,37 @@ impl InodeStore {
             false,
             Slot::NONE,
         ))
+    }
+
+    /// The session the table serves now (it changes when a session ends).
+    pub fn epoch(&self) -> u32 {
+        self.session.current()
+    }
+
+    /// Gives each node (by id) its lookups (an upgrade's nodes registered before its
+    /// state said how many the guest holds now), under one hold of the table's lock.
+    /// ENOENT if one is not in the table (those before it have theirs).
+    // The write lock, as a FORGET's: the table's writers change lookups under it.
+    #[allow(clippy::readonly_write_lock)]
+    pub fn set_lookups(&self, nodes: impl Iterator<Item = (u64, u64)>) -> io::Result<()> {
+        let maps = self.maps.write().unwrap();
+        for (id, n) in nodes {
+            let data = maps.get(id).ok_or_else(|| errno(libc::ENOENT))?;
+            let n = n.max(1);
+            if data.refcount.swap(n, Ordering::AcqRel) != n {
+                if let (Some(slot), Some(j)) = (data.slot(), self.journal) {
+                    j.set_lookups(slot, n);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for `n` more nodes at once (a load registers many: the tables do
+    /// not grow step by step under it).
+    pub fn reserve_room(&self, n: usize) {
+        let mut maps = self.maps.write().unwrap();
+        maps.reserve(n);
     }
 
     /// Registers a node of [`Self::found`] in the current session under its id, with

@@ -54,6 +54,9 @@ pub struct InodeData {
     pub(super) journal: AtomicU32,
     /// Lookups the guest holds on this node id (FUSE's nlookup).
     pub(super) refcount: AtomicU64,
+    /// The upgrade preview that named it last, by its count in this process (0: none;
+    /// `passthrough/state/preview.rs`): one byte, where the fields leave one free.
+    previewed: std::sync::atomic::AtomicU8,
 }
 
 /// Where a node was found: its parent's id and its name there (for the journal,
@@ -97,6 +100,7 @@ impl InodeData {
             epoch,
             journal: AtomicU32::new(journal),
             refcount: AtomicU64::new(1),
+            previewed: std::sync::atomic::AtomicU8::new(0),
         }
     }
 
@@ -154,5 +158,15 @@ impl InodeData {
     /// Lookups the guest holds on this node id.
     pub fn lookups(&self) -> u64 {
         self.refcount.load(Ordering::Acquire)
+    }
+
+    /// Marks it named by the upgrade preview whose mark is `mark` (never 0).
+    pub fn mark_previewed(&self, mark: u8) {
+        self.previewed.store(mark, Ordering::Relaxed);
+    }
+
+    /// The mark of the upgrade preview that named it last (0: none).
+    pub fn previewed_by(&self) -> u8 {
+        self.previewed.load(Ordering::Relaxed)
     }
 }

@@ -103,6 +103,9 @@ pub struct PassthroughFs {
     /// (`--migration-on-error=guest-error`): answered ESTALE, not ENOENT, for the rest
     /// of the session. Looked at only when a node id misses.
     lost: RwLock<HashSet<u64>>,
+    /// An upgrade's preview (`state/preview.rs`): in the old serving process, the last
+    /// one taken (its id, the node ids it named); in the new one, what it preloaded.
+    preview: std::sync::Mutex<state::PreviewSide>,
 }
 
 /// The host id a guest id no rule lets own anything (`forbid-guest`) acts as: Linux's
@@ -217,6 +220,7 @@ impl PassthroughFs {
             acl: AtomicBool::new(false),
             translating,
             lost: RwLock::new(HashSet::new()),
+            preview: Default::default(),
         })
     }
 

@@ -40,6 +40,9 @@ pub struct DeviceConfig {
     /// a migration's destination VMM does (SET_DEVICE_STATE_FD LOAD, then
     /// CHECK_DEVICE_STATE).
     pub load_state: Option<Vec<u8>>,
+    /// Loaded before [`Self::load_state`] the same way: an upgrade's preview, as
+    /// volfsd's keeper has the new serving process preload it (docs/UPGRADE.md).
+    pub preload_state: Option<Vec<u8>>,
 }
 
 impl DeviceConfig {
@@ -55,6 +58,7 @@ impl DeviceConfig {
             inflight: false,
             connect_timeout: Duration::from_secs(10),
             load_state: None,
+            preload_state: None,
         }
     }
 }

@@ -64,6 +64,13 @@ impl VhostUserFsDevice {
             };
 
         let mut last_transfer = None;
+        if let Some(preview) = &cfg.preload_state {
+            transfer_state(
+                &mut frontend,
+                VhostTransferStateDirection::LOAD,
+                Some(preview),
+            )?;
+        }
         if let Some(state) = &cfg.load_state {
             let (_, times) = transfer_state(
                 &mut frontend,
@@ -303,6 +310,29 @@ impl VhostUserFsDevice {
             transfer_state(&mut self.frontend, VhostTransferStateDirection::SAVE, None)?;
         self.last_transfer = Some(times);
         Ok(bytes)
+    }
+
+    /// A save on a socket pair holding `request` (volfsd's keeper asks so for an
+    /// upgrade's preview, or the state after it: docs/UPGRADE.md), read to its end,
+    /// CHECK_DEVICE_STATE. The queues are the caller's to stop first, or not.
+    pub fn save_state_requesting(&mut self, request: &[u8]) -> Result<Vec<u8>> {
+        use std::io::{Read, Write};
+        let io = |e| Error::io("SET_DEVICE_STATE_FD SAVE: the socket pair", e);
+        let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io)?;
+        ours.write_all(request).map_err(io)?;
+        self.frontend
+            .set_device_state_fd(
+                VhostTransferStateDirection::SAVE,
+                vhost::vhost_user::message::VhostTransferStatePhase::STOPPED,
+                std::os::fd::OwnedFd::from(theirs),
+            )
+            .map_err(|e| Error::vhost("SET_DEVICE_STATE_FD SAVE", e))?;
+        let mut out = Vec::new();
+        ours.read_to_end(&mut out).map_err(io)?;
+        self.frontend
+            .check_device_state()
+            .map_err(|e| Error::vhost("CHECK_DEVICE_STATE", e))?;
+        Ok(out)
     }
 
     /// Loads `state` into the backend (SET_DEVICE_STATE_FD LOAD over a pipe, then

@@ -12,13 +12,14 @@ use super::super::super::registry::{ROOT_ID, VIRTUAL_BIT};
 use super::super::super::share::Share;
 use super::super::prelude::*;
 use super::load_parts::PendingLock;
+use super::preview::Staged;
 use super::*;
 use crate::state::format::{self, Location};
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError};
 
 /// A node found on the host, not registered yet.
-struct FoundNode {
-    data: Arc<InodeData>,
+pub(super) struct FoundNode {
+    pub(super) data: Arc<InodeData>,
     lookups: u64,
     /// Its parent and name, for the journal (0 and empty: none).
     parent: u64,
@@ -61,16 +62,74 @@ pub struct FoundTables {
     report: LoadReport,
 }
 
+impl FoundTables {
+    /// Nodes found, nothing else (an upgrade's preview).
+    pub(super) fn nodes_only(nodes: Vec<FoundNode>, next_node_id: u64, report: LoadReport) -> Self {
+        FoundTables {
+            nodes,
+            handles: Vec::new(),
+            lock_files: Vec::new(),
+            lost: Vec::new(),
+            next_node_id,
+            next_handle_id: 1,
+            report,
+        }
+    }
+
+    /// The ids of the nodes found.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.data.nodeid).collect()
+    }
+}
+
 /// The ids a load may not give a node or a handle, and what it checks them against.
 fn node_id_ok(id: u64, next: u64) -> bool {
     id != 0 && id & VIRTUAL_BIT == 0 && id < next
+}
+
+/// What could not be found again: with `guest-error`, answered ESTALE (counted, and
+/// logged unless `quiet`); with `abort`, the load's error.
+fn lose(
+    opts: &LoadOptions,
+    l: Lost,
+    report: &mut LoadReport,
+    quiet: bool,
+) -> Result<(), LoadError> {
+    match opts.on_error {
+        OnError::Abort => Err(l.into_error()),
+        OnError::GuestError => {
+            match l.what {
+                LostKind::Node => report.lost_nodes += 1,
+                LostKind::Handle => report.lost_handles += 1,
+                LostKind::Lock => {}
+            }
+            if quiet {
+                log::debug!("{}: not preloaded", l.into_error());
+            } else {
+                log::warn!("{}: the guest gets ESTALE for it", l.into_error());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The nodes of a state found on the host (see [`PassthroughFs::find_nodes`]).
+pub(super) struct NodesFound {
+    pub nodes: Vec<FoundNode>,
+    /// Node id to (its data, its path below its volume's root).
+    pub restored: IdMap<Restored>,
+    /// Every node id the state names (lost ones too).
+    pub seen: IdSet,
+    pub lost_ids: Vec<u64>,
 }
 
 impl PassthroughFs {
     /// Checks the state's nodes, handles and locks and finds each again on the host.
     /// `volumes` gives each state volume's share here, `roots` its root node here
     /// (under the id it has now: the caller gives it the state's id at commit). The
-    /// tables are not touched: an error leaves the daemon as it was.
+    /// tables are not touched: an error leaves the daemon as it was. `staged`: an
+    /// upgrade's state after a preview (`preview.rs`): the previewed nodes it names,
+    /// registered already; the state's nodes, handles and locks may name them.
     pub fn find_tables(
         &self,
         state: &format::SessionState,
@@ -78,159 +137,25 @@ impl PassthroughFs {
         roots: &[Arc<InodeData>],
         opts: &LoadOptions,
         mut handed: HandedFiles,
+        staged: Option<&Staged>,
     ) -> Result<FoundTables, LoadError> {
         let mut report = LoadReport::default();
-        // Node id to (its data, its path below its volume's root).
-        let mut restored: HashMap<u64, Restored> = HashMap::new();
+        if staged.is_none() {
+            self.drop_preloaded();
+        }
         let root_index: HashMap<u64, usize> = state
             .volumes
             .iter()
             .enumerate()
             .map(|(i, v)| (v.root, i))
             .collect();
-        let mut seen = HashSet::new();
-        // What could not be found again, with `guest-error`: answered ESTALE.
-        let lost = |l: Lost, report: &mut LoadReport| -> Result<(), LoadError> {
-            match opts.on_error {
-                OnError::Abort => Err(l.into_error()),
-                OnError::GuestError => {
-                    match l.what {
-                        LostKind::Node => report.lost_nodes += 1,
-                        LostKind::Handle => report.lost_handles += 1,
-                        LostKind::Lock => {}
-                    }
-                    log::warn!("{}: the guest gets ESTALE for it", l.into_error());
-                    Ok(())
-                }
-            }
-        };
-        let mut lost_ids = Vec::new();
-        let mut nodes = Vec::with_capacity(state.nodes.len());
-        for node in &state.nodes {
-            // What any writer must get right, checked before anything is opened.
-            if !node_id_ok(node.id, state.next_node_id) {
-                return Err(invalid(format!("node id {:#x} out of range", node.id)));
-            }
-            if !seen.insert(node.id) {
-                return Err(invalid(format!("node id {} named twice", node.id)));
-            }
-            if node.lookups == 0 {
-                return Err(invalid(format!("node {} held with 0 lookups", node.id)));
-            }
-            if !valid_file_type(node.file_type) {
-                return Err(invalid(format!(
-                    "node {}: file type {:#o}",
-                    node.id, node.file_type
-                )));
-            }
-            let Some(share) = volumes.get(node.volume as usize) else {
-                return Err(invalid(format!(
-                    "node {}: volume index {}",
-                    node.id, node.volume
-                )));
-            };
-            let is_root = root_index.get(&node.id) == Some(&(node.volume as usize));
-            if (node.location == Location::Root) != is_root || (node.id == ROOT_ID && !is_root) {
-                return Err(invalid(format!(
-                    "node {}: a volume root only at its volume's root id",
-                    node.id
-                )));
-            }
-            if is_root {
-                let data = roots[node.volume as usize].clone();
-                if data.file_type() != node.file_type {
-                    return Err(invalid(format!("volume root {}: not a directory", node.id)));
-                }
-                restored.insert(
-                    node.id,
-                    Restored {
-                        data,
-                        path: Vec::new(),
-                    },
-                );
-                continue;
-            }
-            // Where to open it from, checked as hostile input.
-            let (from, components, path) = match &node.location {
-                // A parent the load lost: no path leads here (its file handle may).
-                Location::Child { parent, .. } if lost_ids.contains(parent) => {
-                    (None, Vec::new(), Vec::new())
-                }
-                Location::Child { parent, name } => {
-                    let parent = restored.get(parent).ok_or_else(|| {
-                        invalid(format!(
-                            "node {} names parent {parent}, which is no node before it",
-                            node.id
-                        ))
-                    })?;
-                    if !parent.data.is_dir() || !Arc::ptr_eq(&parent.data.share, share) {
-                        return Err(invalid(format!(
-                            "node {}: its parent is no directory of its volume",
-                            node.id
-                        )));
-                    }
-                    let c = check_component(name)
-                        .map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
-                    let mut path = parent.path.clone();
-                    if !path.is_empty() {
-                        path.push(b'/');
-                    }
-                    path.extend_from_slice(name);
-                    (Some(parent.data.clone()), vec![c], path)
-                }
-                Location::Path(p) => {
-                    let c = check_path(p).map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
-                    (None, c, p.clone())
-                }
-                Location::Unknown => (None, Vec::new(), Vec::new()),
-                Location::Root => unreachable!("checked above"),
-            };
-            let root = Some(&*roots[node.volume as usize]);
-            let result = self
-                .find_node(root, from.as_deref(), &components, node)
-                .or_else(|why| {
-                    // After a crash the path is where the node was found, and a
-                    // rename may have moved it since: its file handle finds it.
-                    let by_handle = opts.after_crash && node.file_handle.is_some();
-                    if by_handle && !components.is_empty() {
-                        self.find_node(root, None, &[], node)
-                    } else {
-                        Err(why)
-                    }
-                });
-            match result.and_then(|file| self.found_node(share, file, node)) {
-                Ok(data) => {
-                    let (parent, name) = match &node.location {
-                        Location::Child { parent, name } => (*parent, name.clone()),
-                        _ => (0, Vec::new()),
-                    };
-                    nodes.push(FoundNode {
-                        data: data.clone(),
-                        lookups: node.lookups,
-                        parent,
-                        name,
-                    });
-                    restored.insert(node.id, Restored { data, path });
-                    report.nodes += 1;
-                }
-                Err(why) => {
-                    lost(
-                        Lost {
-                            what: LostKind::Node,
-                            volume: share.name.clone(),
-                            path: if path.is_empty() {
-                                format!("node {}", node.id)
-                            } else {
-                                display(&path)
-                            },
-                            why,
-                        },
-                        &mut report,
-                    )?;
-                    lost_ids.push(node.id);
-                }
-            }
-        }
+        let NodesFound {
+            mut nodes,
+            restored,
+            seen,
+            mut lost_ids,
+        } = self.find_nodes(state, volumes, roots, opts, staged, &mut report, false)?;
+        let lost = |l: Lost, report: &mut LoadReport| lose(opts, l, report, false);
 
         let mut handle_ids = HashSet::new();
         let mut handles: Vec<FoundHandle> = Vec::new();
@@ -420,7 +345,7 @@ impl PassthroughFs {
             );
         }
         drop(restored);
-        self.check_room(volumes, &nodes, &handles, &lock_files)?;
+        self.check_room(volumes, &nodes, &handles, &lock_files, staged)?;
         Ok(FoundTables {
             nodes,
             handles,
@@ -440,25 +365,44 @@ impl PassthroughFs {
         nodes: &[FoundNode],
         handles: &[FoundHandle],
         lock_files: &[FoundLockFile],
+        staged: Option<&Staged>,
     ) -> Result<(), LoadError> {
         let index = |share: &Arc<Share>| volumes.iter().position(|v| Arc::ptr_eq(v, share));
-        let volume_of: HashMap<u64, usize> = nodes
+        let volume_of: IdMap<usize> = nodes
             .iter()
             .filter_map(|n| Some((n.data.nodeid, index(&n.data.share)?)))
             .collect();
-        // Per volume: nodes (its root included), handles, lock files.
-        let mut counts = vec![[1usize, 0, 0]; volumes.len()];
+        let volume = |node: u64| {
+            volume_of.get(&node).copied().or_else(|| {
+                staged
+                    .and_then(|s| self.staged_node(s, node))
+                    .and_then(|d| index(&d.share))
+            })
+        };
+        // Per volume: nodes (its root included), handles, lock files; the staged
+        // nodes are registered already (counted by their volume).
+        let mut counts: Vec<[usize; 3]> = volumes
+            .iter()
+            .map(|v| {
+                let registered = if staged.is_some() {
+                    self.inodes.count_share(v)
+                } else {
+                    0
+                };
+                [1 + registered, 0, 0]
+            })
+            .collect();
         for v in volume_of.values() {
             counts[*v][0] += 1;
         }
         for node in handles.iter().map(|h| h.node) {
-            if let Some(v) = volume_of.get(&node) {
-                counts[*v][1] += 1;
+            if let Some(v) = volume(node) {
+                counts[v][1] += 1;
             }
         }
         for node in lock_files.iter().map(|l| l.node) {
-            if let Some(v) = volume_of.get(&node) {
-                counts[*v][2] += 1;
+            if let Some(v) = volume(node) {
+                counts[v][2] += 1;
             }
         }
         let limits = &self.cfg.limits;
@@ -483,7 +427,8 @@ impl PassthroughFs {
                 .iter()
                 .filter(|n| n.data.inode_ref().holds_fd())
                 .count();
-        let (_, max) = self.fd_budget();
+        let (used, max) = self.fd_budget();
+        let fds = fds + if staged.is_some() { used } else { 0 };
         if fds > max {
             return Err(LoadError::Invalid(format!(
                 "the guest holds {fds} open files, more than this daemon's budget of {max}"
@@ -506,7 +451,9 @@ impl PassthroughFs {
             next_handle_id,
             report,
         } = found;
-        let mut live: HashMap<u64, Arc<InodeData>> = HashMap::with_capacity(nodes.len());
+        self.inodes.reserve_room(nodes.len());
+        let mut live: IdMap<Arc<InodeData>> =
+            IdMap::with_capacity_and_hasher(nodes.len(), Default::default());
         for n in nodes {
             let at = if n.name.is_empty() {
                 FoundAt::NOWHERE
@@ -520,13 +467,19 @@ impl PassthroughFs {
             live.insert(data.nodeid, data);
         }
         self.inodes.advance_next_id(next_node_id);
+        // A registered node the load lost (its lock): it goes too.
+        for &id in &lost {
+            self.inodes.forget(id, u64::MAX);
+        }
         self.mark_lost(&lost);
         let mut pending = Vec::new();
+        // A node registered before (an upgrade's preloaded one) is in the table.
+        let node_of = |id: u64| live.get(&id).cloned().or_else(|| self.inodes.get(id).ok());
         for h in handles {
-            let Some(node) = live.get(&h.node) else {
+            let Some(node) = node_of(h.node) else {
                 continue;
             };
-            let data = self.handles.insert_restored(h.id, node.clone(), h.file)?;
+            let data = self.handles.insert_restored(h.id, node, h.file)?;
             if let Some(off) = h.dir_offset {
                 // The stream's position, where the guest's next READDIR names it again
                 // anyway.
@@ -546,7 +499,7 @@ impl PassthroughFs {
         }
         self.handles.advance_next_id(next_handle_id);
         for l in lock_files {
-            let Some(node) = live.get(&l.node) else {
+            let Some(node) = node_of(l.node) else {
                 continue;
             };
             let own = l.file.try_clone()?;
@@ -564,5 +517,195 @@ impl PassthroughFs {
             self.wait_for_pending(pending);
         }
         Ok(report)
+    }
+}
+
+impl PassthroughFs {
+    /// The state's nodes checked and found again on the host (`staged`: nodes an
+    /// upgrade's preload registered, which its parents, handles and locks may name).
+    /// What is lost goes by `opts.on_error` (logged unless `quiet`). Nothing is
+    /// registered.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn find_nodes(
+        &self,
+        state: &format::SessionState,
+        volumes: &[Arc<Share>],
+        roots: &[Arc<InodeData>],
+        opts: &LoadOptions,
+        staged: Option<&Staged>,
+        report: &mut LoadReport,
+        quiet: bool,
+    ) -> Result<NodesFound, LoadError> {
+        let count = state.nodes.len();
+        let mut restored: IdMap<Restored> =
+            IdMap::with_capacity_and_hasher(count, Default::default());
+        let root_index: HashMap<u64, usize> = state
+            .volumes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v.root, i))
+            .collect();
+        let mut seen = IdSet::with_capacity_and_hasher(count, Default::default());
+        let mut lost_ids = Vec::new();
+        let mut nodes = Vec::with_capacity(count);
+        if let Some(staged) = staged {
+            // The staged nodes the state's own name: parents, handles, locks.
+            let parents = state.nodes.iter().filter_map(|n| match n.location {
+                Location::Child { parent, .. } => Some(parent),
+                _ => None,
+            });
+            let named = parents.chain(state.handles.iter().map(|h| h.node)).chain(
+                state.locks.iter().filter_map(|l| match l {
+                    format::Lock::Posix { node, .. } => Some(*node),
+                    format::Lock::Flock { .. } => None,
+                }),
+            );
+            for id in named {
+                if let Some(d) = self.staged_node(staged, id) {
+                    seen.insert(id);
+                    restored.insert(
+                        id,
+                        Restored {
+                            data: d,
+                            path: format!("node {id}").into_bytes(),
+                        },
+                    );
+                }
+            }
+        }
+        for node in &state.nodes {
+            // What any writer must get right, checked before anything is opened.
+            if !node_id_ok(node.id, state.next_node_id) {
+                return Err(invalid(format!("node id {:#x} out of range", node.id)));
+            }
+            if !seen.insert(node.id) || staged.is_some_and(|s| s.contains(node.id)) {
+                return Err(invalid(format!("node id {} named twice", node.id)));
+            }
+            if node.lookups == 0 {
+                return Err(invalid(format!("node {} held with 0 lookups", node.id)));
+            }
+            if !valid_file_type(node.file_type) {
+                return Err(invalid(format!(
+                    "node {}: file type {:#o}",
+                    node.id, node.file_type
+                )));
+            }
+            let Some(share) = volumes.get(node.volume as usize) else {
+                return Err(invalid(format!(
+                    "node {}: volume index {}",
+                    node.id, node.volume
+                )));
+            };
+            let is_root = root_index.get(&node.id) == Some(&(node.volume as usize));
+            if (node.location == Location::Root) != is_root || (node.id == ROOT_ID && !is_root) {
+                return Err(invalid(format!(
+                    "node {}: a volume root only at its volume's root id",
+                    node.id
+                )));
+            }
+            if is_root {
+                let data = roots[node.volume as usize].clone();
+                if data.file_type() != node.file_type {
+                    return Err(invalid(format!("volume root {}: not a directory", node.id)));
+                }
+                restored.insert(
+                    node.id,
+                    Restored {
+                        data,
+                        path: Vec::new(),
+                    },
+                );
+                continue;
+            }
+            // Where to open it from, checked as hostile input.
+            let (from, components, path) = match &node.location {
+                // A parent the load lost: no path leads here (its file handle may).
+                Location::Child { parent, .. } if lost_ids.contains(parent) => {
+                    (None, Vec::new(), Vec::new())
+                }
+                Location::Child { parent, name } => {
+                    let parent = restored.get(parent).ok_or_else(|| {
+                        invalid(format!(
+                            "node {} names parent {parent}, which is no node before it",
+                            node.id
+                        ))
+                    })?;
+                    if !parent.data.is_dir() || !Arc::ptr_eq(&parent.data.share, share) {
+                        return Err(invalid(format!(
+                            "node {}: its parent is no directory of its volume",
+                            node.id
+                        )));
+                    }
+                    let c = check_component(name)
+                        .map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
+                    let mut path = parent.path.clone();
+                    if !path.is_empty() {
+                        path.push(b'/');
+                    }
+                    path.extend_from_slice(name);
+                    (Some(parent.data.clone()), vec![c], path)
+                }
+                Location::Path(p) => {
+                    let c = check_path(p).map_err(|w| invalid(format!("node {}: {w}", node.id)))?;
+                    (None, c, p.clone())
+                }
+                Location::Unknown => (None, Vec::new(), Vec::new()),
+                Location::Root => unreachable!("checked above"),
+            };
+            let root = Some(&*roots[node.volume as usize]);
+            let result = self
+                .find_node(root, from.as_deref(), &components, node)
+                .or_else(|why| {
+                    // After a crash the path is where the node was found, and a
+                    // rename may have moved it since: its file handle finds it.
+                    let by_handle = opts.after_crash && node.file_handle.is_some();
+                    if by_handle && !components.is_empty() {
+                        self.find_node(root, None, &[], node)
+                    } else {
+                        Err(why)
+                    }
+                });
+            match result.and_then(|file| self.found_node(share, file, node)) {
+                Ok(data) => {
+                    let (parent, name) = match &node.location {
+                        Location::Child { parent, name } => (*parent, name.clone()),
+                        _ => (0, Vec::new()),
+                    };
+                    nodes.push(FoundNode {
+                        data: data.clone(),
+                        lookups: node.lookups,
+                        parent,
+                        name,
+                    });
+                    restored.insert(node.id, Restored { data, path });
+                    report.nodes += 1;
+                }
+                Err(why) => {
+                    lose(
+                        opts,
+                        Lost {
+                            what: LostKind::Node,
+                            volume: share.name.clone(),
+                            path: if path.is_empty() {
+                                format!("node {}", node.id)
+                            } else {
+                                display(&path)
+                            },
+                            why,
+                        },
+                        report,
+                        quiet,
+                    )?;
+                    lost_ids.push(node.id);
+                }
+            }
+        }
+
+        Ok(NodesFound {
+            nodes,
+            restored,
+            seen,
+            lost_ids,
+        })
     }
 }

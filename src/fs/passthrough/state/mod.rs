@@ -18,11 +18,39 @@ use super::prelude::*;
 mod load;
 mod load_parts;
 pub use load::FoundTables;
+mod preview;
+pub use preview::{PreviewIds, PreviewSide};
 mod save;
 #[cfg(test)]
 mod tests;
 use crate::state::format::{self};
 use crate::state::LoadError;
+
+/// Maps and sets keyed by node id, hashed as the inode table hashes them (one
+/// multiplication: ids are counters): a load's tables of a hundred thousand nodes.
+pub(super) type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+pub(super) type IdSet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// See [`IdMap`].
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let h = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
 
 /// The longest path a state may name (Linux's PATH_MAX).
 const MAX_PATH: usize = libc::PATH_MAX as usize;
@@ -32,6 +60,8 @@ const MAX_DEPTH: usize = 4096;
 /// What the tables gave the device state.
 pub struct SavedTables {
     pub nodes: Vec<format::Node>,
+    /// The nodes an upgrade's preview named, still held (empty in a migration's).
+    pub previewed: Vec<format::Previewed>,
     pub handles: Vec<format::Handle>,
     pub locks: Vec<format::Lock>,
     pub next_node_id: u64,
