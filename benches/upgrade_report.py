@@ -105,8 +105,9 @@ def render(dirs):
               "the keeper's pauses). "
               "After each upgrade the new process answered three of the guest's node ids with "
               f"their inodes. Daemon: its defaults (namespace sandbox, seccomp `kill`), `--cache "
-              f"none`, {what}. Machine: {env.get('cores', '?')} cores, {env.get('cpu', '?')}; "
-              "another build ran beside it at times (a noisy figure)." + quiet + "\n")
+              f"none`, {what}. Machine: {env.get('cores', '?')} cores, {env.get('cpu', '?')}." + quiet
+              + " The pre-copy (the preview and the preload, before the pause) is in the whole "
+              "upgrade, not in the pause.\n")
         else:
             P(f"### With {what}\n")
             P(f"`benches/upgrade-pause.sh --config {config}`, raw results in [`{rel}`](../{rel}), "
