@@ -427,7 +427,7 @@ VOLFSD_ARGV=()
 SOCKETS=""
 record_daemon() {
 	local pidfile i
-	VOLFSD_PID="" VOLFSD_ARGV=() VOLFSD_EXE=""
+	VOLFSD_PID="" VOLFSD_ARGV=() VOLFSD_EXE="" VOLFSD_SUPERVISOR_EXE=""
 	for i in $(seq 50); do
 		# libvirt 9: /run/libvirt/qemu/ID-SHORTNAME-fs0-fs.pid (the short
 		# name is cut at 20 characters); this libvirtd runs only this domain.
@@ -444,6 +444,15 @@ record_daemon() {
 	if [[ -n $VOLFSD_PID && -r /proc/$VOLFSD_PID/cmdline ]]; then
 		mapfile -d '' -t VOLFSD_ARGV <"/proc/$VOLFSD_PID/cmdline"
 		VOLFSD_EXE=$(readlink "/proc/$VOLFSD_PID/exe" 2>/dev/null || true)
+		# The namespace sandbox's supervisor keeps libvirt's pid and volfsd's argv but
+		# runs the tiny program volfsd executes from a memfd (docs/SECURITY.md): the
+		# binary is then its serving child's.
+		if [[ $VOLFSD_EXE == /memfd:volfsd-supervisor* ]]; then
+			local child
+			child=$(cat "/proc/$VOLFSD_PID/task/$VOLFSD_PID/children" 2>/dev/null | awk '{print $1}')
+			VOLFSD_SUPERVISOR_EXE=$VOLFSD_EXE
+			VOLFSD_EXE=$(readlink "/proc/${child:-0}/exe" 2>/dev/null || true)
+		fi
 	fi
 	# The vhost-user socket libvirt made for the filesystem
 	# (/var/lib/libvirt/qemu/domain-ID-NAME/fs0-fs.sock; /var/lib/libvirt is
@@ -464,7 +473,11 @@ check_daemon() {
 	argv=$(argv_string "${VOLFSD_ARGV[@]}")
 	{
 		echo "libvirt $LIBVIRT_VERSION, domain $DOMAIN, route $ROUTE"
-		echo "pid $VOLFSD_PID exe $VOLFSD_EXE"
+		if [[ -n $VOLFSD_SUPERVISOR_EXE ]]; then
+			echo "pid $VOLFSD_PID exe $VOLFSD_SUPERVISOR_EXE (the sandbox supervisor), its serving child's exe $VOLFSD_EXE"
+		else
+			echo "pid $VOLFSD_PID exe $VOLFSD_EXE"
+		fi
 		echo "argv: $argv"
 		echo "argv, one per line:"
 		printf '  %s\n' "${VOLFSD_ARGV[@]}"
@@ -478,6 +491,7 @@ check_daemon() {
 		info "route descriptor: the domain XML has no binary path; the live XML says $(grep -o "<binary path='[^']*'" "$LOG_DIR/domain-live.xml" 2>/dev/null | head -n 1 || echo '(no live XML)')>"
 	fi
 	if [[ $VOLFSD_EXE == "$BIN" ]]; then
+		[[ -n $VOLFSD_SUPERVISOR_EXE ]] && info "libvirt's pid is volfsd's sandbox supervisor ($VOLFSD_SUPERVISOR_EXE); its serving child runs $BIN"
 		pass libvirt-started-volfsd
 	else
 		fail libvirt-started-volfsd "the process in libvirt's pid file (pid $VOLFSD_PID) runs '${VOLFSD_EXE:-?}' ($argv), not $BIN"

@@ -69,11 +69,16 @@ fn a_request_published_within_the_window_is_served_without_a_kick() {
     let mut cfg = d.config();
     cfg.event_idx = true;
     let mut fc = d.client_with(&cfg);
-    // 300 µs after the reply: inside the 1 ms window.
-    let caught = answered_unkicked(&mut fc, 30, Duration::from_micros(300));
+    // 300 µs after the reply: inside the 1 ms window. The worker must be on a CPU
+    // through the window: on a loaded 2-core host (a build beside the tests) a round
+    // of 30 can miss every time, so up to 5 rounds, the first catch ending it.
+    let caught = (0..5)
+        .map(|_| answered_unkicked(&mut fc, 30, Duration::from_micros(300)))
+        .find(|&c| c > 0)
+        .unwrap_or(0);
     assert!(
         caught > 0,
-        "none of 30 unkicked requests was served by polling"
+        "none of 5 x 30 unkicked requests was served by polling"
     );
     // Every request still answered right, kicked or not.
     fc.getattr(ROOT).unwrap();

@@ -65,6 +65,17 @@ serving() {
 
 progress() { cat "$U/meta/progress" 2>/dev/null || echo 0; }
 
+# exe_of PID: the binary a serving process runs, as /proc/PID/exe. Under the
+# namespace sandbox the pid the keeper started is the sandbox's supervisor, a tiny
+# program volfsd executes from a memfd (docs/SECURITY.md): its child runs volfsd.
+exe_of() {
+	local p=$1
+	if [[ $(readlink "/proc/$p/exe" 2>/dev/null) == /memfd:volfsd-supervisor* ]]; then
+		p=$(awk '{print $1}' "/proc/$p/task/$p/children" 2>/dev/null)
+	fi
+	echo "/proc/${p:-0}/exe"
+}
+
 # guest_goes_on: the guest's metadata loop makes 2 more rounds within 60 s
 guest_goes_on() {
 	local n0 t0=$SECONDS
@@ -142,7 +153,7 @@ one_upgrade() {
 	echo "$i $kind $method ${outcome#ok }" >>"$PAUSES"
 	new=$(serving)
 	want="volfsd $(cat "$B/version.$kind")"
-	got=$("/proc/$new/exe" --version 2>&1)
+	got=$("$(exe_of "$new")" --version 2>&1)
 	if [[ $new == "$old" || -z $new ]]; then
 		fail "$name" "the serving process is still $old"
 	elif [[ $got != "$want" ]]; then
