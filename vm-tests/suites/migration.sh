@@ -152,12 +152,14 @@ t_start_workload() {
 
 # ------------------------------------------------------------ after the move
 
-# ended NAME: the holder has exited with status 0 (waits up to 60 s: fio
-# finishes its run)
+# ended NAME [SECONDS]: the holder has exited with status 0 (waits up to SECONDS,
+# 60 by default: fio finishes the run it is in, which a nested guest on a busy
+# 2-core host has been seen to take over a minute for)
 ended() {
-	_d=$(($(date +%s) + 60))
+	_w=${2:-60}
+	_d=$(($(date +%s) + _w))
 	until [ -e "$T/$1.rc" ]; do
-		[ "$(date +%s)" -lt $_d ] || die "$1 still running 60 s after the stop: $(tail -n 3 "$T/$1.out" | tr '\n' ' ')"
+		[ "$(date +%s)" -lt $_d ] || die "$1 still running $_w s after the stop: $(tail -n 3 "$T/$1.out" | tr '\n' ' ')"
 		usleep 100000
 	done
 	eq "$1 exit status (output: $(tail -n 3 "$T/$1.out" | tr '\n' ' '))" "$(cat "$T/$1.rc")" 0
@@ -210,7 +212,7 @@ t_mmap() {
 }
 
 t_fio() {
-	ended fio
+	ended fio 240
 	info "migration: fio verify $(cat "$T/fio.out")"
 	grep -q '^runs [1-9]' "$T/fio.out" || die "$(cat "$T/fio.out")"
 }
