@@ -339,6 +339,19 @@ AB_RUNS = {
                          "the daemon's own against 3,264; next to the kernel's copy of 1 MiB "
                          "(~150-200 µs) that is within this method's spread.",
                          None),
+    "issue36-hostfile-only": ("`HostFile` alone (issue 36)",
+                              "Two binaries with the same flags, both defaults: A is 76a1293 "
+                              "(`HostFile` on d3ab89c and nothing else on the daemon), B d3ab89c. "
+                              "getattr does not go through the change: its ratio is the method's "
+                              "spread that hour.",
+                              None),
+    "issue36-supervisor-precopy": ("The tiny supervisor and the upgrade's pre-copy (issue 36)",
+                                   "Two binaries with the same flags, both defaults: A is main "
+                                   "at ec4f53e, B 76a1293 (before both). Neither is on the "
+                                   "request path (the supervisor only waits; the pre-copy runs "
+                                   "only in an upgrade): every ratio should be inside its "
+                                   "spread.",
+                                   None),
     "aa-calibration": ("The A/B method itself: volfsd against itself",
                        "A and B are the same daemon with the same flags (its defaults): what the "
                        "method reads when nothing differs, so a ratio elsewhere can be told from "
