@@ -55,8 +55,6 @@ pub(super) fn reexec_supervisor(
     sockets: &[PathBuf],
     confined: &OwnedFd,
 ) -> io::Error {
-    use std::ffi::{CString, OsString};
-    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     // The one fd the new image needs: kept open across the exec.
     if let Err(e) = nix::fcntl::fcntl(
         confined.as_raw_fd(),
@@ -64,6 +62,29 @@ pub(super) fn reexec_supervisor(
     ) {
         return e.into();
     }
+    let args = match command_line(seccomp_mode, None, child, sockets, confined) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    match nix::unistd::execv(c"/proc/self/exe", &args) {
+        Err(e) => e.into(),
+        Ok(never) => match never {},
+    }
+}
+
+/// A supervisor's command line: `argv[0] SUPERVISOR_ARG MODE [PIDFD] CHILD COMM
+/// CONFINED N SOCKET... -- ARGS...` (PIDFD only for the tiny program, which cannot
+/// open one under its filter), the daemon's own arguments last so that `ps` shows
+/// them, and its process name, which the exec would change, passed to be set back.
+pub(super) fn command_line(
+    mode: SeccompMode,
+    pidfd: Option<&OwnedFd>,
+    child: Pid,
+    sockets: &[PathBuf],
+    confined: &OwnedFd,
+) -> io::Result<Vec<std::ffi::CString>> {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let mut comm = [0u8; 16];
     // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the buffer.
     unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr(), 0, 0, 0) };
@@ -72,27 +93,24 @@ pub(super) fn reexec_supervisor(
     let mut args: Vec<OsString> = vec![
         own.next().unwrap_or_else(|| "volfsd".into()),
         SUPERVISOR_ARG.into(),
-        seccomp_name(seccomp_mode).into(),
+        seccomp_name(mode).into(),
+    ];
+    args.extend(pidfd.map(|fd| fd.as_raw_fd().to_string().into()));
+    args.extend([
         child.as_raw().to_string().into(),
         OsString::from_vec(comm[..comm_len].to_vec()),
         confined.as_raw_fd().to_string().into(),
         sockets.len().to_string().into(),
-    ];
+    ]);
     args.extend(sockets.iter().map(|p| p.as_os_str().to_owned()));
     args.push("--".into());
     args.extend(own);
-    let args: Result<Vec<CString>, _> = args
-        .into_iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect();
-    let args = match args {
-        Ok(a) => a,
-        Err(e) => return io::Error::new(io::ErrorKind::InvalidInput, e),
-    };
-    match nix::unistd::execv(c"/proc/self/exe", &args) {
-        Err(e) => e.into(),
-        Ok(never) => match never {},
-    }
+    args.into_iter()
+        .map(|a| {
+            std::ffi::CString::new(a.as_bytes())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+        })
+        .collect()
 }
 
 pub(super) fn seccomp_name(mode: SeccompMode) -> &'static str {

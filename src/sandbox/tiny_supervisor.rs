@@ -10,15 +10,13 @@
 //! two calls need ([`seccomp::apply_for_tiny_supervisor`]). The program then stacks
 //! an allow-list of its own calls and only then tells the child it may serve.
 
-use std::ffi::{CString, OsString};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use nix::unistd::Pid;
 
-use super::supervisor::{give_up, seccomp_name, SUPERVISOR_ARG};
+use super::supervisor::{command_line, give_up};
 use super::{caps, seccomp, SandboxError, SeccompMode};
 
 /// The program, as build.rs compiled it.
@@ -70,7 +68,7 @@ pub(super) fn exec(
         }
     }
     // Everything that allocates, before the filter (which has no brk or mmap).
-    let argv = match command_line(child, mode, sockets, &pidfd, confined) {
+    let argv = match command_line(mode, Some(&pidfd), child, sockets, confined) {
         Ok(a) => a,
         Err(e) => return unconfined("its command line", e),
     };
@@ -139,38 +137,4 @@ fn program_memfd() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     Ok(file.into())
-}
-
-/// `ARGV0 SUPERVISOR_ARG MODE PIDFD CHILD COMM CONFINED N SOCKET... -- ARGS...`: the
-/// daemon's own arguments last, so that `ps` still shows them.
-fn command_line(
-    child: Pid,
-    mode: SeccompMode,
-    sockets: &[PathBuf],
-    pidfd: &OwnedFd,
-    confined: &OwnedFd,
-) -> io::Result<Vec<CString>> {
-    let mut comm = [0u8; 16];
-    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the buffer.
-    unsafe { libc::prctl(libc::PR_GET_NAME, comm.as_mut_ptr(), 0, 0, 0) };
-    let comm_len = comm.iter().position(|&b| b == 0).unwrap_or(0);
-    let mut own = std::env::args_os();
-    let mut args: Vec<OsString> = vec![
-        own.next().unwrap_or_else(|| "volfsd".into()),
-        SUPERVISOR_ARG.into(),
-        seccomp_name(mode).into(),
-        pidfd.as_raw_fd().to_string().into(),
-        child.as_raw().to_string().into(),
-        OsString::from_vec(comm[..comm_len].to_vec()),
-        confined.as_raw_fd().to_string().into(),
-        sockets.len().to_string().into(),
-    ];
-    args.extend(sockets.iter().map(|p| p.as_os_str().to_owned()));
-    args.push("--".into());
-    args.extend(own);
-    args.into_iter()
-        .map(|a| {
-            CString::new(a.as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-        })
-        .collect()
 }
