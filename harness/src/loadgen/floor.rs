@@ -131,17 +131,7 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
             })
         }
         Workload::RandWrite4k => {
-            let o = Options {
-                workloads: Vec::new(),
-                ..opts.clone()
-            };
-            let path = prepare_write_file(&o, wd)?;
-            let target = wd.join("floor-write.dat");
-            std::fs::rename(&path, &target).map_err(Error::at(&target))?;
-            let f = File::options()
-                .write(true)
-                .open(&target)
-                .map_err(Error::at(&target))?;
+            let f = floor_write_file(opts, wd)?;
             Box::new(move || {
                 let off = (next() % blocks * 4096) as libc::off_t;
                 // SAFETY: writes from our own 4 KiB buffer.
@@ -208,21 +198,12 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
         }
         Workload::SeqRead1m | Workload::SeqWrite1m => {
             let write = w == Workload::SeqWrite1m;
-            let (f, path) = if write {
-                let o = Options {
-                    workloads: Vec::new(),
-                    ..opts.clone()
-                };
-                let path = prepare_write_file(&o, wd)?;
-                let target = wd.join("floor-write.dat");
-                std::fs::rename(&path, &target).map_err(Error::at(&target))?;
-                let f = File::options().write(true).open(&target);
-                (f, target)
+            let f = if write {
+                floor_write_file(opts, wd)?
             } else {
                 let path = wd.join(READ_FILE);
-                (File::open(&path), path)
+                File::open(&path).map_err(Error::at(&path))?
             };
-            let f = f.map_err(Error::at(&path))?;
             let blocks = (opts.file_size / LARGE_BLOCK as u64).max(1);
             // As many buffers as the daemons' requests in flight (QD 32), each touched
             // once as guest memory is: the loop measures the copy over the same
@@ -252,6 +233,22 @@ fn operation(opts: &Options, wd: &Path, w: Workload) -> LgResult<Op> {
         }
         other => return Err(Error::NoFloor(other)),
     })
+}
+
+/// The write workloads' file, made as the daemons' is (the size of the run, sparse)
+/// under a name of the floor's own, open for writing.
+fn floor_write_file(opts: &Options, wd: &Path) -> LgResult<File> {
+    let o = Options {
+        workloads: Vec::new(),
+        ..opts.clone()
+    };
+    let path = prepare_write_file(&o, wd)?;
+    let target = wd.join("floor-write.dat");
+    std::fs::rename(&path, &target).map_err(Error::at(&target))?;
+    File::options()
+        .write(true)
+        .open(&target)
+        .map_err(Error::at(&target))
 }
 
 fn open_path(path: &Path, flags: i32) -> LgResult<OwnedFd> {
