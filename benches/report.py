@@ -974,6 +974,23 @@ ISSUE36 = [r"^metadata \(", r"^seq(read|write)1m \(", r"^device state at 100,000
            r"^start-up to the first INIT"]
 
 
+def cause_label(name, used):
+    """The letter of a missed target's cause in PROFILE_CAUSES, given in the order
+    first used (`used` grows), or "not profiled yet"."""
+    cause = next((i for i, (pat, _) in enumerate(PROFILE_CAUSES) if re.search(pat, name)), None)
+    if cause is None:
+        return "not profiled yet"
+    if cause not in used:
+        used.append(cause)
+    return f"({chr(ord('a') + used.index(cause))})"
+
+
+def list_causes(P, used):
+    """The causes `cause_label` lettered, one line each, below their table."""
+    for i, c in enumerate(used):
+        P(f"- ({chr(ord('a') + i)}) {PROFILE_CAUSES[c][1][0].upper()}{PROFILE_CAUSES[c][1][1:]}.")
+
+
 def issue36_targets(P, targets):
     """Issue 36's targets in one table, met or missed with the distance and its cause."""
     rows = [t for t in targets if any(re.search(p, t[0]) for p in ISSUE36)]
@@ -988,19 +1005,10 @@ def issue36_targets(P, targets):
     P("|---|---|---|---|")
     used = []
     for name, v, ok in rows:
-        label = ""
-        if not ok:
-            cause = next((i for i, (pat, _) in enumerate(PROFILE_CAUSES) if re.search(pat, name)), None)
-            if cause is None:
-                label = "not profiled yet"
-            else:
-                if cause not in used:
-                    used.append(cause)
-                label = f"({chr(ord('a') + used.index(cause))})"
+        label = "" if ok else cause_label(name, used)
         P(f"| {name} | {rcell(v)} | {'yes' if ok else '**no**'} | {label} |")
     P("")
-    for i, c in enumerate(used):
-        P(f"- ({chr(ord('a') + i)}) {PROFILE_CAUSES[c][1][0].upper()}{PROFILE_CAUSES[c][1][1:]}.")
+    list_causes(P, used)
     met = sum(1 for t in rows if t[2])
     P(f"\n{met} of {len(rows)} of issue 36's targets met.\n")
 
@@ -1023,14 +1031,9 @@ def missed_targets(P, targets, lg, fmeta, fio):
             reps = f"{ok} of {len(v)}" + (" (within the spread)" if ok else "")
         else:
             reps = "one figure"
-        cause = next((i for i, (pat, _) in enumerate(PROFILE_CAUSES) if re.search(pat, name)), None)
-        if cause is not None and cause not in used:
-            used.append(cause)
-        label = f"({chr(ord('a') + used.index(cause))})" if cause is not None else "not profiled yet"
-        P(f"| {name} | {rcell(v)} | {reps} | {label} |")
+        P(f"| {name} | {rcell(v)} | {reps} | {cause_label(name, used)} |")
     P("")
-    for i, c in enumerate(used):
-        P(f"- ({chr(ord('a') + i)}) {PROFILE_CAUSES[c][1][0].upper()}{PROFILE_CAUSES[c][1][1:]}.")
+    list_causes(P, used)
     # The guest bounds what fio measures: the same daemon, driven by the load
     # generator, serves far more than the guest asks of it.
     notes = []
