@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use super::prelude::*;
 
+mod find_nodes;
 mod load;
 mod load_parts;
 pub use load::FoundTables;

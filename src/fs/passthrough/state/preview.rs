@@ -20,7 +20,8 @@
 
 use super::super::super::registry::VIRTUAL_BIT;
 use super::super::super::share::Share;
-use super::load::{FoundNode, FoundTables, NodesFound};
+use super::find_nodes::NodesFound;
+use super::load::{FoundNode, FoundTables};
 use super::*;
 use crate::state::format;
 use crate::state::{LoadError, LoadOptions, LoadReport, OnError, SaveOptions};
